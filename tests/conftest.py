@@ -1,0 +1,81 @@
+"""Shared fixtures: random-weight 2-to-6-block models per family, padded token batches."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from replaceme_exp.data.batching import TokenBatches, pad_sequences  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+CACHE = Path(os.environ.get("REPLACEME_CACHE", ROOT / ".cache"))
+
+FAMILY_CONFIGS = {
+    "llama": dict(model_type="llama"),
+    "mistral": dict(model_type="mistral", sliding_window=None),
+    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=2),
+    "qwen3": dict(model_type="qwen3", head_dim=16),
+}
+
+
+def tiny_model(family: str = "llama", num_layers: int = 6, seed: int = 0, vocab: int = 128, **overrides):
+    """A random-weight causal LM of the given family, eval mode, float32."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    kwargs.update(FAMILY_CONFIGS[family])
+    kwargs.update(overrides)
+    config = AutoConfig.for_model(**kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Larger weights than the default init so that blocks change the residual stream visibly.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.normal_(0.0, 0.15)
+    return model.eval().requires_grad_(False)
+
+
+def random_sequences(n: int, min_len: int, max_len: int, vocab: int = 128, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g)
+    return [torch.randint(0, vocab, (int(k),), generator=g).tolist() for k in lengths]
+
+
+def batches_of(sequences: list[list[int]], batch_size: int, side: str = "right") -> TokenBatches:
+    return TokenBatches(
+        [pad_sequences(sequences[i : i + batch_size], 0, side) for i in range(0, len(sequences), batch_size)],
+        max(len(s) for s in sequences),
+    )
+
+
+def compose_config(overrides: list[str] | None = None):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides or [])
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from replaceme_exp.models.loading import embedded_checkpoint
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(embedded_checkpoint(CACHE))

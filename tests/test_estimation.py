@@ -1,0 +1,74 @@
+"""Closed-form LS and ridge against torch.linalg.lstsq on explicitly collected activations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import batches_of, random_sequences, tiny_model
+from explicit import explicit_blocks
+
+from replaceme_exp.capture import LinearStatistics, LinearStats, run_capture
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation import LeastSquaresEstimator, ridge_solve
+from replaceme_exp.estimation.least_squares import residual_sq
+from replaceme_exp.models import adapter_for
+
+CUT = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def captured():
+    model = tiny_model("llama", 5, seed=1)
+    sequences = random_sequences(12, 4, 16, seed=5)
+    stats = LinearStatistics([CUT], 32, torch.device("cpu"))
+    run_capture(adapter_for(model), batches_of(sequences, 5), [stats])
+    m_rows, r_rows = [], []
+    for seq in sequences:
+        blocks = explicit_blocks(model, torch.tensor(seq))
+        m_rows.append(blocks[CUT[0] - 1]["M"])
+        r_rows.append(blocks[CUT[1] - 1]["L"] - blocks[CUT[0] - 1]["Y"])
+    return stats.result()[CUT], torch.cat(m_rows).double(), torch.cat(r_rows).double()
+
+
+def test_ls_equals_lstsq_on_activations(captured):
+    stats, m, r = captured
+    expected = torch.linalg.lstsq(m, r, driver="gelsd").solution
+    t = ridge_solve(stats, 0.0)
+    torch.testing.assert_close(t, expected, rtol=1e-5, atol=1e-6)
+    assert residual_sq(stats, t) == pytest.approx(float((m @ t - r).pow(2).sum()), rel=1e-6)
+    assert residual_sq(stats, t) < residual_sq(stats, torch.eye(32, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("alpha", [0.1, 10.0])
+def test_ridge_equals_its_normal_equations(captured, alpha):
+    stats, m, r = captured
+    a, b = m.numpy(), r.numpy()
+    # Independent route: least squares on the augmented system [M; sqrt(alpha) I] T = [R; 0].
+    augmented = np.vstack([a, np.sqrt(alpha) * np.eye(32)])
+    target = np.vstack([b, np.zeros((32, 32))])
+    expected = np.linalg.lstsq(augmented, target, rcond=None)[0]
+    # Activations come from a float32 model through two code paths: agree to float32 precision.
+    np.testing.assert_allclose(ridge_solve(stats, alpha).numpy(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        ridge_solve(stats, alpha).numpy(), np.linalg.solve(a.T @ a + alpha * np.eye(32), a.T @ b), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_too_few_tokens_says_how_many_are_needed():
+    m = torch.randn(10, 32, dtype=torch.float64)
+    stats = LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 10)
+    with pytest.raises(ConfigError, match="at least 32 are needed"):
+        ridge_solve(stats)
+    assert ridge_solve(stats, alpha=1.0).shape == (32, 32)  # ridge makes it well posed
+
+
+def test_singular_and_ill_conditioned_systems_suggest_alpha():
+    m = torch.randn(100, 32, dtype=torch.float64)
+    m[:, 5] = m[:, 4]  # exactly collinear columns
+    with pytest.raises(ConfigError, match="alpha"):
+        ridge_solve(LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 100))
+    m[:, 5] += 1e-9 * torch.randn(100, dtype=torch.float64)
+    with pytest.raises(ConfigError, match="ill-conditioned|singular"):
+        LeastSquaresEstimator().estimate(LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 100), 0.0)
+    assert torch.isfinite(ridge_solve(LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 100), alpha=1e-2)).all()
