@@ -130,7 +130,7 @@ def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
     distances = None
     stats = {}
     if cfg.cuts is not None:
-        cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers)
+        cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers, bool(cfg.merge_consecutive))
     else:
         length = cut_length(cfg.n_prune, cfg.num_lts, num_layers)
         tokens = cfg.selection.tokens
@@ -210,7 +210,7 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     with timer("data"):
         calibration = build_calibration(cfg.calibration, tokenizer)
     row["n_calib_tokens"] = calibration.n_tokens
-    cache = StatisticsCache(cache_dir, loaded.identity_hash, calibration.content_hash(), enabled=cfg.capture.cache)
+    cache = StatisticsCache(to_absolute_path(cfg.capture.cache_dir), loaded.identity_hash, calibration.content_hash(), enabled=cfg.capture.cache)
     cuts, distances, stats = capture_calibration(cfg, adapter, calibration, cache, estimator.needs_statistics, timer)
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:

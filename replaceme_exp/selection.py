@@ -35,8 +35,12 @@ def candidate_cuts(num_layers: int, length: int) -> list[Cut]:
     return [(start, start + length) for start in range(1, num_layers - length + 1)]
 
 
-def validate_cuts(cuts: Any, num_layers: int) -> list[Cut]:
-    """Explicit ``cuts`` from the config as sorted tuples; clear errors for impossible ones."""
+def validate_cuts(cuts: Any, num_layers: int, merge_consecutive: bool = True) -> list[Cut]:
+    """Explicit ``cuts`` from the config as sorted tuples; clear errors for impossible ones.
+
+    Cuts that touch (``end == next start``) are joined when ``merge_consecutive``; otherwise
+    they are refused: the second transform's fusion target, block ``end - 1``, is removed.
+    """
     if not isinstance(cuts, (list, tuple)) or not cuts:
         raise ConfigError("cuts", cuts, "give a non-empty list of [start, end) pairs, e.g. cuts='[[20,28]]'")
     parsed: list[Cut] = []
@@ -53,7 +57,14 @@ def validate_cuts(cuts: Any, num_layers: int) -> list[Cut]:
     for (s1, e1), (s2, e2) in zip(parsed, parsed[1:]):
         if s2 < e1:
             raise ConfigError("cuts", cuts, f"[{s1}, {e1}) and [{s2}, {e2}) overlap")
-    return parsed
+        if s2 == e1 and not merge_consecutive:
+            raise ConfigError(
+                "cuts",
+                cuts,
+                f"[{s1}, {e1}) and [{s2}, {e2}) touch: block {s2 - 1}, which would take the second transform, "
+                f"is removed by the first; give [{s1}, {e2}) or set merge_consecutive=true",
+            )
+    return merge_consecutive_cuts(parsed) if merge_consecutive else parsed
 
 
 def merge_consecutive_cuts(cuts: list[Cut]) -> list[Cut]:
@@ -70,10 +81,12 @@ def merge_consecutive_cuts(cuts: list[Cut]) -> list[Cut]:
 def select_cuts(distances: dict[Cut, float], num_lts: int, merge_consecutive: bool) -> list[Cut]:
     """The ``num_lts`` non-overlapping cuts of smallest distance, taken greedily in order of
     distance (ties broken by the earlier start); joined when consecutive and ``merge_consecutive``.
-    Returns the cuts sorted by start."""
+    Without merging, touching cuts count as overlapping: each transform needs its fusion target
+    (block ``start - 1``) to survive. Returns the cuts sorted by start."""
+    gap = 0 if merge_consecutive else 1
     chosen: list[Cut] = []
     for cut in sorted(distances, key=lambda c: (distances[c], c)):
-        if all(cut[1] <= s or e <= cut[0] for s, e in chosen):
+        if all(cut[1] + gap <= s or e + gap <= cut[0] for s, e in chosen):
             chosen.append(cut)
             if len(chosen) == num_lts:
                 break

