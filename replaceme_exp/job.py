@@ -105,6 +105,10 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "n_calib_samples": cfg.calibration.n_samples,
         "calib_seq_len": cfg.calibration.seq_len,
         "objective": cfg.objective.name,
+        "solver": None,  # closed form; numerical solvers come with the numerical objectives
+        "structure": "generic",
+        "mask_ratio": 0.0,
+        "lt_placement": "fused",
         "regularizer": cfg.regularizer.name,
         "alpha": float(cfg.alpha),
         "seed": cfg.seed,
@@ -218,6 +222,11 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
             c in distances for c in cuts
         ) else None
 
+    for cut, s in stats.items():
+        if not (torch.isfinite(s.mtm).all() and torch.isfinite(s.mtr).all()):
+            raise ConfigError(
+                "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
+            )
     with timer("estimate"):
         transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha)) for cut in cuts}
     for transform in transforms.values():

@@ -22,10 +22,10 @@ def ridge_solve(stats: LinearStats, alpha: float = 0.0, max_condition: float = M
         raise ConfigError("alpha", alpha, "must be >= 0")
     if alpha == 0 and stats.n_tokens < d:
         raise ConfigError(
-            "calibration.n_samples",
-            stats.n_tokens,
-            f"cut {list(stats.cut)}: {stats.n_tokens} non-padding calibration tokens cannot determine a "
-            f"{d}x{d} transform; at least {d} are needed (more n_samples or seq_len), or set alpha>0",
+            "calibration",
+            f"{stats.n_tokens} non-padding tokens",
+            f"cut {list(stats.cut)}: too few to determine a {d}x{d} transform; at least {d} are needed "
+            "(raise calibration.n_samples or calibration.seq_len), or set alpha>0 (ridge)",
         )
     a = stats.mtm.to(torch.float64)
     if alpha:

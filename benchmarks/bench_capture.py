@@ -1,0 +1,166 @@
+"""Capture speed and LS-path memory on SmolLM2 (or any model config), as ratios on one machine.
+
+    make bench                       # SmolLM2, default calibration
+    python benchmarks/bench_capture.py model=tiny_llama n_prune=2   # any Hydra overrides
+
+Prints progress, then as its last line one JSON object:
+- capture_over_forward: wall time of all capture passes of the default job (selection and LS
+  statistics) / wall time of one plain forward pass over the same tokens through all blocks
+  (no hooks, nothing kept). Reported for the plan the job picks (``capture.passes=auto``) and,
+  separately, for one pass (every candidate's statistics) and two passes.
+- ls_peak_mem_ratio_4x_data: peak memory of the LS path (statistics capture and solve) with 4x
+  the calibration tokens / the same with 1x (full windows of 128 tokens). Peak CUDA memory on a
+  GPU; on a CPU the peak of live tensor bytes from the profiler's allocation events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from replaceme_exp.capture import CutDistances, LinearStatistics, plain_forward, run_capture  # noqa: E402
+from replaceme_exp.data import build_calibration, pack_windows  # noqa: E402
+from replaceme_exp.data.calibration import calibration_documents  # noqa: E402
+from replaceme_exp.estimation import ridge_solve  # noqa: E402
+from replaceme_exp.job import all_candidates_fit  # noqa: E402
+from replaceme_exp.models import adapter_for, load_model  # noqa: E402
+from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
+
+
+def config(overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def timed(fn, repeats=1):
+    best = float("inf")
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def peak_live_bytes(fn, device: torch.device) -> int:
+    """Peak bytes of tensors alive while ``fn`` runs, above those alive before it.
+
+    GPU: the CUDA allocator's peak. CPU: the running sum of the profiler's allocation and free
+    events (deterministic, unlike the resident set size, which glibc fragmentation and per-shape
+    kernel caches make vary by tens of MB between identical runs).
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def ls_path_peak(adapter, tokenizer, cfg, n_windows: int, seq_len: int) -> tuple[int, int]:
+    """(tokens, peak live bytes) of the LS path (statistics of one cut, then the solve) on
+    ``n_windows`` full windows of calibration text: every batch has the same shape, so only the
+    amount of data changes between sizes."""
+    documents = calibration_documents(cfg.calibration, tokenizer, cfg.calibration.n_samples, 0)
+    batches = pack_windows(documents, tokenizer, seq_len, n_windows, cfg.calibration.batch_size)
+    if batches.n_sequences < n_windows:
+        raise SystemExit(f"only {batches.n_sequences} windows of {seq_len} tokens in the calibration text")
+    length = cut_length(cfg.n_prune, 1, adapter.num_layers)
+    cut = (adapter.num_layers - length - 1, adapter.num_layers - 1)
+    device = adapter.backbone.embed_tokens.weight.device
+
+    def ls_path():
+        stats = LinearStatistics([cut], adapter.hidden_size, device)
+        run_capture(adapter, batches, [stats])
+        ridge_solve(stats.result()[cut], 0.0)
+
+    return batches.n_tokens, peak_live_bytes(ls_path, device)
+
+
+def main(overrides):
+    cfg = config(overrides)
+    loaded = load_model(cfg.model, str(ROOT / ".cache"))
+    adapter = adapter_for(loaded.model)
+    batches = build_calibration(cfg.calibration, loaded.tokenizer)
+    length = cut_length(cfg.n_prune, cfg.num_lts, adapter.num_layers)
+    candidates = candidate_cuts(adapter.num_layers, length)
+    device = adapter.backbone.embed_tokens.weight.device
+    print(f"model {cfg.model.name}: {adapter.num_layers} blocks, hidden {adapter.hidden_size}; "
+          f"{batches.n_tokens} calibration tokens in {len(batches)} batches; {len(candidates)} candidate cuts", flush=True)
+
+    plain_forward(adapter, batches)  # warm-up
+    forward_s, _ = timed(lambda: plain_forward(adapter, batches))
+    print(f"plain forward: {forward_s:.2f} s", flush=True)
+
+    def one_pass():
+        dist = CutDistances(candidates)
+        stats = LinearStatistics(candidates, adapter.hidden_size, device)
+        run_capture(adapter, batches, [dist, stats])
+        return select_cuts(dist.result(), cfg.num_lts, True)
+
+    def two_passes():
+        dist = CutDistances(candidates)
+        run_capture(adapter, batches, [dist])
+        cuts = select_cuts(dist.result(), cfg.num_lts, True)
+        run_capture(adapter, batches, [LinearStatistics(cuts, adapter.hidden_size, device)])
+        return cuts
+
+    one_s, cuts = timed(one_pass)
+    two_s, cuts_two = timed(two_passes)
+    assert cuts == cuts_two
+    print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
+    auto_one = all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
+
+    (tokens_1x, peak_1x), (tokens_4x, peak_4x) = (
+        ls_path_peak(adapter, loaded.tokenizer, cfg, n, seq_len=128) for n in (48, 4 * 48)
+    )
+    print(f"LS path peak: {peak_1x / 2**20:.1f} MiB with {tokens_1x} tokens, {peak_4x / 2**20:.1f} MiB with {tokens_4x}", flush=True)
+
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
+        "model": cfg.model.name,
+        "calib_tokens": batches.n_tokens,
+        "forward_s": round(forward_s, 3),
+        "capture_passes_auto": "one" if auto_one else "two",
+        "capture_over_forward": round((one_s if auto_one else two_s) / forward_s, 3),
+        "capture_one_pass_over_forward": round(one_s / forward_s, 3),
+        "capture_two_passes_over_forward": round(two_s / forward_s, 3),
+        "ls_mem_tokens_1x": tokens_1x,
+        "ls_mem_tokens_4x": tokens_4x,
+        "ls_peak_mem_mb_1x": round(peak_1x / 2**20, 2),
+        "ls_peak_mem_mb_4x": round(peak_4x / 2**20, 2),
+        "ls_peak_mem_ratio_4x_data": round(peak_4x / peak_1x, 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
