@@ -116,6 +116,8 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "n_prune": cfg.n_prune,
         "merge_consecutive": bool(cfg.merge_consecutive),
         "selection_metric": None if cfg.cuts is not None else selection_metric_name(cfg.selection),
+        "selection_distance": None,
+        "candidate_distances": None,  # [[start, end, distance], ...] over all candidates
         "eval": cfg.eval.name,
     }
 
@@ -218,9 +220,9 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     cuts, distances, stats = capture_calibration(cfg, adapter, calibration, cache, estimator.needs_statistics, timer)
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:
-        row["selection_distance"] = float(min(distances[c] for c in cuts if c in distances)) if any(
-            c in distances for c in cuts
-        ) else None
+        row["candidate_distances"] = [[s, e, distances[(s, e)]] for s, e in sorted(distances)]
+        chosen = [distances[c] for c in cuts if c in distances]
+        row["selection_distance"] = float(min(chosen)) if chosen else None
 
     for cut, s in stats.items():
         if not (torch.isfinite(s.mtm).all() and torch.isfinite(s.mtr).all()):

@@ -50,6 +50,11 @@ def test_configs_compose(overrides):
         assert cfg.model.device_map == "auto" and cfg.model.dtype == "bfloat16"
 
 
+def test_experiments_compose_and_override_groups():
+    cfg = compose_config(["experiment=uidl_baseline"])
+    assert cfg.objective.name == "identity" and cfg.selection.tokens == "last" and cfg.regularizer.name == "none"
+
+
 def test_config_hash_ignores_where_results_go():
     a = compose_config(TINY + ["results_dir=/a", "save_model=false"])
     b = compose_config(TINY + ["results_dir=/b"])
@@ -69,6 +74,7 @@ def test_tiny_job_writes_a_complete_row_and_a_loadable_model(tmp_path):
     assert json.loads(stored["cuts"]) == [[2, 4]] and stored["n_prune"] == 2 and stored["num_layers"] == 6
     assert stored["params_after"] < stored["params_before"] and 0 < stored["compression_ratio"] < 1
     assert stored["time_capture_s"] > 0 and stored["ppl_heldout"] > 1
+    assert pd.isna(stored["candidate_distances"])  # explicit cuts: no selection
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(stored["pruned_model_path"]).config.num_hidden_layers == 4
@@ -111,6 +117,22 @@ def test_bad_input_fails_with_the_key_and_value(tmp_path, override, message):
     assert message in row["error"]
 
 
+@pytest.mark.parametrize("kind", ["text_file", "jsonl_chat"])
+def test_jobs_calibrate_on_a_users_own_data(tmp_path, kind):
+    if kind == "text_file":
+        path = tmp_path / "own.txt"
+        path.write_text("\n\n".join(f"My own paragraph {i} on depth pruning and linear maps. " * 6 for i in range(60)))
+        overrides = ["calibration=text_file", f"calibration.path={path}"]
+    else:
+        path = tmp_path / "own.jsonl"
+        turns = lambda i: [{"role": "user", "content": f"Question {i} about blocks?"}, {"role": "assistant", "content": "An answer. " * 20}]  # noqa: E731
+        path.write_text("\n".join(json.dumps({"messages": turns(i)}) for i in range(40)))
+        overrides = ["calibration=jsonl", f"calibration.path={path}"]
+    row = run_recorded(job_config(tmp_path, *overrides, "calibration.n_samples=32", "save_model=false"))
+    assert row["status"] == "finished" and row["calibration"] in ("text_file", "jsonl")
+    assert row["n_calib_tokens"] > 64 and row["cos_dist_after"] >= 0
+
+
 def run_cli(args, results_dir):
     args = [*args, f"capture.cache_dir={results_dir}/stats"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HYDRA_FULL_ERROR="1")
@@ -134,6 +156,9 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
     assert (table["time_capture_s"] > 0).sum() == 1
     assert len(list((tmp_path / "baselines").glob("*.json"))) == 1
     assert table["ppl_heldout_baseline"].nunique() == 1
+    profile = json.loads(table["candidate_distances"].iloc[0])
+    assert [c[:2] for c in profile] == [[s, s + 2] for s in range(1, 5)]
+    assert json.loads(table["cuts"].iloc[0])[0] == min(profile, key=lambda c: c[2])[:2]
     ls = table[table["objective"] == "ls"].set_index("alpha")
     assert ls.loc[0.0, "regularizer"] == "none" and ls.loc[10.0, "regularizer"] == "l2"
     assert ls.loc[0.0, "cos_dist_after"] != ls.loc[10.0, "cos_dist_after"]
