@@ -1,8 +1,8 @@
 """Entry point: one job, or a sweep with ``-m``.
 
-    python run.py                                   # the default job (offline, SmolLM2)
-    python run.py cuts='[[20,28]]' objective=identity
-    python run.py -m objective=ls,identity alpha=0,10
+python run.py                                   # the default job (offline, SmolLM2)
+python run.py cuts='[[20,28]]' objective=identity
+python run.py -m objective=ls,identity alpha=0,10
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ def main(cfg: DictConfig) -> float | None:
     if row["status"] == "finished":
         log.info(
             "cuts=%s ppl_heldout=%.3f (unpruned %.3f) cos_dist %.4f -> %.4f",
-            row["cuts"], row["ppl_heldout"], row["ppl_heldout_baseline"], row["cos_dist_before"], row["cos_dist_after"],
+            row["cuts"],
+            row["ppl_heldout"],
+            row["ppl_heldout_baseline"],
+            row["cos_dist_before"],
+            row["cos_dist_after"],
         )
     return row.get("ppl_heldout")
 

@@ -113,8 +113,11 @@ def main(overrides):
     length = cut_length(cfg.n_prune, cfg.num_lts, adapter.num_layers)
     candidates = candidate_cuts(adapter.num_layers, length)
     device = adapter.backbone.embed_tokens.weight.device
-    print(f"model {cfg.model.name}: {adapter.num_layers} blocks, hidden {adapter.hidden_size}; "
-          f"{batches.n_tokens} calibration tokens in {len(batches)} batches; {len(candidates)} candidate cuts", flush=True)
+    print(
+        f"model {cfg.model.name}: {adapter.num_layers} blocks, hidden {adapter.hidden_size}; "
+        f"{batches.n_tokens} calibration tokens in {len(batches)} batches; {len(candidates)} candidate cuts",
+        flush=True,
+    )
 
     plain_forward(adapter, batches)  # warm-up
     forward_s, _ = timed(lambda: plain_forward(adapter, batches))
@@ -142,7 +145,10 @@ def main(overrides):
     (tokens_1x, peak_1x), (tokens_4x, peak_4x) = (
         ls_path_peak(adapter, loaded.tokenizer, cfg, n, seq_len=128) for n in (48, 4 * 48)
     )
-    print(f"LS path peak: {peak_1x / 2**20:.1f} MiB with {tokens_1x} tokens, {peak_4x / 2**20:.1f} MiB with {tokens_4x}", flush=True)
+    print(
+        f"LS path peak: {peak_1x / 2**20:.1f} MiB with {tokens_1x} tokens, {peak_4x / 2**20:.1f} MiB with {tokens_4x}",
+        flush=True,
+    )
 
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
 import platform
 import resource
 import subprocess
@@ -55,7 +54,10 @@ class Timer:
 def git_sha() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
             cwd=Path(__file__).resolve().parent,
         )
         return out.stdout.strip() or None
@@ -195,6 +197,25 @@ def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) 
     return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
 
 
+def heldout_distances(adapter, windows, transforms, baselines: BaselineCache, key: dict) -> tuple[float, float]:
+    """(cos_dist_before, cos_dist_after) on held-out windows. The distance without T depends
+    only on model, text and cuts and is cached; jobs without any transform need no pass."""
+    if all(t is None for t in transforms.values()):
+        before = baselines.get_or_compute(
+            {**key, "metric": "cos_dist_before"}, lambda: heldout_distances_pass(adapter, windows, transforms)[0]
+        )
+        return before, before
+    before, after = heldout_distances_pass(adapter, windows, transforms)
+    baselines.get_or_compute({**key, "metric": "cos_dist_before"}, lambda: before)
+    return before, after
+
+
+def heldout_distances_pass(adapter, windows, transforms) -> tuple[float, float]:
+    check = TransformDistances(transforms)
+    run_capture(adapter, windows, [check], desc="held-out distances")
+    return check.result()
+
+
 def run_job(cfg: DictConfig, row: dict) -> dict:
     """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured)."""
     timer = Timer()
@@ -216,7 +237,12 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     with timer("data"):
         calibration = build_calibration(cfg.calibration, tokenizer)
     row["n_calib_tokens"] = calibration.n_tokens
-    cache = StatisticsCache(to_absolute_path(cfg.capture.cache_dir), loaded.identity_hash, calibration.content_hash(), enabled=cfg.capture.cache)
+    cache = StatisticsCache(
+        to_absolute_path(cfg.capture.cache_dir),
+        loaded.identity_hash,
+        calibration.content_hash(),
+        enabled=cfg.capture.cache,
+    )
     cuts, distances, stats = capture_calibration(cfg, adapter, calibration, cache, estimator.needs_statistics, timer)
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:
@@ -237,13 +263,13 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
 
     windows = heldout_windows(cfg.eval, tokenizer)
     with timer("eval"):
-        check = TransformDistances(transforms)
-        run_capture(adapter, windows, [check], desc="held-out distances")
-        row["cos_dist_before"], row["cos_dist_after"] = check.result()
         baselines = BaselineCache(Path(results_dir) / "baselines")
+        heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
+        row["cos_dist_before"], row["cos_dist_after"] = heldout_distances(
+            adapter, windows, transforms, baselines, {**heldout_key, "cuts": [list(c) for c in cuts]}
+        )
         row["ppl_heldout_baseline"] = baselines.get_or_compute(
-            {"model": loaded.identity_hash, "windows": windows.content_hash(), "metric": "ppl_heldout"},
-            lambda: perplexity(model, windows),
+            {**heldout_key, "metric": "ppl_heldout"}, lambda: perplexity(model, windows)
         )
 
     with timer("surgery"):
@@ -257,7 +283,12 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     if cfg.save_model:
         with timer("save"):
             target = Path(results_dir) / "models" / f"{row['config_hash']}"
-            save_checkpoint(model, tokenizer, target, {k: row[k] for k in ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")})
+            save_checkpoint(
+                model,
+                tokenizer,
+                target,
+                {k: row[k] for k in ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")},
+            )
             row["pruned_model_path"] = str(target)
     row.update(
         time_capture_s=timer.seconds.get("capture", 0.0),
@@ -276,7 +307,9 @@ def run_recorded(cfg: DictConfig, sweep_id: str | None = None, raise_on_failure:
     store = ResultsStore(results_dir)
     chash = config_hash(cfg)
     if not cfg.force and (done := store.finished_row(chash)) is not None:
-        log.info("skipping: a finished row exists for config_hash=%s (run_id=%s); force=true reruns", chash, done["run_id"])
+        log.info(
+            "skipping: a finished row exists for config_hash=%s (run_id=%s); force=true reruns", chash, done["run_id"]
+        )
         done["status"] = "skipped"
         return done
     row = base_row(cfg, chash, sweep_id)

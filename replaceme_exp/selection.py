@@ -23,7 +23,9 @@ def cut_length(n_prune: int, num_lts: int, num_layers: int) -> int:
             "n_prune", n_prune, f"the model has {num_layers} blocks; at most {num_layers - 1} can be removed"
         )
     if n_prune % num_lts:
-        raise ConfigError("num_lts", num_lts, f"must divide n_prune={n_prune} (each transform replaces n_prune/num_lts blocks)")
+        raise ConfigError(
+            "num_lts", num_lts, f"must divide n_prune={n_prune} (each transform replaces n_prune/num_lts blocks)"
+        )
     length = n_prune // num_lts
     if num_lts * length > num_layers - 1:
         raise ConfigError("num_lts", num_lts, f"{num_lts} cuts of {length} blocks do not fit in {num_layers} blocks")
@@ -49,9 +51,7 @@ def validate_cuts(cuts: Any, num_layers: int, merge_consecutive: bool = True) ->
             raise ConfigError("cuts", cuts, f"{cut!r} is not a [start, end) pair of integers")
         start, end = int(cut[0]), int(cut[1])
         if not 1 <= start < end <= num_layers:
-            raise ConfigError(
-                "cuts", cuts, f"[{start}, {end}) is outside 1 <= start < end <= num_layers={num_layers}"
-            )
+            raise ConfigError("cuts", cuts, f"[{start}, {end}) is outside 1 <= start < end <= num_layers={num_layers}")
         parsed.append((start, end))
     parsed.sort()
     for (s1, e1), (s2, e2) in zip(parsed, parsed[1:]):

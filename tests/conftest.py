@@ -75,7 +75,8 @@ def compose_config(overrides: list[str] | None = None):
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from replaceme_exp.models.loading import embedded_checkpoint
     from transformers import AutoTokenizer
+
+    from replaceme_exp.models.loading import embedded_checkpoint
 
     return AutoTokenizer.from_pretrained(embedded_checkpoint(CACHE))

@@ -19,7 +19,10 @@ def explicit_blocks(model, ids: torch.Tensor) -> list[dict[str, torch.Tensor]]:
     for layer in backbone.layers:
         x = h
         attn, _ = layer.self_attn(
-            hidden_states=layer.input_layernorm(x), attention_mask=mask, position_embeddings=rope, position_ids=positions
+            hidden_states=layer.input_layernorm(x),
+            attention_mask=mask,
+            position_embeddings=rope,
+            position_ids=positions,
         )
         y = x + attn
         m = layer.mlp(layer.post_attention_layernorm(y))

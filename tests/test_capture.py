@@ -65,8 +65,10 @@ def test_hooks_follow_the_index_convention(model, length):
     sequences = random_sequences(5, 9, 9, seed=length)
     cuts = candidate_cuts(NUM_LAYERS, length)
     assert cuts[0] == (1, 1 + length) and cuts[-1][1] == NUM_LAYERS
-    dist_all, dist_last, stats = CutDistances(cuts, "all"), CutDistances(cuts, "last"), LinearStatistics(
-        cuts, 32, torch.device("cpu")
+    dist_all, dist_last, stats = (
+        CutDistances(cuts, "all"),
+        CutDistances(cuts, "last"),
+        LinearStatistics(cuts, 32, torch.device("cpu")),
     )
     run_capture(adapter, batches_of(sequences, 2), [dist_all, dist_last, stats])
     ref_all, ref_last, ref_mtm, ref_mtr = explicit_reference(model, sequences, cuts)
@@ -98,7 +100,11 @@ def test_padded_batches_equal_unpadded_sequences(model, side):
     cuts = [(1, 3), (2, 5), (4, 6)]
 
     def capture(batches):
-        stats, dist, last = LinearStatistics(cuts, 32, torch.device("cpu")), CutDistances(cuts), CutDistances(cuts, "last")
+        stats, dist, last = (
+            LinearStatistics(cuts, 32, torch.device("cpu")),
+            CutDistances(cuts),
+            CutDistances(cuts, "last"),
+        )
         run_capture(adapter, batches, [stats, dist, last])
         return stats.result(), dist.result(), last.result()
 
@@ -117,9 +123,13 @@ def test_padded_batches_equal_unpadded_sequences(model, side):
 def test_capture_stops_after_the_last_needed_block(model):
     adapter = adapter_for(model)
     calls = []
-    handles = [layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i)) for i, layer in enumerate(adapter.layers)]
+    handles = [
+        layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i)) for i, layer in enumerate(adapter.layers)
+    ]
     try:
-        blocks = run_capture(adapter, batches_of(random_sequences(2, 5, 5), 2), [LinearStatistics([(1, 3)], 32, torch.device("cpu"))])
+        blocks = run_capture(
+            adapter, batches_of(random_sequences(2, 5, 5), 2), [LinearStatistics([(1, 3)], 32, torch.device("cpu"))]
+        )
     finally:
         for h in handles:
             h.remove()

@@ -47,7 +47,11 @@ def test_text_file_calibration(tmp_path, smollm2_tokenizer):
 
 @pytest.mark.parametrize(
     "content, key, message",
-    [(None, "calibration.path", "no such file"), ("", "calibration.path", "holds no text"), ("one short line", "calibration.n_samples", "only 1 documents")],
+    [
+        (None, "calibration.path", "no such file"),
+        ("", "calibration.path", "holds no text"),
+        ("one short line", "calibration.n_samples", "only 1 documents"),
+    ],
 )
 def test_bad_text_files_name_the_key(tmp_path, smollm2_tokenizer, content, key, message):
     path = tmp_path / "f.txt"
@@ -66,16 +70,29 @@ def test_jsonl_text_and_chat_records(tmp_path, smollm2_tokenizer):
         for i in range(3)
     ]
     path.write_text("\n".join(json.dumps(r) for r in records))
-    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(path), text_field="text", chat_field="messages", n_samples=9)
+    cfg = calib_cfg(
+        source="hf_dataset", dataset="json", path=str(path), text_field="text", chat_field="messages", n_samples=9
+    )
     batches = build_calibration(cfg, smollm2_tokenizer)
-    decoded = [smollm2_tokenizer.decode(ids[m.bool()]) for b in batches for ids, m in zip(b.input_ids, b.attention_mask)]
+    decoded = [
+        smollm2_tokenizer.decode(ids[m.bool()]) for b in batches for ids, m in zip(b.input_ids, b.attention_mask)
+    ]
     assert sum("plain record number" in d for d in decoded) == 6
     chats = [d for d in decoded if "What is block" in d]
     assert len(chats) == 3 and all("<|im_start|>user" in d and "<|im_start|>assistant" in d for d in chats)
 
     sharegpt = tmp_path / "orca.jsonl"
-    sharegpt.write_text(json.dumps({"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello!"}]}))
-    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(sharegpt), text_field=None, chat_field="conversations", n_samples=1)
+    sharegpt.write_text(
+        json.dumps({"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello!"}]})
+    )
+    cfg = calib_cfg(
+        source="hf_dataset",
+        dataset="json",
+        path=str(sharegpt),
+        text_field=None,
+        chat_field="conversations",
+        n_samples=1,
+    )
     (text,) = [smollm2_tokenizer.decode(b.input_ids[0]) for b in build_calibration(cfg, smollm2_tokenizer)]
     assert "<|im_start|>user\nHi there" in text and "<|im_start|>assistant\nHello!" in text
 
@@ -83,7 +100,9 @@ def test_jsonl_text_and_chat_records(tmp_path, smollm2_tokenizer):
 def test_record_without_text_or_chat_names_the_field(tmp_path, smollm2_tokenizer):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"body": "x"}))
-    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(path), text_field="text", chat_field="messages", n_samples=1)
+    cfg = calib_cfg(
+        source="hf_dataset", dataset="json", path=str(path), text_field="text", chat_field="messages", n_samples=1
+    )
     with pytest.raises(ConfigError, match="calibration.text_field='text'.*keys: \\['body'\\]"):
         build_calibration(cfg, smollm2_tokenizer)
 

@@ -24,6 +24,7 @@ TINY = [
     "eval.max_windows=4",
 ]
 
+
 def job_config(tmp_path, *overrides):
     """The tiny job, writing rows and capture statistics under ``tmp_path``."""
     return compose_config(TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", *overrides])
@@ -39,8 +40,13 @@ REQUIRED_COLUMNS = (
 
 @pytest.mark.parametrize(
     "overrides",
-    [[], ["model=llama3_70b_instruct", "calibration=slimorca_fineweb"], ["calibration=jsonl", "objective=identity"],
-     ["selection=uidl", "regularizer=none"], ["model=qwen25_7b_instruct", "calibration=fineweb"]],
+    [
+        [],
+        ["model=llama3_70b_instruct", "calibration=slimorca_fineweb"],
+        ["calibration=jsonl", "objective=identity"],
+        ["selection=uidl", "regularizer=none"],
+        ["model=qwen25_7b_instruct", "calibration=fineweb"],
+    ],
 )
 def test_configs_compose(overrides):
     cfg = compose_config(overrides)
@@ -125,7 +131,10 @@ def test_jobs_calibrate_on_a_users_own_data(tmp_path, kind):
         overrides = ["calibration=text_file", f"calibration.path={path}"]
     else:
         path = tmp_path / "own.jsonl"
-        turns = lambda i: [{"role": "user", "content": f"Question {i} about blocks?"}, {"role": "assistant", "content": "An answer. " * 20}]  # noqa: E731
+        turns = lambda i: [
+            {"role": "user", "content": f"Question {i} about blocks?"},
+            {"role": "assistant", "content": "An answer. " * 20},
+        ]  # noqa: E731
         path.write_text("\n".join(json.dumps({"messages": turns(i)}) for i in range(40)))
         overrides = ["calibration=jsonl", f"calibration.path={path}"]
     row = run_recorded(job_config(tmp_path, *overrides, "calibration.n_samples=32", "save_model=false"))
@@ -139,7 +148,11 @@ def run_cli(args, results_dir):
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "run.py", *args, f"results_dir={results_dir}", "save_model=false"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     return proc, time.perf_counter() - start
 
@@ -150,11 +163,17 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     table = ResultsStore(tmp_path).load()
     assert len(table) == 4 and set(table["status"]) == {"finished"}
-    assert sorted(zip(table["objective"], table["alpha"])) == [("identity", 0.0), ("identity", 10.0), ("ls", 0.0), ("ls", 10.0)]
+    assert sorted(zip(table["objective"], table["alpha"])) == [
+        ("identity", 0.0),
+        ("identity", 10.0),
+        ("ls", 0.0),
+        ("ls", 10.0),
+    ]
     assert table["sweep_id"].nunique() == 1
     # One capture serves all four jobs (same model, data and cut), one baseline perplexity too.
     assert (table["time_capture_s"] > 0).sum() == 1
-    assert len(list((tmp_path / "baselines").glob("*.json"))) == 1
+    # Baseline perplexity and held-out distance without T: once each for the four jobs.
+    assert len(list((tmp_path / "baselines").glob("*.json"))) == 2
     assert table["ppl_heldout_baseline"].nunique() == 1
     profile = json.loads(table["candidate_distances"].iloc[0])
     assert [c[:2] for c in profile] == [[s, s + 2] for s in range(1, 5)]
@@ -162,6 +181,9 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
     ls = table[table["objective"] == "ls"].set_index("alpha")
     assert ls.loc[0.0, "regularizer"] == "none" and ls.loc[10.0, "regularizer"] == "l2"
     assert ls.loc[0.0, "cos_dist_after"] != ls.loc[10.0, "cos_dist_after"]
+    assert table["cos_dist_before"].nunique() == 1
+    identity = table[table["objective"] == "identity"]
+    assert (identity["cos_dist_after"] == identity["cos_dist_before"]).all()
 
     second, second_s = run_cli(sweep, tmp_path)
     assert second.returncode == 0

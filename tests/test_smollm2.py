@@ -36,4 +36,6 @@ def test_least_squares_beats_plain_removal_on_the_same_cut(tmp_path):
     assert reloaded.config.num_hidden_layers == 22
     ids = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
-    assert torch.equal(reloaded.generate(ids, use_cache=True, **kwargs), reloaded.generate(ids, use_cache=False, **kwargs))
+    assert torch.equal(
+        reloaded.generate(ids, use_cache=True, **kwargs), reloaded.generate(ids, use_cache=False, **kwargs)
+    )

@@ -73,7 +73,9 @@ def test_identity_transform_only_removes_blocks():
     prune(adapter_for(pruned), [(2, 4)], {(2, 4): None})
     torch.testing.assert_close(pruned.model.layers[1].mlp.down_proj.weight, model.model.layers[1].mlp.down_proj.weight)
     ids = torch.randint(0, 128, (1, 7))
-    torch.testing.assert_close(pruned(ids).logits, reference_model(model, [(2, 4)], {})(ids).logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        pruned(ids).logits, reference_model(model, [(2, 4)], {})(ids).logits, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
@@ -107,14 +109,23 @@ def test_qwen2_sliding_window_layers_follow_the_kept_blocks():
 
 
 def test_unknown_and_unfusable_families_are_refused():
-    from transformers import AutoConfig, AutoModelForCausalLM as Auto
+    from transformers import AutoConfig
+    from transformers import AutoModelForCausalLM as Auto
 
     gpt2 = Auto.from_config(AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(UnsupportedModelError, match="gpt2.*no adapter"):
         adapter_for(gpt2)
     gemma = Auto.from_config(
-        AutoConfig.for_model("gemma2", num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                             num_key_value_heads=1, head_dim=16, vocab_size=64)
+        AutoConfig.for_model(
+            "gemma2",
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            vocab_size=64,
+        )
     )
     with pytest.raises(UnsupportedModelError, match="norm after the MLP"):
         adapter_for(gemma)

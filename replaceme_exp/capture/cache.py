@@ -40,7 +40,11 @@ class StatisticsCache:
 
     def get_distances(self, length: int, tokens: str) -> dict[Cut, float] | None:
         payload = self._load(self._path("distances", length=length, tokens=tokens))
-        return None if payload is None else {tuple(c): d for c, d in zip(payload["cuts"].tolist(), payload["distances"].tolist())}
+        return (
+            None
+            if payload is None
+            else {tuple(c): d for c, d in zip(payload["cuts"].tolist(), payload["distances"].tolist())}
+        )
 
     def put_distances(self, length: int, tokens: str, distances: dict[Cut, float]) -> None:
         cuts = sorted(distances)

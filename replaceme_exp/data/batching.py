@@ -83,8 +83,7 @@ def tokenize_documents(
         sequences.sort(key=len, reverse=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = [
-        pad_sequences(sequences[i : i + batch_size], pad_id, padding_side)
-        for i in range(0, len(sequences), batch_size)
+        pad_sequences(sequences[i : i + batch_size], pad_id, padding_side) for i in range(0, len(sequences), batch_size)
     ]
     return TokenBatches(batches, seq_len)
 
@@ -102,7 +101,5 @@ def pack_windows(documents: list[str], tokenizer, seq_len: int, max_windows: int
             break
     n_windows = min(max_windows, len(stream) // seq_len)
     windows = [stream[i * seq_len : (i + 1) * seq_len] for i in range(n_windows)]
-    batches = [
-        pad_sequences(windows[i : i + batch_size], eos or 0, "right") for i in range(0, n_windows, batch_size)
-    ]
+    batches = [pad_sequences(windows[i : i + batch_size], eos or 0, "right") for i in range(0, n_windows, batch_size)]
     return TokenBatches(batches, seq_len)

@@ -27,8 +27,10 @@ def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int)
     source = cfg.source
     max_chars = cfg.seq_len * CHARS_PER_TOKEN
     if source in ("pydoc", "text_file"):
-        documents = pydoc_documents("calibration", max_chars) if source == "pydoc" else text_file_documents(
-            cfg.get("path"), max_chars
+        documents = (
+            pydoc_documents("calibration", max_chars)
+            if source == "pydoc"
+            else text_file_documents(cfg.get("path"), max_chars)
         )
         if len(documents) < n_samples:
             raise ConfigError(
@@ -60,7 +62,7 @@ def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int)
     if source == "mix":
         documents = []
         parts = cfg.parts
-        for i, (part_name, part) in enumerate(parts.items()):
+        for i, part in enumerate(parts.values()):
             share = round(n_samples * float(part.fraction)) if i < len(parts) - 1 else n_samples - len(documents)
             documents.extend(calibration_documents(part, tokenizer, share, seed + i))
         random.Random(seed).shuffle(documents)

