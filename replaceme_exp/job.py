@@ -121,6 +121,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "selection_distance": None,
         "candidate_distances": None,  # [[start, end, distance], ...] over all candidates
         "eval": cfg.eval.name,
+        "pruned_model_path": None,
     }
 
 
