@@ -72,9 +72,10 @@ def device_name(device: torch.device) -> str:
 
 
 def peak_memory_gb(device: torch.device) -> float:
-    """Peak CUDA memory allocated on a GPU; peak resident memory of the process on a CPU."""
+    """Peak CUDA memory allocated, summed over the GPUs (``device_map=auto`` spreads a model);
+    on a CPU the peak resident memory of the process."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        return sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
@@ -232,7 +233,8 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     adapter = adapter_for(model)
     device = stats_device(adapter)
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
     row.update(num_layers=adapter.num_layers, device=device_name(device), params_before=count_parameters(model))
 
     with timer("data"):

@@ -21,7 +21,8 @@ def perplexity(model, windows: TokenBatches) -> float:
         ids = batch.input_ids.to(device)
         mask = batch.attention_mask.to(device)
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
-        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        # With device_map=auto the logits may live on another GPU than the inputs.
+        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).to(logits.device)
         loss = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum", ignore_index=-100
         )
