@@ -24,6 +24,7 @@ from replaceme_exp.capture import CutDistances, LinearStatistics, TransformDista
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation.least_squares import ls_residuals
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.models import adapter_for, count_parameters, load_model
@@ -118,7 +119,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "num_lts": cfg.num_lts,
         "n_prune": cfg.n_prune,
         "merge_consecutive": bool(cfg.merge_consecutive),
-        "selection_metric": None if cfg.cuts is not None else selection_metric_name(cfg.selection),
+        "selection_metric": None,
         "selection_distance": None,
         "candidate_distances": None,  # [[start, end, distance], ...] over all candidates
         "eval": cfg.eval.name,
@@ -126,8 +127,49 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
     }
 
 
+SELECTION_METRICS = ("cosine", "angular", "l2", "ls_residual")
+
+
 def selection_metric_name(selection: DictConfig) -> str:
-    return "cosine" if selection.tokens == "all" else "angular_last"
+    """``cosine``, ``l2``, ``ls_residual``, ...; ``_last`` when only last tokens count."""
+    if selection.metric not in SELECTION_METRICS:
+        raise ConfigError("selection.metric", selection.metric, f"choose one of {SELECTION_METRICS}")
+    if selection.tokens not in ("all", "last"):
+        raise ConfigError("selection.tokens", selection.tokens, "choose all or last")
+    if selection.metric == "ls_residual" and selection.tokens != "all":
+        raise ConfigError("selection.tokens", selection.tokens, "ls_residual uses all tokens")
+    return selection.metric if selection.tokens == "all" else f"{selection.metric}_last"
+
+
+def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer):
+    """Distance of every candidate cut under ``cfg.selection`` (cached), and, when one pass
+    gathered them, the LS statistics of every candidate. Returns (distances, {cut: stats})."""
+    metric = cfg.selection.metric
+    length = candidates[0][1] - candidates[0][0]
+    criterion = selection_metric_name(cfg.selection)
+    if metric == "ls_residual":
+        criterion += f"/alpha={float(cfg.alpha)}"
+    if (distances := cache.get_distances(length, criterion)) is not None:
+        log.info("selection distances (%s) found in the cache", criterion)
+        return distances, {}
+    statistics = []
+    if metric != "ls_residual":
+        statistics.append(CutDistances(candidates, metric, cfg.selection.tokens))
+    all_stats = metric == "ls_residual" or (
+        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
+    )
+    if all_stats:
+        statistics.append(LinearStatistics(candidates, adapter.hidden_size, stats_device(adapter)))
+    with timer("capture"):
+        run_capture(adapter, calibration, statistics, desc="capture (selection)")
+    stats = statistics[-1].result() if all_stats else {}
+    if metric == "ls_residual":
+        with timer("estimate"):
+            distances = ls_residuals(stats, float(cfg.alpha))
+    else:
+        distances = statistics[0].result()
+    cache.put_distances(length, criterion, distances)
+    return distances, stats
 
 
 def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
@@ -142,23 +184,8 @@ def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
     if cfg.cuts is not None:
         cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers, bool(cfg.merge_consecutive))
     else:
-        length = cut_length(cfg.n_prune, cfg.num_lts, num_layers)
-        tokens = cfg.selection.tokens
-        candidates = candidate_cuts(num_layers, length)
-        distances = cache.get_distances(length, tokens)
-        if distances is None:
-            statistics = [CutDistances(candidates, tokens)]
-            one_pass = needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
-            if one_pass:
-                statistics.append(LinearStatistics(candidates, adapter.hidden_size, stats_device(adapter)))
-            with timer("capture"):
-                run_capture(adapter, calibration, statistics, desc="capture (selection)")
-            distances = statistics[0].result()
-            cache.put_distances(length, tokens, distances)
-            if one_pass:
-                stats = statistics[1].result()
-        else:
-            log.info("selection distances found in the cache")
+        candidates = candidate_cuts(num_layers, cut_length(cfg.n_prune, cfg.num_lts, num_layers))
+        distances, stats = selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer)
         cuts = select_cuts(distances, cfg.num_lts, bool(cfg.merge_consecutive))
         log.info("selected cuts %s", cuts)
     if not needs_stats:
@@ -246,6 +273,8 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
         calibration.content_hash(),
         enabled=cfg.capture.cache,
     )
+    if cfg.cuts is None:
+        row["selection_metric"] = selection_metric_name(cfg.selection)
     cuts, distances, stats = capture_calibration(cfg, adapter, calibration, cache, estimator.needs_statistics, timer)
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:

@@ -66,8 +66,8 @@ def test_hooks_follow_the_index_convention(model, length):
     cuts = candidate_cuts(NUM_LAYERS, length)
     assert cuts[0] == (1, 1 + length) and cuts[-1][1] == NUM_LAYERS
     dist_all, dist_last, stats = (
-        CutDistances(cuts, "all"),
-        CutDistances(cuts, "last"),
+        CutDistances(cuts, "cosine", "all"),
+        CutDistances(cuts, "angular", "last"),
         LinearStatistics(cuts, 32, torch.device("cpu")),
     )
     run_capture(adapter, batches_of(sequences, 2), [dist_all, dist_last, stats])
@@ -103,7 +103,7 @@ def test_padded_batches_equal_unpadded_sequences(model, side):
         stats, dist, last = (
             LinearStatistics(cuts, 32, torch.device("cpu")),
             CutDistances(cuts),
-            CutDistances(cuts, "last"),
+            CutDistances(cuts, "angular", "last"),
         )
         run_capture(adapter, batches, [stats, dist, last])
         return stats.result(), dist.result(), last.result()

@@ -206,3 +206,14 @@ def test_explicit_cuts_from_the_command_line(tmp_path):
     row = ResultsStore(tmp_path).load().iloc[0]
     assert json.loads(row["cuts"]) == [[1, 2], [4, 6]] and row["n_prune"] == 3 and row["num_lts"] == 2
     assert pd.isna(row["selection_metric"])
+
+
+@pytest.mark.parametrize("selection", ["ls_residual", "l2", "uidl"])
+def test_selection_metric_is_recorded_and_followed(tmp_path, selection):
+    row = run_recorded(job_config(tmp_path, f"selection={selection}", "save_model=false"))
+    assert row["status"] == "finished", row["error"]
+    assert row["selection_metric"] == {"uidl": "angular_last"}.get(selection, selection)
+    profile = row["candidate_distances"]
+    assert len(profile) == 4 and row["cuts"] == [min(profile, key=lambda c: c[2])[:2]]
+    if selection == "ls_residual":  # the residual is computed in the selection pass: no second pass
+        assert row["selection_distance"] == pytest.approx(min(c[2] for c in profile))

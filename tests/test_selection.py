@@ -94,3 +94,40 @@ def test_n_prune_and_num_lts_are_validated():
     assert validate_cuts([[3, 5], [1, 3]], 8, merge_consecutive=True) == [(1, 5)]
     with pytest.raises(ConfigError, match="touch"):
         validate_cuts([[3, 5], [1, 3]], 8, merge_consecutive=False)
+
+
+def test_l2_selection_equals_brute_force(setup):
+    model, sequences, hidden = setup
+    cuts = candidate_cuts(NUM_LAYERS - 1, 3)
+    dist = CutDistances(cuts, metric="l2")
+    run_capture(adapter_for(model), batches_of(sequences, 4), [dist])
+    brute = {c: float((hidden[c[0]] - hidden[c[1]]).double().norm(dim=-1).mean()) for c in cuts}
+    for cut in cuts:
+        assert dist.result()[cut] == pytest.approx(brute[cut], rel=1e-5)
+    assert select_cuts(dist.result(), 1, True) == [min(cuts, key=brute.get)]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 5.0])
+def test_ls_residual_selection_equals_brute_force_over_estimated_transforms(alpha):
+    from explicit import explicit_blocks
+
+    from replaceme_exp.capture import LinearStatistics
+    from replaceme_exp.estimation.least_squares import ls_residuals
+
+    model = tiny_model("llama", 6, seed=6)
+    sequences = random_sequences(10, 8, 14, seed=2)
+    cuts = candidate_cuts(6, 2)
+    stats = LinearStatistics(cuts, 32, torch.device("cpu"))
+    run_capture(adapter_for(model), batches_of(sequences, 4, "left"), [stats])
+    residuals = ls_residuals(stats.result(), alpha)
+    blocks = [explicit_blocks(model, torch.tensor(s)) for s in sequences]
+    brute = {}
+    for start, end in cuts:
+        m = torch.cat([b[start - 1]["M"] for b in blocks]).double()
+        r = torch.cat([b[end - 1]["L"] - b[start - 1]["Y"] for b in blocks]).double()
+        a = torch.cat([m, alpha**0.5 * torch.eye(32, dtype=torch.float64)])
+        t = torch.linalg.lstsq(a, torch.cat([r, torch.zeros(32, 32, dtype=torch.float64)])).solution
+        brute[(start, end)] = float((m @ t - r).pow(2).sum()) / m.shape[0]
+    for cut in cuts:
+        assert residuals[cut] == pytest.approx(brute[cut], rel=1e-4)
+    assert select_cuts(residuals, 1, True) == [min(cuts, key=brute.get)]

@@ -38,18 +38,20 @@ class StatisticsCache:
         torch.save(payload, tmp)
         os.replace(tmp, path)
 
-    def get_distances(self, length: int, tokens: str) -> dict[Cut, float] | None:
-        payload = self._load(self._path("distances", length=length, tokens=tokens))
+    def get_distances(self, length: int, criterion: str) -> dict[Cut, float] | None:
+        """Distances of every candidate cut of ``length`` blocks under ``criterion`` (e.g.
+        ``cosine/all``, ``ls_residual/alpha=0.0``)."""
+        payload = self._load(self._path("distances", length=length, criterion=criterion))
         return (
             None
             if payload is None
             else {tuple(c): d for c, d in zip(payload["cuts"].tolist(), payload["distances"].tolist())}
         )
 
-    def put_distances(self, length: int, tokens: str, distances: dict[Cut, float]) -> None:
+    def put_distances(self, length: int, criterion: str, distances: dict[Cut, float]) -> None:
         cuts = sorted(distances)
         self._save(
-            self._path("distances", length=length, tokens=tokens),
+            self._path("distances", length=length, criterion=criterion),
             {"cuts": torch.tensor(cuts), "distances": torch.tensor([distances[c] for c in cuts], dtype=torch.float64)},
         )
 

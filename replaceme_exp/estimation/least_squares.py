@@ -51,3 +51,19 @@ def residual_sq(stats: LinearStats, transform: torch.Tensor) -> float:
     """``||M T - R||_F^2`` from the statistics alone: ``||R||^2 - 2 tr(T^T M^T R) + tr(T^T M^T M T)``."""
     t = transform.to(torch.float64)
     return float(stats.r_sq - 2 * (t * stats.mtr).sum() + (t * (stats.mtm @ t)).sum())
+
+
+def ls_residuals(stats: dict, alpha: float = 0.0) -> dict:
+    """Mean squared residual per token, ``||M T* - R||_F^2 / n_tokens``, of the (ridge) LS
+    transform of every cut: the ``ls_residual`` selection criterion. A cut whose system cannot be
+    solved gets ``inf``; if none can, the first error is raised."""
+    out, first_error = {}, None
+    for cut, s in stats.items():
+        try:
+            out[cut] = residual_sq(s, ridge_solve(s, alpha)) / s.n_tokens
+        except ConfigError as err:
+            first_error = first_error or err
+            out[cut] = float("inf")
+    if first_error is not None and all(v == float("inf") for v in out.values()):
+        raise first_error
+    return out
