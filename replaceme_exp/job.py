@@ -110,7 +110,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "calib_seq_len": cfg.calibration.seq_len,
         "objective": cfg.objective.name,
         "solver": None,  # closed form; numerical solvers come with the numerical objectives
-        "structure": "generic",
+        "structure": cfg.structure.name,
         "mask_ratio": 0.0,
         "lt_placement": "fused",
         "regularizer": cfg.regularizer.name,
@@ -288,7 +288,8 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
                 "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
             )
     with timer("estimate"):
-        transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha)) for cut in cuts}
+        structure = cfg.structure.name
+        transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), structure) for cut in cuts}
     for transform in transforms.values():
         if transform is not None and not torch.isfinite(transform).all():
             raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")

@@ -72,3 +72,49 @@ def test_singular_and_ill_conditioned_systems_suggest_alpha():
     with pytest.raises(ConfigError, match="ill-conditioned|singular"):
         LeastSquaresEstimator().estimate(LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 100), 0.0)
     assert torch.isfinite(ridge_solve(LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 100), alpha=1e-2)).all()
+
+
+def test_diagonal_closed_form_is_the_per_coordinate_least_squares(captured):
+    stats, m, r = captured
+    for alpha in (0.0, 3.0):
+        t = LeastSquaresEstimator().estimate(stats, alpha, "diagonal")
+        assert torch.equal(t, torch.diag(t.diagonal()))
+        # Independent: one scalar least-squares problem per coordinate, min_t ||m_i t - r_i||^2 + alpha t^2.
+        expected = torch.stack(
+            [
+                torch.linalg.lstsq(
+                    torch.cat([m[:, i : i + 1], torch.tensor([[alpha**0.5]], dtype=torch.float64)]),
+                    torch.cat([r[:, i : i + 1], torch.zeros(1, 1, dtype=torch.float64)]),
+                ).solution[0, 0]
+                for i in range(32)
+            ]
+        )
+        torch.testing.assert_close(t.diagonal(), expected, rtol=1e-4, atol=1e-6)
+    best = residual_sq(stats, LeastSquaresEstimator().estimate(stats, 0.0, "diagonal"))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        candidate = torch.diag(
+            LeastSquaresEstimator().estimate(stats, 0.0, "diagonal").diagonal()
+            + 0.1 * torch.randn(32, generator=g, dtype=torch.float64)
+        )
+        assert residual_sq(stats, candidate) >= best
+    assert residual_sq(stats, LeastSquaresEstimator().estimate(stats, 0.0)) <= best  # generic is no worse
+
+
+def test_orthonormal_closed_form_is_the_procrustes_solution(captured):
+    stats, m, r = captured
+    t = LeastSquaresEstimator().estimate(stats, 0.0, "orthonormal")
+    torch.testing.assert_close(t.T @ t, torch.eye(32, dtype=torch.float64), rtol=0, atol=1e-10)
+    u, _, vh = torch.linalg.svd(m.T @ r)  # from the activations themselves
+    torch.testing.assert_close(t, u @ vh, rtol=1e-4, atol=1e-5)
+    best = residual_sq(stats, t)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        q, _ = torch.linalg.qr(torch.randn(32, 32, generator=g, dtype=torch.float64))
+        assert residual_sq(stats, q) >= best
+    assert residual_sq(stats, torch.eye(32, dtype=torch.float64)) >= best
+
+
+def test_unknown_structure_names_the_key(captured):
+    with pytest.raises(ConfigError, match="structure='banded'"):
+        LeastSquaresEstimator().estimate(captured[0], 0.0, "banded")

@@ -217,3 +217,10 @@ def test_selection_metric_is_recorded_and_followed(tmp_path, selection):
     assert len(profile) == 4 and row["cuts"] == [min(profile, key=lambda c: c[2])[:2]]
     if selection == "ls_residual":  # the residual is computed in the selection pass: no second pass
         assert row["selection_distance"] == pytest.approx(min(c[2] for c in profile))
+
+
+@pytest.mark.parametrize("structure", ["diagonal", "orthonormal"])
+def test_structured_transforms_run_end_to_end(tmp_path, structure):
+    row = run_recorded(job_config(tmp_path, f"structure={structure}", "cuts=[[2,4]]", "save_model=false"))
+    assert row["status"] == "finished", row["error"]
+    assert row["structure"] == structure and row["cos_dist_after"] != row["cos_dist_before"]

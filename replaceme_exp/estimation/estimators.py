@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 
 from replaceme_exp.capture.statistics import LinearStats
-from replaceme_exp.estimation.least_squares import ridge_solve
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation.least_squares import diagonal_solve, orthonormal_solve, ridge_solve
+
+STRUCTURES = ("generic", "diagonal", "orthonormal")
 
 
 class Estimator:
@@ -15,19 +18,27 @@ class Estimator:
     name: str = "estimator"
     needs_statistics: bool = True
 
-    def estimate(self, stats: LinearStats | None, alpha: float) -> torch.Tensor | None:
+    def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor | None:
         raise NotImplementedError
 
 
 class LeastSquaresEstimator(Estimator):
-    """Closed-form LS (ReplaceMe's L2 objective); ridge when ``alpha > 0``."""
+    """Closed-form LS (ReplaceMe's L2 objective); ridge when ``alpha > 0``. ``structure``:
+    ``generic`` (full matrix), ``diagonal`` (per-coordinate scaling) or ``orthonormal``
+    (Procrustes), each the exact minimiser within its class."""
 
     name = "ls"
 
     def __init__(self, name: str = "ls", max_condition: float = 1e13):
         self.name, self.max_condition = name, max_condition
 
-    def estimate(self, stats: LinearStats | None, alpha: float) -> torch.Tensor:
+    def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor:
+        if structure == "diagonal":
+            return diagonal_solve(stats, alpha)
+        if structure == "orthonormal":
+            return orthonormal_solve(stats)
+        if structure != "generic":
+            raise ConfigError("structure", structure, f"choose one of {STRUCTURES}")
         return ridge_solve(stats, alpha=alpha, max_condition=self.max_condition)
 
 
@@ -40,5 +51,5 @@ class IdentityEstimator(Estimator):
     def __init__(self, name: str = "identity"):
         self.name = name
 
-    def estimate(self, stats: LinearStats | None, alpha: float) -> None:
+    def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> None:
         return None

@@ -47,6 +47,24 @@ def ridge_solve(stats: LinearStats, alpha: float = 0.0, max_condition: float = M
     return torch.cholesky_solve(stats.mtr.to(torch.float64), factor)
 
 
+def diagonal_solve(stats: LinearStats, alpha: float = 0.0) -> torch.Tensor:
+    """The best diagonal T: ``((M^T M) o I + alpha I)^{-1} ((M^T (L - Y)) o I)`` (Hadamard
+    products with I), i.e. one scalar per hidden coordinate, ``t_i = (M^T R)_ii / ((M^T M)_ii + alpha)``.
+    Returns T, (hidden, hidden) float64 and diagonal."""
+    denominator = stats.mtm.diagonal() + alpha
+    if not bool((denominator > 0).all()):
+        dead = int((denominator <= 0).sum())
+        raise ConfigError("alpha", alpha, f"cut {list(stats.cut)}: {dead} coordinates of M are always 0; set alpha>0")
+    return torch.diag(stats.mtr.diagonal() / denominator)
+
+
+def orthonormal_solve(stats: LinearStats) -> torch.Tensor:
+    """The best orthonormal T (orthogonal Procrustes): with ``M^T (L - Y) = U S V^T``, ``T = U V^T``.
+    ``alpha`` has no role: every orthonormal T has the same norm. Returns (hidden, hidden) float64."""
+    u, _, vh = torch.linalg.svd(stats.mtr.to(torch.float64))
+    return u @ vh
+
+
 def residual_sq(stats: LinearStats, transform: torch.Tensor) -> float:
     """``||M T - R||_F^2`` from the statistics alone: ``||R||^2 - 2 tr(T^T M^T R) + tr(T^T M^T M T)``."""
     t = transform.to(torch.float64)
