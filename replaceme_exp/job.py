@@ -22,9 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.capture.statistics import TokenCollector
+from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.least_squares import ls_residuals
+from replaceme_exp.estimation.least_squares import ls_residuals, ridge_solve
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.models import adapter_for, count_parameters, load_model
@@ -90,8 +92,9 @@ def effective_regularizer(cfg: DictConfig, estimator) -> str:
         return "none"
     if name == "none" and alpha > 0:
         raise ConfigError("alpha", cfg.alpha, "has no effect with regularizer=none; use regularizer=l2 (ridge)")
-    if name not in ("none", "l2"):
-        raise ConfigError("regularizer", name, f"objective={estimator.name} supports none or l2 (ridge)")
+    supported = ("none", "l1", "l2") if getattr(estimator, "needs_tokens", False) else ("none", "l2")
+    if name not in supported:
+        raise ConfigError("regularizer", name, f"objective={estimator.name} supports {', '.join(supported)}")
     return "none" if alpha == 0 else name
 
 
@@ -226,6 +229,52 @@ def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) 
     return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
 
 
+def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
+    """Numerical objectives: one capture pass fills a token store per cut (only non-padding
+    tokens, bfloat16), then each T is fitted on its store. Every transform is estimated from the
+    unpruned model's activations. Records the solver, the final training loss (mean over cuts)
+    and each cut's per-epoch loss curve."""
+    device = stats_device(adapter)
+    stores = {
+        cut: TokenStore(
+            estimator.store_names(),
+            calibration.n_tokens,
+            adapter.hidden_size,
+            device,
+            location=cfg.store.location,
+            max_gpu_gb=cfg.store.max_gpu_gb,
+            max_cpu_gb=cfg.store.max_cpu_gb,
+            directory=cfg.store.directory,
+        )
+        for cut in cuts
+    }
+    try:
+        with timer("capture"):
+            run_capture(
+                adapter, calibration, [TokenCollector(c, s) for c, s in stores.items()], desc="capture (tokens)"
+            )
+        transforms, curves = {}, {}
+        with timer("estimate"):
+            for cut, store in stores.items():
+                init = None
+                if estimator.init == "ls":
+                    init = ridge_solve(stats[cut], float(cfg.alpha) if cfg.regularizer.name == "l2" else 0.0)
+                transforms[cut], info = estimator.fit(
+                    store, float(cfg.alpha), row["regularizer"], cfg.structure.name, int(cfg.seed), init
+                )
+                curves[f"{cut[0]}-{cut[1]}"] = info["loss_curve"]
+    finally:
+        for store in stores.values():
+            store.close()
+    row.update(
+        solver=estimator.solver,
+        store_location=next(iter(stores.values())).location,
+        train_loss=sum(c[-1] for c in curves.values()) / len(curves),
+        loss_curves=curves,
+    )
+    return transforms
+
+
 def heldout_distances(adapter, windows, transforms, baselines: BaselineCache, key: dict) -> tuple[float, float]:
     """(cos_dist_before, cos_dist_after) on held-out windows. The distance without T depends
     only on model, text and cuts and is cached; jobs without any transform need no pass."""
@@ -287,9 +336,12 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
             raise ConfigError(
                 "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
             )
-    with timer("estimate"):
-        structure = cfg.structure.name
-        transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), structure) for cut in cuts}
+    structure = cfg.structure.name
+    if getattr(estimator, "needs_tokens", False):
+        transforms = estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
+    else:
+        with timer("estimate"):
+            transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), structure) for cut in cuts}
     for transform in transforms.values():
         if transform is not None and not torch.isfinite(transform).all():
             raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")

@@ -224,3 +224,20 @@ def test_structured_transforms_run_end_to_end(tmp_path, structure):
     row = run_recorded(job_config(tmp_path, f"structure={structure}", "cuts=[[2,4]]", "save_model=false"))
     assert row["status"] == "finished", row["error"]
     assert row["structure"] == structure and row["cos_dist_after"] != row["cos_dist_before"]
+
+
+@pytest.mark.parametrize(
+    "objective, extra", [("cosine", ["objective.init=ls"]), ("cosine_exact", ["regularizer=l1", "alpha=1e-4"])]
+)
+def test_numerical_objectives_run_end_to_end(tmp_path, objective, extra):
+    row = run_recorded(
+        job_config(tmp_path, f"objective={objective}", "objective.epochs=2", "cuts=[[2,4]]", "save_model=false", *extra)
+    )
+    assert row["status"] == "finished", row["error"]
+    assert row["solver"] == "adam" and row["store_location"] == "cpu" and row["train_loss"] > 0
+    assert list(row["loss_curves"]) == ["2-4"] and len(row["loss_curves"]["2-4"]) == 2
+
+
+def test_ls_refuses_l1(tmp_path):
+    row = run_recorded(job_config(tmp_path, "regularizer=l1", "alpha=1"), raise_on_failure=False)
+    assert row["status"] == "failed" and "regularizer='l1': objective=ls supports none, l2" in row["error"]

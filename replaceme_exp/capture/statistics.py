@@ -186,3 +186,26 @@ class TransformDistances:
         """Token-weighted mean over all cuts of (distance without T, distance with T)."""
         total = sum(self.counts.values())
         return sum(self.before.values()) / total, sum(self.after.values()) / total
+
+
+class TokenCollector:
+    """Writes what one cut's numerical objective needs into a :class:`TokenStore`, token by
+    token: ``M`` = M_{start-1} and ``R`` = L_{end-1} - Y_{start-1}, plus ``Y`` = Y_{start-1}
+    when the store has it (the exact cosine objective)."""
+
+    def __init__(self, cut: Cut, store):
+        self.cut, self.store, self.offset = cut, store, 0
+
+    def requests(self) -> list[Request]:
+        m_key, prev_key, target_key = cut_keys(self.cut, with_mlp=True)
+
+        def update(acts: dict, tokens: BatchTokens) -> None:
+            m, prev, target = acts[m_key], acts[prev_key], acts[target_key]
+            y = prev - m
+            self.store.write("M", self.offset, m)
+            self.store.write("R", self.offset, target - y)
+            if "Y" in self.store.names:
+                self.store.write("Y", self.offset, y)
+            self.offset += m.shape[0]
+
+        return [(cut_keys(self.cut, with_mlp=True), update)]

@@ -17,7 +17,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 # Keys that change where or how a job runs, not what it computes.
-NON_SEMANTIC_KEYS = ("results_dir", "cache_dir", "save_model", "force", "capture", "tracking", "hydra")
+NON_SEMANTIC_KEYS = ("results_dir", "cache_dir", "save_model", "force", "capture", "store", "tracking", "hydra")
 NON_SEMANTIC_MODEL_KEYS = ("device", "device_map")
 
 
