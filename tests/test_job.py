@@ -235,7 +235,7 @@ def test_numerical_objectives_run_end_to_end(tmp_path, objective, extra):
     )
     assert row["status"] == "finished", row["error"]
     assert row["solver"] == "adam" and row["store_location"] == "cpu" and row["train_loss"] > 0
-    assert list(row["loss_curves"]) == ["2-4"] and len(row["loss_curves"]["2-4"]) == 2
+    assert list(row["loss_curves"]) == ["2-4"] and len(row["loss_curves"]["2-4"]) == 3
 
 
 def test_ls_refuses_l1(tmp_path):
