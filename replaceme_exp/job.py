@@ -114,7 +114,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "objective": cfg.objective.name,
         "solver": None,  # closed form; numerical solvers come with the numerical objectives
         "structure": cfg.structure.name,
-        "mask_ratio": 0.0,
+        "mask_ratio": float(cfg.mask_ratio),
         "lt_placement": "fused",
         "regularizer": cfg.regularizer.name,
         "alpha": float(cfg.alpha),
@@ -260,7 +260,13 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
                 if estimator.init == "ls":
                     init = ridge_solve(stats[cut], float(cfg.alpha) if cfg.regularizer.name == "l2" else 0.0)
                 transforms[cut], info = estimator.fit(
-                    store, float(cfg.alpha), row["regularizer"], cfg.structure.name, int(cfg.seed), init
+                    store,
+                    float(cfg.alpha),
+                    row["regularizer"],
+                    cfg.structure.name,
+                    int(cfg.seed),
+                    init,
+                    mask_ratio=float(cfg.mask_ratio),
                 )
                 curves[f"{cut[0]}-{cut[1]}"] = info["loss_curve"]
     finally:
@@ -337,6 +343,10 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
                 "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
             )
     structure = cfg.structure.name
+    if float(cfg.mask_ratio) and not getattr(estimator, "needs_tokens", False):
+        raise ConfigError(
+            "mask_ratio", cfg.mask_ratio, f"token masking applies to numerical objectives, not {estimator.name}"
+        )
     if getattr(estimator, "needs_tokens", False):
         transforms = estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
     else:

@@ -227,7 +227,12 @@ def test_structured_transforms_run_end_to_end(tmp_path, structure):
 
 
 @pytest.mark.parametrize(
-    "objective, extra", [("cosine", ["objective.init=ls"]), ("cosine_exact", ["regularizer=l1", "alpha=1e-4"])]
+    "objective, extra",
+    [
+        ("cosine", ["objective.init=ls"]),
+        ("cosine_exact", ["regularizer=l1", "alpha=1e-4"]),
+        ("cosine", ["mask_ratio=0.25", "structure=diagonal"]),
+    ],
 )
 def test_numerical_objectives_run_end_to_end(tmp_path, objective, extra):
     row = run_recorded(
@@ -238,6 +243,8 @@ def test_numerical_objectives_run_end_to_end(tmp_path, objective, extra):
     assert list(row["loss_curves"]) == ["2-4"] and len(row["loss_curves"]["2-4"]) == 3
 
 
-def test_ls_refuses_l1(tmp_path):
+def test_ls_refuses_l1_and_masking(tmp_path):
     row = run_recorded(job_config(tmp_path, "regularizer=l1", "alpha=1"), raise_on_failure=False)
     assert row["status"] == "failed" and "regularizer='l1': objective=ls supports none, l2" in row["error"]
+    row = run_recorded(job_config(tmp_path, "mask_ratio=0.5"), raise_on_failure=False)
+    assert row["status"] == "failed" and "mask_ratio=0.5: token masking applies to numerical objectives" in row["error"]

@@ -115,3 +115,17 @@ def test_disk_store_under_a_tiny_budget_gives_the_same_transform(setup, tmp_path
     assert torch.equal(t_disk, t_memory)
     disk.close()
     assert not any(tmp_path.rglob("M.bin"))
+
+
+def test_masking_is_reproducible_from_the_seed(setup):
+    _, adapter, calibration, *_ = setup
+    store = fill_store(adapter, calibration, ("M", "R"))
+    estimator = NumericalEstimator("cosine", "cosine", lr=1e-2, batch_tokens=128, epochs=2)
+    a, _ = estimator.fit(store, 0.0, "none", "generic", seed=3, mask_ratio=0.3)
+    b, _ = estimator.fit(store, 0.0, "none", "generic", seed=3, mask_ratio=0.3)
+    c, _ = estimator.fit(store, 0.0, "none", "generic", seed=4, mask_ratio=0.3)
+    unmasked, _ = estimator.fit(store, 0.0, "none", "generic", seed=3)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c) and not torch.equal(a, unmasked)
+    with pytest.raises(Exception, match="mask_ratio=0.3: token masking needs mini-batches"):
+        NumericalEstimator("cosine", "cosine", solver="lbfgs").fit(store, 0.0, "none", "generic", 0, mask_ratio=0.3)

@@ -94,10 +94,20 @@ class NumericalEstimator(Estimator):
         structure: str,
         seed: int,
         init_transform: torch.Tensor | None = None,
+        mask_ratio: float = 0.0,
     ) -> tuple[torch.Tensor, dict]:
         """Returns T, (hidden, hidden) float64, and ``{"loss_curve": [loss at the start, then
         the mean loss of each Adam epoch or the objective after each full-batch iteration],
-        "final_loss": its last entry}``."""
+        "final_loss": its last entry}``.
+
+        ``mask_ratio``: each Adam step leaves out that fraction of its batch's tokens, drawn from
+        a generator seeded by ``seed`` (the paper's token-masking augmentation for small data)."""
+        if not 0.0 <= mask_ratio < 1.0:
+            raise ConfigError("mask_ratio", mask_ratio, "must be in [0, 1)")
+        if mask_ratio and self.solver != "adam":
+            raise ConfigError(
+                "mask_ratio", mask_ratio, f"token masking needs mini-batches (solver=adam), not {self.solver}"
+            )
         if structure not in ("generic", "diagonal"):
             raise ConfigError("structure", structure, f"objective={self.name} supports generic or diagonal")
         device, d = store.compute_device, store.hidden
@@ -109,7 +119,7 @@ class NumericalEstimator(Estimator):
             param = torch.nn.Parameter(start.to(device, torch.float32).clone())
             as_matrix = lambda p: p  # noqa: E731
         if self.solver == "adam":
-            curve = self._adam(store, param, as_matrix, alpha, regularizer, seed)
+            curve = self._adam(store, param, as_matrix, alpha, regularizer, seed, mask_ratio)
         else:
             objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, alpha, self.chunk_tokens)
             curve = self._full_batch(objective, param)
@@ -118,7 +128,7 @@ class NumericalEstimator(Estimator):
         log.info("%s/%s: loss %.5f -> %.5f in %d steps", self.name, self.solver, curve[0], curve[-1], len(curve) - 1)
         return as_matrix(param.detach()).double().cpu(), {"loss_curve": curve, "final_loss": curve[-1]}
 
-    def _adam(self, store, param, as_matrix, alpha, regularizer, seed) -> list[float]:
+    def _adam(self, store, param, as_matrix, alpha, regularizer, seed, mask_ratio=0.0) -> list[float]:
         """Mini-batches of ``batch_tokens`` drawn by a seeded permutation (rows are gathered from
         the store; nothing is copied per epoch). Returns the mean loss of each epoch, preceded by
         the loss at the start (the first batch)."""
@@ -129,7 +139,11 @@ class NumericalEstimator(Estimator):
             order = torch.randperm(store.n_tokens, generator=generator)
             total, batches = 0.0, 0
             for i in range(0, store.n_tokens, self.batch_tokens):
-                rows = store.rows(order[i : i + self.batch_tokens])
+                indices = order[i : i + self.batch_tokens]
+                if mask_ratio:
+                    kept = indices[torch.rand(indices.numel(), generator=generator) >= mask_ratio]
+                    indices = kept if kept.numel() else indices[:1]
+                rows = store.rows(indices)
                 loss = batch_loss(self.loss, rows["M"] @ as_matrix(param), rows) + penalty(regularizer, alpha, param)
                 if not curve:
                     curve.append(loss.detach().item())
