@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.statistics import TokenCollector
+from replaceme_exp.capture.statistics import PLACEMENTS, TokenCollector
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.errors import ConfigError
@@ -115,7 +115,8 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "solver": None,  # closed form; numerical solvers come with the numerical objectives
         "structure": cfg.structure.name,
         "mask_ratio": float(cfg.mask_ratio),
-        "lt_placement": "fused",
+        "lt_placement": cfg.lt_placement,
+        "plain_checkpoint": cfg.lt_placement == "fused",
         "regularizer": cfg.regularizer.name,
         "alpha": float(cfg.alpha),
         "seed": cfg.seed,
@@ -151,7 +152,7 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     length = candidates[0][1] - candidates[0][0]
     criterion = selection_metric_name(cfg.selection)
     if metric == "ls_residual":
-        criterion += f"/alpha={float(cfg.alpha)}"
+        criterion += f"/alpha={float(cfg.alpha)}/{cfg.lt_placement}"
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
@@ -162,7 +163,7 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
         needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
     )
     if all_stats:
-        statistics.append(LinearStatistics(candidates, adapter.hidden_size, stats_device(adapter)))
+        statistics.append(LinearStatistics(candidates, adapter.hidden_size, stats_device(adapter), cfg.lt_placement))
     with timer("capture"):
         run_capture(adapter, calibration, statistics, desc="capture (selection)")
     stats = statistics[-1].result() if all_stats else {}
@@ -197,17 +198,17 @@ def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
     for cut in cuts:
         if cut in stats:
             found[cut] = stats[cut]
-            cache.put_stats(stats[cut])
-        elif (cached := cache.get_stats(cut)) is not None:
+            cache.put_stats(stats[cut], cfg.lt_placement)
+        elif (cached := cache.get_stats(cut, cfg.lt_placement)) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
     missing = [cut for cut in cuts if cut not in found]
     if missing:
-        accumulator = LinearStatistics(missing, adapter.hidden_size, stats_device(adapter))
+        accumulator = LinearStatistics(missing, adapter.hidden_size, stats_device(adapter), cfg.lt_placement)
         with timer("capture"):
             run_capture(adapter, calibration, [accumulator], desc="capture (statistics)")
         for cut, s in accumulator.result().items():
-            cache.put_stats(s)
+            cache.put_stats(s, cfg.lt_placement)
             found[cut] = s
     return cuts, distances, found
 
@@ -251,7 +252,10 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
     try:
         with timer("capture"):
             run_capture(
-                adapter, calibration, [TokenCollector(c, s) for c, s in stores.items()], desc="capture (tokens)"
+                adapter,
+                calibration,
+                [TokenCollector(c, s, cfg.lt_placement) for c, s in stores.items()],
+                desc="capture (tokens)",
             )
         transforms, curves = {}, {}
         with timer("estimate"):
@@ -281,7 +285,9 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
     return transforms
 
 
-def heldout_distances(adapter, windows, transforms, baselines: BaselineCache, key: dict) -> tuple[float, float]:
+def heldout_distances(
+    adapter, windows, transforms, baselines: BaselineCache, key: dict, placement: str = "fused"
+) -> tuple[float, float]:
     """(cos_dist_before, cos_dist_after) on held-out windows. The distance without T depends
     only on model, text and cuts and is cached; jobs without any transform need no pass."""
     if all(t is None for t in transforms.values()):
@@ -289,13 +295,13 @@ def heldout_distances(adapter, windows, transforms, baselines: BaselineCache, ke
             {**key, "metric": "cos_dist_before"}, lambda: heldout_distances_pass(adapter, windows, transforms)[0]
         )
         return before, before
-    before, after = heldout_distances_pass(adapter, windows, transforms)
+    before, after = heldout_distances_pass(adapter, windows, transforms, placement)
     baselines.get_or_compute({**key, "metric": "cos_dist_before"}, lambda: before)
     return before, after
 
 
-def heldout_distances_pass(adapter, windows, transforms) -> tuple[float, float]:
-    check = TransformDistances(transforms)
+def heldout_distances_pass(adapter, windows, transforms, placement: str = "fused") -> tuple[float, float]:
+    check = TransformDistances(transforms, placement)
     run_capture(adapter, windows, [check], desc="held-out distances")
     return check.result()
 
@@ -304,6 +310,8 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured)."""
     timer = Timer()
     torch.manual_seed(int(cfg.seed))
+    if cfg.lt_placement not in PLACEMENTS:
+        raise ConfigError("lt_placement", cfg.lt_placement, f"choose one of {PLACEMENTS}")
     cache_dir = to_absolute_path(cfg.cache_dir)
     results_dir = to_absolute_path(cfg.results_dir)
     estimator = instantiate(cfg.objective)
@@ -361,14 +369,14 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
         baselines = BaselineCache(Path(results_dir) / "baselines")
         heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
         row["cos_dist_before"], row["cos_dist_after"] = heldout_distances(
-            adapter, windows, transforms, baselines, {**heldout_key, "cuts": [list(c) for c in cuts]}
+            adapter, windows, transforms, baselines, {**heldout_key, "cuts": [list(c) for c in cuts]}, cfg.lt_placement
         )
         row["ppl_heldout_baseline"] = baselines.get_or_compute(
             {**heldout_key, "metric": "ppl_heldout"}, lambda: perplexity(model, windows)
         )
 
     with timer("surgery"):
-        kept = prune(adapter, cuts, transforms)
+        kept = prune(adapter, cuts, transforms, cfg.lt_placement)
     row.update(params_after=count_parameters(model), kept_blocks=kept)
     row["compression_ratio"] = 1.0 - row["params_after"] / row["params_before"]
 

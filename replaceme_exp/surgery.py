@@ -14,6 +14,7 @@ import torch
 from replaceme_exp.models.adapters import DecoderAdapter
 
 Cut = tuple[int, int]
+SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
 
 
 @torch.no_grad()
@@ -35,27 +36,87 @@ def kept_blocks(num_layers: int, cuts: list[Cut]) -> list[int]:
     return [i for i in range(num_layers) if i not in removed]
 
 
-def prune(adapter: DecoderAdapter, cuts: list[Cut], transforms: dict[Cut, torch.Tensor | None]) -> list[int]:
+def prune(
+    adapter: DecoderAdapter,
+    cuts: list[Cut],
+    transforms: dict[Cut, torch.Tensor | None],
+    placement: str = "fused",
+) -> list[int]:
     """Apply all cuts in place. Fusion happens in original indices before any block is removed,
-    so several cuts need no index bookkeeping. Returns the original indices of the kept blocks."""
-    for cut in cuts:
-        transform = transforms.get(cut)
-        if transform is not None:
-            fuse_transform(adapter, cut[0] - 1, transform)
+    so several cuts need no index bookkeeping. With ``placement="separate"`` each T instead
+    multiplies the full output of block ``start-1`` (see :func:`attach_separate_transforms`).
+    Returns the original indices of the kept blocks."""
+    if placement == "fused":
+        for cut in cuts:
+            transform = transforms.get(cut)
+            if transform is not None:
+                fuse_transform(adapter, cut[0] - 1, transform)
     kept = kept_blocks(adapter.num_layers, cuts)
     adapter.keep_layers(kept)
+    if placement == "separate":
+        separate = {kept.index(cut[0] - 1): t for cut, t in transforms.items() if t is not None}
+        attach_separate_transforms(adapter, separate)
+    elif placement != "fused":
+        raise ValueError(f"lt_placement={placement!r}: choose fused or separate")
     return kept
+
+
+def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, torch.Tensor]) -> None:
+    """Make block ``i``'s output ``L_i T`` for each ``{i: T}`` (indices of the current model).
+
+    T lives in a forward hook, not in a new module, so the model's weights and state dict stay
+    those of a plain pruned checkpoint; ``save_checkpoint`` writes the transforms beside them
+    and :func:`load_pruned` re-attaches them.
+    """
+    model = adapter.model
+    for handle in getattr(model, "_replaceme_separate_hooks", []):
+        handle.remove()
+    handles = []
+    for index, transform in transforms.items():
+        block = adapter.layers[index]
+        weight = transform.to(device=next(block.parameters()).device, dtype=next(block.parameters()).dtype)
+
+        def hook(module, args, output, weight=weight):
+            if isinstance(output, tuple):
+                return (output[0] @ weight, *output[1:])
+            return output @ weight
+
+        handles.append(block.register_forward_hook(hook))
+    model._replaceme_separate_hooks = handles
+    model._replaceme_separate_transforms = {i: t.detach().cpu() for i, t in transforms.items()}
+
+
+def load_pruned(path: str | os.PathLike, **kwargs):
+    """Load a pruned checkpoint; for the separate placement, re-attach its transforms."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from replaceme_exp.models.adapters import adapter_for
+
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    file = Path(path) / SEPARATE_TRANSFORMS_FILE
+    if file.is_file():
+        tensors = load_file(file)
+        attach_separate_transforms(adapter_for(model), {int(k.split(".")[1]): v for k, v in tensors.items()})
+    return model
 
 
 def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict) -> Path:
     """Save model and tokenizer as safetensors under ``path`` (atomically), with the pruning
-    metadata in ``replaceme.json``. Loadable by ``AutoModelForCausalLM.from_pretrained``."""
+    metadata in ``replaceme.json``. Loadable by ``AutoModelForCausalLM.from_pretrained``; a model
+    with separate transforms also gets ``separate_transforms.safetensors`` and needs
+    :func:`load_pruned` to apply them (it is not a plain checkpoint)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        separate = getattr(model, "_replaceme_separate_transforms", None)
+        if separate:
+            from safetensors.torch import save_file
+
+            save_file({f"after_block.{i}": t.contiguous() for i, t in separate.items()}, tmp / SEPARATE_TRANSFORMS_FILE)
         (tmp / "replaceme.json").write_text(json.dumps(metadata, indent=2, default=str))
         if target.exists():
             shutil.rmtree(target)

@@ -118,3 +118,17 @@ def test_orthonormal_closed_form_is_the_procrustes_solution(captured):
 def test_unknown_structure_names_the_key(captured):
     with pytest.raises(ConfigError, match="structure='banded'"):
         LeastSquaresEstimator().estimate(captured[0], 0.0, "banded")
+
+
+def test_separate_placement_statistics_regress_the_block_output(captured):
+    model = tiny_model("llama", 5, seed=1)
+    sequences = random_sequences(12, 4, 16, seed=5)
+    stats = LinearStatistics([CUT], 32, torch.device("cpu"), placement="separate")
+    run_capture(adapter_for(model), batches_of(sequences, 5), [stats])
+    x, y = [], []
+    for seq in sequences:
+        blocks = explicit_blocks(model, torch.tensor(seq))
+        x.append(blocks[CUT[0] - 1]["L"])
+        y.append(blocks[CUT[1] - 1]["L"])
+    expected = torch.linalg.lstsq(torch.cat(x).double(), torch.cat(y).double()).solution
+    torch.testing.assert_close(ridge_solve(stats.result()[CUT]), expected, rtol=1e-4, atol=1e-5)

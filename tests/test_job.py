@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -248,3 +249,22 @@ def test_ls_refuses_l1_and_masking(tmp_path):
     assert row["status"] == "failed" and "regularizer='l1': objective=ls supports none, l2" in row["error"]
     row = run_recorded(job_config(tmp_path, "mask_ratio=0.5"), raise_on_failure=False)
     assert row["status"] == "failed" and "mask_ratio=0.5: token masking applies to numerical objectives" in row["error"]
+
+
+@pytest.mark.parametrize("objective", ["ls", "cosine"])
+def test_separate_placement_is_evaluated_in_memory_and_flagged(tmp_path, objective):
+    row = run_recorded(
+        job_config(
+            tmp_path,
+            "lt_placement=separate",
+            f"objective={objective}",
+            "objective.epochs=1" if objective == "cosine" else "alpha=0",
+        )
+    )
+    assert row["status"] == "finished", row["error"]
+    assert row["lt_placement"] == "separate" and row["plain_checkpoint"] is False
+    assert (Path(row["pruned_model_path"]) / "separate_transforms.safetensors").is_file()
+    if objective == "ls":
+        fused = run_recorded(job_config(tmp_path, "save_model=false"))
+        assert fused["plain_checkpoint"] is True and fused["cuts"] == row["cuts"]
+        assert fused["ppl_heldout"] != row["ppl_heldout"]

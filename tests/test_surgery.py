@@ -129,3 +129,44 @@ def test_unknown_and_unfusable_families_are_refused():
     )
     with pytest.raises(UnsupportedModelError, match="norm after the MLP"):
         adapter_for(gemma)
+
+
+class TransformedBlock(nn.Module):
+    """A block followed by an explicit T on its full output: ``L T``."""
+
+    def __init__(self, block, transform):
+        super().__init__()
+        self.block, self.transform = block, transform
+
+    def forward(self, *args, **kwargs):
+        return self.block(*args, **kwargs) @ self.transform.to(torch.float32)
+
+
+@pytest.mark.parametrize("cuts", [[(2, 4)], [(1, 3), (5, 7)]], ids=["one", "two"])
+def test_separate_placement_equals_bypass_with_transform_on_the_block_output(cuts, tmp_path, smollm2_tokenizer):
+    from replaceme_exp.surgery import load_pruned
+
+    model = tiny_model("llama", 8, seed=9)
+    transforms = {cut: random_transform(32, i + 3) for i, cut in enumerate(cuts)}
+    reference = copy.deepcopy(model)
+    for start, end in cuts:
+        reference.model.layers[start - 1] = TransformedBlock(
+            reference.model.layers[start - 1], transforms[(start, end)]
+        )
+        for i in range(start, end):
+            reference.model.layers[i] = Bypass()
+    ids = torch.randint(0, 128, (2, 10))
+    pruned = copy.deepcopy(model)
+    prune(adapter_for(pruned), cuts, transforms, placement="separate")
+    torch.testing.assert_close(pruned(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+    # Weights untouched: the fusion target keeps its original down-projection.
+    torch.testing.assert_close(
+        pruned.model.layers[cuts[0][0] - 1].mlp.down_proj.weight,
+        model.model.layers[cuts[0][0] - 1].mlp.down_proj.weight,
+    )
+    save_checkpoint(pruned, smollm2_tokenizer, tmp_path / "sep", {"lt_placement": "separate"})
+    assert (tmp_path / "sep" / "separate_transforms.safetensors").is_file()
+    reloaded = load_pruned(tmp_path / "sep").eval()
+    torch.testing.assert_close(reloaded(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "sep").eval()  # without T: not the same model
+    assert not torch.allclose(plain(ids).logits, reference(ids).logits, atol=1e-3)

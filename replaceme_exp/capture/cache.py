@@ -55,15 +55,15 @@ class StatisticsCache:
             {"cuts": torch.tensor(cuts), "distances": torch.tensor([distances[c] for c in cuts], dtype=torch.float64)},
         )
 
-    def get_stats(self, cut: Cut) -> LinearStats | None:
-        p = self._load(self._path("linear", cut=list(cut)))
+    def get_stats(self, cut: Cut, placement: str = "fused") -> LinearStats | None:
+        p = self._load(self._path("linear", cut=list(cut), placement=placement))
         if p is None:
             return None
         return LinearStats(cut, p["mtm"], p["mtr"], float(p["r_sq"]), int(p["n_tokens"]))
 
-    def put_stats(self, stats: LinearStats) -> None:
+    def put_stats(self, stats: LinearStats, placement: str = "fused") -> None:
         self._save(
-            self._path("linear", cut=list(stats.cut)),
+            self._path("linear", cut=list(stats.cut), placement=placement),
             {
                 "mtm": stats.mtm.cpu(),
                 "mtr": stats.mtr.cpu(),

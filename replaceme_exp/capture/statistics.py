@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 Cut = tuple[int, int]
+PLACEMENTS = ("fused", "separate")
 ActKey = tuple[str, int]
 Request = tuple[tuple[ActKey, ...], Callable[[dict, "BatchTokens"], None]]
 
@@ -95,7 +96,8 @@ class CutDistances:
 @dataclass
 class LinearStats:
     """Sufficient statistics of the least-squares problem ``min_T ||M T - R||_F^2`` for one cut,
-    with ``M = M_{start-1}`` and ``R = L_{end-1} - Y_{start-1}`` over n_tokens non-padding tokens.
+    with ``M = M_{start-1}`` and ``R = L_{end-1} - Y_{start-1}`` over n_tokens non-padding tokens
+    (for the separate placement ``M = L_{start-1}`` and ``R = L_{end-1}``).
 
     ``mtm`` = M^T M and ``mtr`` = M^T R, (hidden, hidden) float64; ``r_sq`` = ||R||_F^2.
     """
@@ -112,10 +114,17 @@ class LinearStats:
 
 class LinearStatistics:
     """Accumulates :class:`LinearStats` in float64 for every requested cut. Cuts sharing a start
-    share one ``M^T M``; each batch's M is converted to float64 once per start."""
+    share one ``M^T M``; each batch's input is converted to float64 once per start.
 
-    def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device):
-        self.cuts = list(cuts)
+    ``placement="fused"``: input ``M_{start-1}``, target ``L_{end-1} - Y_{start-1}`` (T fused into
+    the down-projection). ``placement="separate"``: input ``L_{start-1}``, target ``L_{end-1}``
+    (T as its own module on the full block output).
+    """
+
+    def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device, placement: str = "fused"):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"lt_placement={placement!r}: choose one of {PLACEMENTS}")
+        self.cuts, self.placement = list(cuts), placement
         self.by_start: dict[int, list[Cut]] = {}
         for cut in self.cuts:
             self.by_start.setdefault(cut[0], []).append(cut)
@@ -128,19 +137,27 @@ class LinearStatistics:
     def requests(self) -> list[Request]:
         out = []
         for start, cuts in self.by_start.items():
-            keys = {("M", start - 1), ("L", start - 1)} | {("L", end - 1) for _, end in cuts}
+            keys = {("L", start - 1)} | {("L", end - 1) for _, end in cuts}
+            if self.placement == "fused":
+                keys.add(("M", start - 1))
             out.append((tuple(sorted(keys)), self._updater(start, cuts)))
         return out
 
     def _updater(self, start: int, cuts: list[Cut]):
         def update(acts: dict, tokens: BatchTokens) -> None:
-            m = acts[("M", start - 1)].double()
-            y = acts[("L", start - 1)].double() - m
-            self.mtm[start].addmm_(m.T, m)
-            self.n_tokens[start] += m.shape[0]
+            prev = acts[("L", start - 1)].double()
+            if self.placement == "fused":
+                x = acts[("M", start - 1)].double()
+                base = prev - x  # Y_{start-1}
+            else:
+                x, base = prev, None
+            self.mtm[start].addmm_(x.T, x)
+            self.n_tokens[start] += x.shape[0]
             for cut in cuts:
-                r = acts[("L", cut[1] - 1)].double() - y
-                self.mtr[cut].addmm_(m.T, r)
+                r = acts[("L", cut[1] - 1)].double()
+                if base is not None:
+                    r = r - base
+                self.mtr[cut].addmm_(x.T, r)
                 self.r_sq[cut] += float(r.pow(2).sum())
 
         return update
@@ -155,10 +172,10 @@ class LinearStatistics:
 class TransformDistances:
     """Held-out check of estimated transforms: for each cut, the mean cosine distance between
     the target ``L_{end-1}`` and what block ``end`` now receives, without T (``L_{start-1}``)
-    and with T (``Y_{start-1} + M_{start-1} T``)."""
+    and with T (``Y_{start-1} + M_{start-1} T`` fused, ``L_{start-1} T`` separate)."""
 
-    def __init__(self, transforms: dict[Cut, torch.Tensor | None]):
-        self.transforms = dict(transforms)
+    def __init__(self, transforms: dict[Cut, torch.Tensor | None], placement: str = "fused"):
+        self.transforms, self.placement = dict(transforms), placement
         self.before = {cut: 0.0 for cut in self.transforms}
         self.after = {cut: 0.0 for cut in self.transforms}
         self.counts = {cut: 0 for cut in self.transforms}
@@ -174,6 +191,8 @@ class TransformDistances:
             m, prev, target = acts[m_key].float(), acts[prev_key].float(), acts[target_key].float()
             if transform is None:
                 received = prev
+            elif self.placement == "separate":
+                received = prev @ transform.to(device=m.device, dtype=torch.float32)
             else:
                 received = prev - m + m @ transform.to(device=m.device, dtype=torch.float32)
             self.before[cut] += float(cosine_distance(prev, target).double().sum())
@@ -191,17 +210,21 @@ class TransformDistances:
 class TokenCollector:
     """Writes what one cut's numerical objective needs into a :class:`TokenStore`, token by
     token: ``M`` = M_{start-1} and ``R`` = L_{end-1} - Y_{start-1}, plus ``Y`` = Y_{start-1}
-    when the store has it (the exact cosine objective)."""
+    when the store has it (the exact cosine objective). For the separate placement ``M`` is
+    L_{start-1}, ``R`` is L_{end-1} and ``Y`` is 0."""
 
-    def __init__(self, cut: Cut, store):
-        self.cut, self.store, self.offset = cut, store, 0
+    def __init__(self, cut: Cut, store, placement: str = "fused"):
+        self.cut, self.store, self.offset, self.placement = cut, store, 0, placement
 
     def requests(self) -> list[Request]:
         m_key, prev_key, target_key = cut_keys(self.cut, with_mlp=True)
 
         def update(acts: dict, tokens: BatchTokens) -> None:
             m, prev, target = acts[m_key], acts[prev_key], acts[target_key]
-            y = prev - m
+            if self.placement == "separate":  # T maps the whole block output: "M" = L_{start-1}
+                m, y = prev, torch.zeros_like(prev)
+            else:
+                y = prev - m
             self.store.write("M", self.offset, m)
             self.store.write("R", self.offset, target - y)
             if "Y" in self.store.names:
