@@ -8,6 +8,12 @@ Prints progress, then as its last line one JSON object:
   statistics) / wall time of one plain forward pass over the same tokens through all blocks
   (no hooks, nothing kept). Reported for the plan the job picks (``capture.passes=auto``) and,
   separately, for one pass (every candidate's statistics) and two passes.
+- cosine_paper_*: the paper's Adam recipe for the cosine objective (lr 1e-4, batches of 1024
+  tokens, 10 epochs, identity init) on the default cut's stored calibration tokens: fitting time
+  and held-out mean cosine distance between L_{end-1} and Y + M T; cosine_fast_*: the fastest
+  configuration found that reaches the paper recipe's held-out distance (Adam, lr 1e-3, one
+  epoch); cosine_lbfgs_*: full-batch L-BFGS (25 iterations), slower but lower distance.
+  store_bytes_per_token: the token store of the cosine objective (M and L - Y in bfloat16).
 - ls_peak_mem_ratio_4x_data: peak memory of the LS path (statistics capture and solve) with 4x
   the calibration tokens / the same with 1x (full windows of 128 tokens). Peak CUDA memory on a
   GPU; on a CPU the peak of live tensor bytes from the profiler's allocation events.
@@ -31,9 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, plain_forward, run_capture  # noqa: E402
-from replaceme_exp.data import build_calibration, pack_windows  # noqa: E402
+from replaceme_exp.capture.statistics import TokenCollector  # noqa: E402
+from replaceme_exp.capture.token_store import TokenStore  # noqa: E402
+from replaceme_exp.data import (  # noqa: E402
+    build_calibration,
+    heldout_windows,  # noqa: E402
+    pack_windows,
+)
 from replaceme_exp.data.calibration import calibration_documents  # noqa: E402
 from replaceme_exp.estimation import ridge_solve  # noqa: E402
+from replaceme_exp.estimation.numerical import NumericalEstimator  # noqa: E402
 from replaceme_exp.job import all_candidates_fit  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
@@ -105,6 +118,40 @@ def ls_path_peak(adapter, tokenizer, cfg, n_windows: int, seq_len: int) -> tuple
     return batches.n_tokens, peak_live_bytes(ls_path, device)
 
 
+COSINE_CONFIGS = {
+    "paper": dict(lr=1e-4, batch_tokens=1024, epochs=10),
+    "fast": dict(lr=1e-3, batch_tokens=1024, epochs=1),
+    "lbfgs": dict(solver="lbfgs", max_iter=25, chunk_tokens=32768),
+}
+
+
+def cosine_solvers(adapter, tokenizer, cfg, batches, cut) -> dict:
+    """Time and held-out quality of the cosine objective under each of ``COSINE_CONFIGS``, all
+    on the same stored calibration tokens of ``cut``."""
+    device = adapter.backbone.embed_tokens.weight.device
+    store = TokenStore(("M", "R"), batches.n_tokens, adapter.hidden_size, device)
+    run_capture(adapter, batches, [TokenCollector(cut, store)])
+    windows = heldout_windows(cfg.eval, tokenizer)
+    heldout = TokenStore(("M", "R", "Y"), windows.n_tokens, adapter.hidden_size, device, dtype=torch.float32)
+    run_capture(adapter, windows, [TokenCollector(cut, heldout)])
+    m, r, y = (heldout.tensors[k] for k in ("M", "R", "Y"))
+
+    def heldout_cos(transform):
+        received = y + m @ transform.to(device=m.device, dtype=m.dtype)
+        return float((1 - torch.nn.functional.cosine_similarity(received, r + y, dim=-1)).mean())
+
+    out = {"store_bytes_per_token": store.nbytes / store.n_tokens}
+    for name, kwargs in COSINE_CONFIGS.items():
+        estimator = NumericalEstimator("cosine", "cosine", **kwargs)
+        seconds, (transform, _) = timed(lambda e=estimator: e.fit(store, 0.0, "none", "generic", 0))
+        out[f"cosine_{name}_time_s"] = round(seconds, 3)
+        out[f"cosine_{name}_heldout_cos"] = round(heldout_cos(transform), 5)
+        print(f"cosine {name} {kwargs}: {seconds:.2f} s, held-out cosine distance {out[f'cosine_{name}_heldout_cos']}")
+    out["cosine_fast_config"] = COSINE_CONFIGS["fast"]
+    out["cosine_fast_speedup"] = round(out["cosine_paper_time_s"] / out["cosine_fast_time_s"], 2)
+    return out
+
+
 def main(overrides):
     cfg = config(overrides)
     loaded = load_model(cfg.model, str(ROOT / ".cache"))
@@ -142,6 +189,8 @@ def main(overrides):
     print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
     auto_one = all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
 
+    cosine = cosine_solvers(adapter, loaded.tokenizer, cfg, batches, cuts[0])
+
     (tokens_1x, peak_1x), (tokens_4x, peak_4x) = (
         ls_path_peak(adapter, loaded.tokenizer, cfg, n, seq_len=128) for n in (48, 4 * 48)
     )
@@ -159,6 +208,7 @@ def main(overrides):
         "capture_over_forward": round((one_s if auto_one else two_s) / forward_s, 3),
         "capture_one_pass_over_forward": round(one_s / forward_s, 3),
         "capture_two_passes_over_forward": round(two_s / forward_s, 3),
+        **cosine,
         "ls_mem_tokens_1x": tokens_1x,
         "ls_mem_tokens_4x": tokens_4x,
         "ls_peak_mem_mb_1x": round(peak_1x / 2**20, 2),

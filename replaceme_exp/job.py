@@ -33,7 +33,7 @@ from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.results import ResultsStore, config_hash
 from replaceme_exp.results.store import new_run_id
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts, validate_cuts
-from replaceme_exp.surgery import prune, save_checkpoint
+from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "structure": cfg.structure.name,
         "mask_ratio": float(cfg.mask_ratio),
         "lt_placement": cfg.lt_placement,
+        "multi_lt": cfg.multi_lt,
         "plain_checkpoint": cfg.lt_placement == "fused",
         "regularizer": cfg.regularizer.name,
         "alpha": float(cfg.alpha),
@@ -276,13 +277,59 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
     finally:
         for store in stores.values():
             store.close()
-    row.update(
-        solver=estimator.solver,
-        store_location=next(iter(stores.values())).location,
-        train_loss=sum(c[-1] for c in curves.values()) / len(curves),
-        loss_curves=curves,
-    )
+    row["solver"] = estimator.solver
+    row["store_location"] = next(iter(stores.values())).location
+    row.setdefault("loss_curves", {}).update(curves)
+    row["train_loss"] = sum(c[-1] for c in row["loss_curves"].values()) / len(row["loss_curves"])
     return transforms
+
+
+def estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
+    """T for each cut (None = identity), from statistics or from stored tokens."""
+    if getattr(estimator, "needs_tokens", False):
+        transforms = estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
+    else:
+        with timer("estimate"):
+            transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), cfg.structure.name) for cut in cuts}
+    for transform in transforms.values():
+        if transform is not None and not torch.isfinite(transform).all():
+            raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")
+    return transforms
+
+
+def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, stats, row, timer):
+    """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
+    earlier cuts are already applied (fused and removed), then applied itself. The held-out
+    check of each transform is made in the same context. Prunes the model in place.
+
+    Returns (transforms by original cut, (cos_dist_before, cos_dist_after) token-weighted over
+    the stages).
+    """
+    transforms, removed = {}, 0
+    sums, total = [0.0, 0.0], 0
+    for cut in cuts:
+        shifted = (cut[0] - removed, cut[1] - removed)
+        stage_stats = {}
+        if estimator.needs_statistics:
+            if removed == 0 and cut in stats:
+                stage_stats = {shifted: stats[cut]}
+            else:
+                accumulator = LinearStatistics([shifted], adapter.hidden_size, stats_device(adapter), cfg.lt_placement)
+                with timer("capture"):
+                    run_capture(adapter, calibration, [accumulator], desc=f"capture (stage {list(cut)})")
+                stage_stats = accumulator.result()
+        transform = estimate(cfg, adapter, calibration, estimator, [shifted], stage_stats, row, timer)[shifted]
+        with timer("eval"):
+            check = TransformDistances({shifted: transform}, cfg.lt_placement)
+            run_capture(adapter, windows, [check], desc="held-out distances")
+        n = sum(check.counts.values())
+        before, after = check.result()
+        sums, total = [sums[0] + before * n, sums[1] + after * n], total + n
+        with timer("surgery"):
+            prune(adapter, [shifted], {shifted: transform}, cfg.lt_placement)
+        transforms[cut] = transform
+        removed += cut[1] - cut[0]
+    return transforms, (sums[0] / total, sums[1] / total)
 
 
 def heldout_distances(
@@ -312,6 +359,8 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     torch.manual_seed(int(cfg.seed))
     if cfg.lt_placement not in PLACEMENTS:
         raise ConfigError("lt_placement", cfg.lt_placement, f"choose one of {PLACEMENTS}")
+    if cfg.multi_lt not in ("independent", "sequential"):
+        raise ConfigError("multi_lt", cfg.multi_lt, "choose independent or sequential")
     cache_dir = to_absolute_path(cfg.cache_dir)
     results_dir = to_absolute_path(cfg.results_dir)
     estimator = instantiate(cfg.objective)
@@ -350,33 +399,37 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
             raise ConfigError(
                 "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
             )
-    structure = cfg.structure.name
     if float(cfg.mask_ratio) and not getattr(estimator, "needs_tokens", False):
         raise ConfigError(
             "mask_ratio", cfg.mask_ratio, f"token masking applies to numerical objectives, not {estimator.name}"
         )
-    if getattr(estimator, "needs_tokens", False):
-        transforms = estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
-    else:
-        with timer("estimate"):
-            transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), structure) for cut in cuts}
-    for transform in transforms.values():
-        if transform is not None and not torch.isfinite(transform).all():
-            raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")
-
     windows = heldout_windows(cfg.eval, tokenizer)
+    baselines = BaselineCache(Path(results_dir) / "baselines")
+    heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
     with timer("eval"):
-        baselines = BaselineCache(Path(results_dir) / "baselines")
-        heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
-        row["cos_dist_before"], row["cos_dist_after"] = heldout_distances(
-            adapter, windows, transforms, baselines, {**heldout_key, "cuts": [list(c) for c in cuts]}, cfg.lt_placement
-        )
         row["ppl_heldout_baseline"] = baselines.get_or_compute(
             {**heldout_key, "metric": "ppl_heldout"}, lambda: perplexity(model, windows)
         )
-
-    with timer("surgery"):
-        kept = prune(adapter, cuts, transforms, cfg.lt_placement)
+    num_layers = adapter.num_layers
+    if cfg.multi_lt == "sequential" and len(cuts) > 1:
+        transforms, distances_before_after = estimate_sequentially(
+            cfg, adapter, calibration, windows, estimator, cuts, stats, row, timer
+        )
+        row["cos_dist_before"], row["cos_dist_after"] = distances_before_after
+        kept = kept_blocks(num_layers, cuts)
+    else:
+        transforms = estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
+        with timer("eval"):
+            row["cos_dist_before"], row["cos_dist_after"] = heldout_distances(
+                adapter,
+                windows,
+                transforms,
+                baselines,
+                {**heldout_key, "cuts": [list(c) for c in cuts]},
+                cfg.lt_placement,
+            )
+        with timer("surgery"):
+            kept = prune(adapter, cuts, transforms, cfg.lt_placement)
     row.update(params_after=count_parameters(model), kept_blocks=kept)
     row["compression_ratio"] = 1.0 - row["params_after"] / row["params_before"]
 

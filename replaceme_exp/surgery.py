@@ -62,17 +62,20 @@ def prune(
 
 
 def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, torch.Tensor]) -> None:
-    """Make block ``i``'s output ``L_i T`` for each ``{i: T}`` (indices of the current model).
+    """Make block ``i``'s output ``L_i T`` for each ``{i: T}`` (indices of the current model),
+    in addition to transforms attached earlier (a block given again gets the new T).
 
     T lives in a forward hook, not in a new module, so the model's weights and state dict stay
     those of a plain pruned checkpoint; ``save_checkpoint`` writes the transforms beside them
-    and :func:`load_pruned` re-attaches them.
+    and :func:`load_pruned` re-attaches them. Blocks before a later cut keep their index when
+    that cut is removed, so cuts applied in ascending order keep the recorded indices valid.
     """
     model = adapter.model
-    for handle in getattr(model, "_replaceme_separate_hooks", []):
-        handle.remove()
-    handles = []
+    handles = getattr(model, "_replaceme_separate_hooks", {})
+    stored = getattr(model, "_replaceme_separate_transforms", {})
     for index, transform in transforms.items():
+        if index in handles:
+            handles.pop(index).remove()
         block = adapter.layers[index]
         weight = transform.to(device=next(block.parameters()).device, dtype=next(block.parameters()).dtype)
 
@@ -81,9 +84,10 @@ def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, to
                 return (output[0] @ weight, *output[1:])
             return output @ weight
 
-        handles.append(block.register_forward_hook(hook))
+        handles[index] = block.register_forward_hook(hook)
+        stored[index] = transform.detach().cpu()
     model._replaceme_separate_hooks = handles
-    model._replaceme_separate_transforms = {i: t.detach().cpu() for i, t in transforms.items()}
+    model._replaceme_separate_transforms = stored
 
 
 def load_pruned(path: str | os.PathLike, **kwargs):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT, compose_config
+import torch
+from conftest import CACHE, ROOT, compose_config
 
 from replaceme_exp.job import run_recorded
 from replaceme_exp.results import ResultsStore, config_hash
@@ -268,3 +269,34 @@ def test_separate_placement_is_evaluated_in_memory_and_flagged(tmp_path, objecti
         fused = run_recorded(job_config(tmp_path, "save_model=false"))
         assert fused["plain_checkpoint"] is True and fused["cuts"] == row["cuts"]
         assert fused["ppl_heldout"] != row["ppl_heldout"]
+
+
+def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model(tmp_path):
+    import copy
+
+    from replaceme_exp.capture import LinearStatistics, run_capture
+    from replaceme_exp.data import build_calibration
+    from replaceme_exp.estimation import ridge_solve
+    from replaceme_exp.models import adapter_for, load_model
+    from replaceme_exp.surgery import load_pruned, prune
+
+    cuts = "cuts=[[1,2],[3,5]]"
+    sequential = run_recorded(job_config(tmp_path, cuts, "multi_lt=sequential"))
+    independent = run_recorded(job_config(tmp_path, cuts, "multi_lt=independent"))
+    assert sequential["status"] == independent["status"] == "finished"
+    assert sequential["multi_lt"] == "sequential" and sequential["kept_blocks"] == [0, 2, 5]
+
+    cfg = job_config(tmp_path, cuts)
+    loaded = load_model(cfg.model, str(CACHE))
+    calibration = build_calibration(cfg.calibration, loaded.tokenizer)
+    expected = copy.deepcopy(loaded.model)
+    adapter = adapter_for(expected)
+    for cut in [(1, 2), (2, 4)]:  # the second cut, [3, 5), sits at [2, 4) once block 1 is gone
+        stats = LinearStatistics([cut], adapter.hidden_size, torch.device("cpu"))
+        run_capture(adapter, calibration, [stats])
+        prune(adapter, [cut], {cut: ridge_solve(stats.result()[cut])})
+    ids = torch.randint(0, 1000, (1, 12))
+    saved_sequential = load_pruned(sequential["pruned_model_path"]).eval()
+    torch.testing.assert_close(saved_sequential(ids).logits, expected(ids).logits, rtol=1e-4, atol=1e-4)
+    saved_independent = load_pruned(independent["pruned_model_path"]).eval()
+    assert not torch.allclose(saved_independent(ids).logits, expected(ids).logits, atol=1e-4)
