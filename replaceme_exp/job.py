@@ -26,7 +26,7 @@ from replaceme_exp.capture.statistics import PLACEMENTS, TokenCollector
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.least_squares import ls_residuals, ridge_solve
+from replaceme_exp.estimation.least_squares import ls_residuals, residual_sq, ridge_solve
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.models import adapter_for, count_parameters, load_model
@@ -291,6 +291,11 @@ def estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> d
     else:
         with timer("estimate"):
             transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), cfg.structure.name) for cut in cuts}
+        fitted = {cut: t for cut, t in transforms.items() if t is not None and cut in stats}
+        if fitted:  # closed form: the training loss is the mean squared residual per token
+            losses = row.setdefault("cut_train_losses", {})
+            losses.update({f"{c[0]}-{c[1]}": residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()})
+            row["train_loss"] = sum(losses.values()) / len(losses)
     for transform in transforms.values():
         if transform is not None and not torch.isfinite(transform).all():
             raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")
@@ -319,6 +324,9 @@ def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, s
                     run_capture(adapter, calibration, [accumulator], desc=f"capture (stage {list(cut)})")
                 stage_stats = accumulator.result()
         transform = estimate(cfg, adapter, calibration, estimator, [shifted], stage_stats, row, timer)[shifted]
+        for column in ("cut_train_losses", "loss_curves"):  # label per-cut results by the original cut
+            if shifted != cut and f"{shifted[0]}-{shifted[1]}" in row.get(column, {}):
+                row[column][f"{cut[0]}-{cut[1]}"] = row[column].pop(f"{shifted[0]}-{shifted[1]}")
         with timer("eval"):
             check = TransformDistances({shifted: transform}, cfg.lt_placement)
             run_capture(adapter, windows, [check], desc="held-out distances")

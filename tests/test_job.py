@@ -82,6 +82,10 @@ def test_tiny_job_writes_a_complete_row_and_a_loadable_model(tmp_path):
     assert json.loads(stored["cuts"]) == [[2, 4]] and stored["n_prune"] == 2 and stored["num_layers"] == 6
     assert stored["params_after"] < stored["params_before"] and 0 < stored["compression_ratio"] < 1
     assert stored["time_capture_s"] > 0 and stored["ppl_heldout"] > 1
+    assert (
+        stored["train_loss"] == pytest.approx(json.loads(stored["cut_train_losses"])["2-4"])
+        and stored["train_loss"] > 0
+    )
     assert pd.isna(stored["candidate_distances"])  # explicit cuts: no selection
     from transformers import AutoModelForCausalLM
 
@@ -285,6 +289,7 @@ def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model
     independent = run_recorded(job_config(tmp_path, cuts, "multi_lt=independent"))
     assert sequential["status"] == independent["status"] == "finished"
     assert sequential["multi_lt"] == "sequential" and sequential["kept_blocks"] == [0, 2, 5]
+    assert sorted(sequential["cut_train_losses"]) == ["1-2", "3-5"]
 
     cfg = job_config(tmp_path, cuts)
     loaded = load_model(cfg.model, str(CACHE))

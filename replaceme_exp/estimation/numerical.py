@@ -126,6 +126,7 @@ class NumericalEstimator(Estimator):
         if not all(torch.isfinite(torch.tensor(curve))):
             raise ConfigError("objective.lr", self.lr, "the loss became NaN or inf; lower the learning rate")
         log.info("%s/%s: loss %.5f -> %.5f in %d steps", self.name, self.solver, curve[0], curve[-1], len(curve) - 1)
+        log.info("loss curve: %s", " ".join(f"{v:.5f}" for v in curve))
         return as_matrix(param.detach()).double().cpu(), {"loss_curve": curve, "final_loss": curve[-1]}
 
     def _adam(self, store, param, as_matrix, alpha, regularizer, seed, mask_ratio=0.0) -> list[float]:
