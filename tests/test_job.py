@@ -305,3 +305,40 @@ def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model
     torch.testing.assert_close(saved_sequential(ids).logits, expected(ids).logits, rtol=1e-4, atol=1e-4)
     saved_independent = load_pruned(independent["pruned_model_path"]).eval()
     assert not torch.allclose(saved_independent(ids).logits, expected(ids).logits, atol=1e-4)
+
+
+def test_parallel_local_workers_lose_no_row(tmp_path):
+    proc, _ = run_cli(
+        [
+            "-m",
+            "hydra/launcher=local_parallel",
+            "hydra.launcher.n_jobs=2",
+            *TINY,
+            "seed=1,2,3,4",
+            "objective=ls,identity",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = ResultsStore(tmp_path).load()
+    assert len(table) == 8 and set(table["status"]) == {"finished"} and table["config_hash"].nunique() == 8
+    assert not list((tmp_path / "runs").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "launcher, keys", [("slurm_1gpu", {"gpus_per_node": 1}), ("slurm_multi_gpu", {"gpus_per_node": 4})]
+)
+def test_slurm_presets_compose(launcher, keys):
+    from conftest import CONF
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[f"hydra/launcher={launcher}", "hydra.launcher.partition=a100"],
+            return_hydra_config=True,
+        )
+    launcher_cfg = cfg.hydra.launcher
+    assert launcher_cfg._target_.endswith("SlurmLauncher") and launcher_cfg.partition == "a100"
+    assert launcher_cfg.timeout_min > 0 and launcher_cfg.mem_gb > 0
+    assert all(launcher_cfg[k] == v for k, v in keys.items())
