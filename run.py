@@ -25,7 +25,14 @@ def main(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_id = Path(hc.sweep.dir).name if multirun else Path(hc.run.dir).name
-    row = run_recorded(cfg, sweep_id=sweep_id, raise_on_failure=not multirun)
+    overrides = [o for o in hc.overrides.task if not o.startswith(("results_dir=", "hydra"))]
+    row = run_recorded(
+        cfg,
+        sweep_id=sweep_id,
+        raise_on_failure=not multirun,
+        job_dir=hc.runtime.output_dir,
+        run_name=",".join(overrides) or "default",
+    )
     if row["status"] == "finished":
         log.info(
             "cuts=%s ppl_heldout=%.3f (unpruned %.3f) cos_dist %.4f -> %.4f",

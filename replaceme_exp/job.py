@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import os
 import platform
 import resource
 import subprocess
@@ -34,20 +35,25 @@ from replaceme_exp.results import ResultsStore, config_hash
 from replaceme_exp.results.store import new_run_id
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts, validate_cuts
 from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
+from replaceme_exp.tracking import StageEmissions, log_job_to_wandb
 
 log = logging.getLogger(__name__)
 
 
 class Timer:
-    def __init__(self):
+    """Wall time per stage (summed over repeats), logged, and CodeCarbon's task per stage."""
+
+    def __init__(self, emissions: StageEmissions | None = None):
         self.seconds: dict[str, float] = {}
+        self.emissions = emissions or StageEmissions(enabled=False)
 
     @contextmanager
     def __call__(self, stage: str):
         log.info("stage %s ...", stage)
         start = time.perf_counter()
         try:
-            yield
+            with self.emissions.stage(stage):
+                yield
         finally:
             elapsed = time.perf_counter() - start
             self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
@@ -361,9 +367,20 @@ def heldout_distances_pass(adapter, windows, transforms, placement: str = "fused
     return check.result()
 
 
-def run_job(cfg: DictConfig, row: dict) -> dict:
-    """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured)."""
-    timer = Timer()
+def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike) -> dict:
+    """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured),
+    with the energy and emissions of each stage measured so far."""
+    tracking = cfg.tracking.codecarbon
+    emissions = StageEmissions(tracking.enabled, tracking.country_iso_code, Path(job_dir) / "codecarbon")
+    try:
+        return prune_and_evaluate(cfg, row, Timer(emissions))
+    finally:
+        row.update(emissions.columns())
+        emissions.close()
+
+
+def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
+    """data -> capture -> selection -> estimation -> surgery -> evaluation, stage by stage."""
     torch.manual_seed(int(cfg.seed))
     if cfg.lt_placement not in PLACEMENTS:
         raise ConfigError("lt_placement", cfg.lt_placement, f"choose one of {PLACEMENTS}")
@@ -464,9 +481,17 @@ def run_job(cfg: DictConfig, row: dict) -> dict:
     return row
 
 
-def run_recorded(cfg: DictConfig, sweep_id: str | None = None, raise_on_failure: bool = True) -> dict:
+def run_recorded(
+    cfg: DictConfig,
+    sweep_id: str | None = None,
+    raise_on_failure: bool = True,
+    job_dir: str | os.PathLike | None = None,
+    run_name: str | None = None,
+) -> dict:
     """Run one job unless its config hash already has a finished row (and ``force`` is off),
-    and always leave a row behind. Returns the row (the existing one when skipped)."""
+    and always leave a row behind. Everything the job writes besides its row and model goes to
+    ``job_dir`` (the Hydra job directory; default ``results_dir/jobs/<run_id>``): the W&B run and
+    CodeCarbon's files. Returns the row (the existing one when skipped)."""
     results_dir = to_absolute_path(cfg.results_dir)
     store = ResultsStore(results_dir)
     chash = config_hash(cfg)
@@ -477,17 +502,25 @@ def run_recorded(cfg: DictConfig, sweep_id: str | None = None, raise_on_failure:
         done["status"] = "skipped"
         return done
     row = base_row(cfg, chash, sweep_id)
+    job_dir = Path(job_dir) if job_dir else Path(results_dir) / "jobs" / row["run_id"]
+    row["job_dir"] = str(job_dir)
+    failure = None
     try:
-        run_job(cfg, row)
+        run_job(cfg, row, job_dir)
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
+        failure = err
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
         log.error("job failed: %s\n%s", row["error"], traceback.format_exc())
-        path = store.write(row)
+    try:
+        row["wandb_dir"] = log_job_to_wandb(cfg, row, job_dir, run_name)
+    except Exception as err:  # noqa: BLE001 - tracking must not cost the row
+        log.warning("W&B logging failed: %s", err)
+    path = store.write(row)
+    if failure is not None:
         log.info("failed row written to %s", path)
         if raise_on_failure:
-            raise
+            raise failure
         return row
-    path = store.write(row)
     log.info("row written to %s", path)
     if row.get("pruned_model_path"):
         log.info("pruned model saved to %s", row["pruned_model_path"])

@@ -24,6 +24,9 @@ TINY = [
     "calibration.seq_len=64",
     "eval.seq_len=64",
     "eval.max_windows=4",
+    # Tracking has its own tests (test_tracking.py); here it would only cost time.
+    "tracking.wandb.mode=disabled",
+    "tracking.codecarbon.enabled=false",
 ]
 
 

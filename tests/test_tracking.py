@@ -1,0 +1,66 @@
+"""CodeCarbon and W&B around real jobs (offline), and where their files go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import ROOT, compose_config
+from test_job import TINY, job_config
+
+from replaceme_exp.job import run_recorded
+from replaceme_exp.tracking import StageEmissions
+
+TRACKED = [o for o in TINY if not o.startswith("tracking.")]
+
+
+def tracked_config(tmp_path, *overrides):
+    """The tiny job with the default tracking: W&B offline and CodeCarbon on."""
+    return compose_config(TRACKED + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", *overrides])
+
+
+def test_a_job_logs_to_wandb_offline_and_measures_every_stage(tmp_path):
+    before = set(ROOT.iterdir())
+    cfg = tracked_config(tmp_path, "objective=cosine", "objective.epochs=2", "save_model=false")
+    row = run_recorded(cfg, sweep_id="sweep-7", job_dir=tmp_path / "job", run_name="objective=cosine")
+    assert row["status"] == "finished", row["error"]
+
+    runs = list((tmp_path / "job" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and row["wandb_dir"].startswith(str(runs[0]))
+    (log,) = runs[0].glob("run-*.wandb")
+    data = log.read_bytes()
+    for key in (b"ppl_heldout", b"cos_dist_after", b"energy_kwh", b"train/loss_", b"distance_profile", b"sweep-7"):
+        assert key in data, key
+
+    stages = {"load", "data", "capture", "estimate", "eval", "surgery"}
+    assert all(row[f"energy_kwh_{s}"] > 0 and row[f"co2_kg_{s}"] > 0 for s in stages)
+    assert row["energy_kwh"] > 0 and row["co2_kg"] > 0
+    assert row["energy_kwh"] >= sum(row[f"energy_kwh_{s}"] for s in stages) * (1 - 1e-9)
+    assert (tmp_path / "job" / "codecarbon" / "emissions.csv").is_file()
+    assert set(ROOT.iterdir()) == before  # nothing written into the working directory
+
+
+def test_disabled_tracking_writes_nothing_and_leaves_energy_missing(tmp_path):
+    row = run_recorded(job_config(tmp_path, "save_model=false"), job_dir=tmp_path / "job")
+    assert row["status"] == "finished" and row["wandb_dir"] is None
+    assert "energy_kwh" not in row
+    assert not (tmp_path / "job").exists() or not any((tmp_path / "job").iterdir())
+    assert StageEmissions(enabled=False).columns() == {}
+
+
+def test_a_failed_job_is_logged_too(tmp_path):
+    cfg = tracked_config(tmp_path, "n_prune=99", "tracking.codecarbon.enabled=false")
+    row = run_recorded(cfg, job_dir=tmp_path / "job", raise_on_failure=False)
+    assert row["status"] == "failed"
+    (log,) = Path(tmp_path / "job" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert b"failed" in log.read_bytes()
+
+
+def test_each_job_of_a_sweep_is_its_own_wandb_run_in_its_hydra_job_dir(tmp_path):
+    from test_job import run_cli
+
+    proc, _ = run_cli(["-m", *TRACKED, "tracking.codecarbon.enabled=false", "seed=1,2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted((tmp_path / "hydra" / "multirun").glob("*/*/wandb/offline-run-*"))
+    assert [r.parts[-3] for r in runs] == ["0", "1"]  # the Hydra job subdirectories
+    names = [next(r.glob("run-*.wandb")).read_bytes() for r in runs]
+    assert all(b"seed=1" in n or b"seed=2" in n for n in names)
