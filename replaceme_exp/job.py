@@ -30,6 +30,7 @@ from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.least_squares import ls_residuals, residual_sq, ridge_solve
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.evaluation.harness import run_harness
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.results import ResultsStore, config_hash
 from replaceme_exp.results.store import new_run_id
@@ -379,6 +380,10 @@ def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike) -> dict:
         emissions.close()
 
 
+def job_work_dir(cfg: DictConfig, row: dict) -> Path:
+    return Path(row.get("job_dir") or Path(to_absolute_path(cfg.results_dir)) / "jobs" / row["run_id"])
+
+
 def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     """data -> capture -> selection -> estimation -> surgery -> evaluation, stage by stage."""
     torch.manual_seed(int(cfg.seed))
@@ -431,10 +436,18 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     windows = heldout_windows(cfg.eval, tokenizer)
     baselines = BaselineCache(Path(results_dir) / "baselines")
     heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
+    harness = cfg.eval.get("harness")
     with timer("eval"):
         row["ppl_heldout_baseline"] = baselines.get_or_compute(
             {**heldout_key, "metric": "ppl_heldout"}, lambda: perplexity(model, windows)
         )
+        if harness:
+            row.update(eval_batch_size=harness.batch_size, eval_add_bos_token=bool(harness.add_bos_token))
+            harness_key = {"model": loaded.identity_hash, "harness": OmegaConf.to_container(harness, resolve=True)}
+            baseline_scores = baselines.get_or_compute(
+                harness_key, lambda: run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed))
+            )
+            row["avg_acc_baseline"] = baseline_scores["avg_acc"]
     num_layers = adapter.num_layers
     if cfg.multi_lt == "sequential" and len(cuts) > 1:
         transforms, distances_before_after = estimate_sequentially(
@@ -460,6 +473,9 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
 
     with timer("eval"):
         row["ppl_heldout"] = perplexity(model, windows)
+        if harness:
+            row.update(run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed)))
+            row["rp"] = row["avg_acc"] / row["avg_acc_baseline"]
 
     if cfg.save_model:
         with timer("save"):

@@ -1,0 +1,43 @@
+"""lm-eval on the in-memory model with the project's offline tasks; baseline scores cached."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_job import job_config
+
+from replaceme_exp.evaluation.harness import accuracy_column, materialize_offline_tasks
+from replaceme_exp.job import run_recorded
+
+OFFLINE = ["eval=offline", "eval.seq_len=64", "eval.max_windows=4", "save_model=false"]
+
+
+def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_path):
+    first = run_recorded(job_config(tmp_path, *OFFLINE))
+    assert first["status"] == "finished", first["error"]
+    for column in ("acc_replaceme_capitals", "acc_norm_replaceme_capitals", "acc_replaceme_opposites"):
+        assert 0.0 <= first[column] <= 1.0
+    assert first["ppl_pydoc"] > 1
+    assert first["avg_acc"] == pytest.approx((first["acc_replaceme_capitals"] + first["acc_replaceme_opposites"]) / 2)
+    assert first["rp"] == pytest.approx(first["avg_acc"] / first["avg_acc_baseline"])
+    assert first["eval_batch_size"] == 8 and first["eval_add_bos_token"] is False
+
+    baselines = sorted((tmp_path / "baselines").glob("*.json"))
+    second = run_recorded(job_config(tmp_path, *OFFLINE, "alpha=5"))
+    assert second["avg_acc_baseline"] == first["avg_acc_baseline"]
+    assert sorted((tmp_path / "baselines").glob("*.json")) == baselines  # nothing recomputed
+    harness_baseline = [json.loads(p.read_text()) for p in baselines if "harness" in p.read_text()]
+    assert len(harness_baseline) == 1 and harness_baseline[0]["value"]["avg_acc"] == first["avg_acc_baseline"]
+
+
+def test_offline_tasks_materialize_with_absolute_paths(tmp_path):
+    target = materialize_offline_tasks(tmp_path / "tasks", n_ppl_docs=3)
+    yamls = {p.name: p.read_text() for p in target.glob("*.yaml")}
+    assert set(yamls) == {"capitals.yaml", "opposites.yaml", "pydoc_ppl.yaml"}
+    assert all(str(target) in text and "__DIR__" not in text for text in yamls.values())
+    assert len((target / "pydoc_ppl.jsonl").read_text().splitlines()) == 3
+    assert (
+        accuracy_column("sciq") == "acc_sciq"
+        and accuracy_column("leaderboard_gpqa:acc_norm") == "acc_norm_leaderboard_gpqa"
+    )
