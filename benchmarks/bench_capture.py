@@ -47,8 +47,8 @@ from replaceme_exp.data import (  # noqa: E402
 from replaceme_exp.data.calibration import calibration_documents  # noqa: E402
 from replaceme_exp.estimation import ridge_solve  # noqa: E402
 from replaceme_exp.estimation.numerical import NumericalEstimator  # noqa: E402
-from replaceme_exp.job import all_candidates_fit  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
+from replaceme_exp.planning import all_candidates_fit  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
 
 

@@ -21,20 +21,20 @@ import torch
 from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from replaceme_exp.capture import CutDistances, LinearStatistics, TransformDistances, run_capture
+from replaceme_exp.capture import TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.statistics import PLACEMENTS, TokenCollector
-from replaceme_exp.capture.token_store import TokenStore
+from replaceme_exp.capture.runner import input_device
+from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.least_squares import ls_residuals, residual_sq, ridge_solve
+from replaceme_exp.estimation.fitting import estimate, estimate_sequentially
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.harness import run_harness
 from replaceme_exp.models import adapter_for, count_parameters, load_model
+from replaceme_exp.planning import capture_calibration, selection_metric_name
 from replaceme_exp.results import ResultsStore, config_hash
 from replaceme_exp.results.store import new_run_id
-from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts, validate_cuts
 from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
 from replaceme_exp.tracking import StageEmissions, log_job_to_wandb
 
@@ -139,214 +139,6 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
     }
 
 
-SELECTION_METRICS = ("cosine", "angular", "l2", "ls_residual")
-
-
-def selection_metric_name(selection: DictConfig) -> str:
-    """``cosine``, ``l2``, ``ls_residual``, ...; ``_last`` when only last tokens count."""
-    if selection.metric not in SELECTION_METRICS:
-        raise ConfigError("selection.metric", selection.metric, f"choose one of {SELECTION_METRICS}")
-    if selection.tokens not in ("all", "last"):
-        raise ConfigError("selection.tokens", selection.tokens, "choose all or last")
-    if selection.metric == "ls_residual" and selection.tokens != "all":
-        raise ConfigError("selection.tokens", selection.tokens, "ls_residual uses all tokens")
-    return selection.metric if selection.tokens == "all" else f"{selection.metric}_last"
-
-
-def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer):
-    """Distance of every candidate cut under ``cfg.selection`` (cached), and, when one pass
-    gathered them, the LS statistics of every candidate. Returns (distances, {cut: stats})."""
-    metric = cfg.selection.metric
-    length = candidates[0][1] - candidates[0][0]
-    criterion = selection_metric_name(cfg.selection)
-    if metric == "ls_residual":
-        criterion += f"/alpha={float(cfg.alpha)}/{cfg.lt_placement}"
-    if (distances := cache.get_distances(length, criterion)) is not None:
-        log.info("selection distances (%s) found in the cache", criterion)
-        return distances, {}
-    statistics = []
-    if metric != "ls_residual":
-        statistics.append(CutDistances(candidates, metric, cfg.selection.tokens))
-    all_stats = metric == "ls_residual" or (
-        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
-    )
-    if all_stats:
-        statistics.append(LinearStatistics(candidates, adapter.hidden_size, stats_device(adapter), cfg.lt_placement))
-    with timer("capture"):
-        run_capture(adapter, calibration, statistics, desc="capture (selection)")
-    stats = statistics[-1].result() if all_stats else {}
-    if metric == "ls_residual":
-        with timer("estimate"):
-            distances = ls_residuals(stats, float(cfg.alpha))
-    else:
-        distances = statistics[0].result()
-    cache.put_distances(length, criterion, distances)
-    return distances, stats
-
-
-def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
-    """Distances for selection (when ``cuts`` is null) and statistics for the chosen cuts, from
-    the cache where present, otherwise in as few passes as the plan allows.
-
-    Returns (cuts, distances or None, {cut: LinearStats}).
-    """
-    num_layers = adapter.num_layers
-    distances = None
-    stats = {}
-    if cfg.cuts is not None:
-        cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers, bool(cfg.merge_consecutive))
-    else:
-        candidates = candidate_cuts(num_layers, cut_length(cfg.n_prune, cfg.num_lts, num_layers))
-        distances, stats = selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer)
-        cuts = select_cuts(distances, cfg.num_lts, bool(cfg.merge_consecutive))
-        log.info("selected cuts %s", cuts)
-    if not needs_stats:
-        return cuts, distances, {}
-    found = {}
-    for cut in cuts:
-        if cut in stats:
-            found[cut] = stats[cut]
-            cache.put_stats(stats[cut], cfg.lt_placement)
-        elif (cached := cache.get_stats(cut, cfg.lt_placement)) is not None:
-            log.info("statistics of cut %s found in the cache", list(cut))
-            found[cut] = cached
-    missing = [cut for cut in cuts if cut not in found]
-    if missing:
-        accumulator = LinearStatistics(missing, adapter.hidden_size, stats_device(adapter), cfg.lt_placement)
-        with timer("capture"):
-            run_capture(adapter, calibration, [accumulator], desc="capture (statistics)")
-        for cut, s in accumulator.result().items():
-            cache.put_stats(s, cfg.lt_placement)
-            found[cut] = s
-    return cuts, distances, found
-
-
-def stats_device(adapter) -> torch.device:
-    return adapter.backbone.embed_tokens.weight.device
-
-
-def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) -> bool:
-    """Whether one pass may accumulate the statistics of every candidate cut (two d x d float64
-    matrices each) within ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
-    mode = capture_cfg.passes
-    if mode == "one":
-        return True
-    if mode == "two":
-        return False
-    if mode != "auto":
-        raise ConfigError("capture.passes", mode, "choose auto, one or two")
-    return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
-
-
-def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
-    """Numerical objectives: one capture pass fills a token store per cut (only non-padding
-    tokens, bfloat16), then each T is fitted on its store. Every transform is estimated from the
-    unpruned model's activations. Records the solver, the final training loss (mean over cuts)
-    and each cut's per-epoch loss curve."""
-    device = stats_device(adapter)
-    stores = {
-        cut: TokenStore(
-            estimator.store_names(),
-            calibration.n_tokens,
-            adapter.hidden_size,
-            device,
-            location=cfg.store.location,
-            max_gpu_gb=cfg.store.max_gpu_gb,
-            max_cpu_gb=cfg.store.max_cpu_gb,
-            directory=cfg.store.directory,
-        )
-        for cut in cuts
-    }
-    try:
-        with timer("capture"):
-            run_capture(
-                adapter,
-                calibration,
-                [TokenCollector(c, s, cfg.lt_placement) for c, s in stores.items()],
-                desc="capture (tokens)",
-            )
-        transforms, curves = {}, {}
-        with timer("estimate"):
-            for cut, store in stores.items():
-                init = None
-                if estimator.init == "ls":
-                    init = ridge_solve(stats[cut], float(cfg.alpha) if cfg.regularizer.name == "l2" else 0.0)
-                transforms[cut], info = estimator.fit(
-                    store,
-                    float(cfg.alpha),
-                    row["regularizer"],
-                    cfg.structure.name,
-                    int(cfg.seed),
-                    init,
-                    mask_ratio=float(cfg.mask_ratio),
-                )
-                curves[f"{cut[0]}-{cut[1]}"] = info["loss_curve"]
-    finally:
-        for store in stores.values():
-            store.close()
-    row["solver"] = estimator.solver
-    row["store_location"] = next(iter(stores.values())).location
-    row.setdefault("loss_curves", {}).update(curves)
-    row["train_loss"] = sum(c[-1] for c in row["loss_curves"].values()) / len(row["loss_curves"])
-    return transforms
-
-
-def estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
-    """T for each cut (None = identity), from statistics or from stored tokens."""
-    if getattr(estimator, "needs_tokens", False):
-        transforms = estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
-    else:
-        with timer("estimate"):
-            transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), cfg.structure.name) for cut in cuts}
-        fitted = {cut: t for cut, t in transforms.items() if t is not None and cut in stats}
-        if fitted:  # closed form: the training loss is the mean squared residual per token
-            losses = row.setdefault("cut_train_losses", {})
-            losses.update({f"{c[0]}-{c[1]}": residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()})
-            row["train_loss"] = sum(losses.values()) / len(losses)
-    for transform in transforms.values():
-        if transform is not None and not torch.isfinite(transform).all():
-            raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")
-    return transforms
-
-
-def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, stats, row, timer):
-    """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
-    earlier cuts are already applied (fused and removed), then applied itself. The held-out
-    check of each transform is made in the same context. Prunes the model in place.
-
-    Returns (transforms by original cut, (cos_dist_before, cos_dist_after) token-weighted over
-    the stages).
-    """
-    transforms, removed = {}, 0
-    sums, total = [0.0, 0.0], 0
-    for cut in cuts:
-        shifted = (cut[0] - removed, cut[1] - removed)
-        stage_stats = {}
-        if estimator.needs_statistics:
-            if removed == 0 and cut in stats:
-                stage_stats = {shifted: stats[cut]}
-            else:
-                accumulator = LinearStatistics([shifted], adapter.hidden_size, stats_device(adapter), cfg.lt_placement)
-                with timer("capture"):
-                    run_capture(adapter, calibration, [accumulator], desc=f"capture (stage {list(cut)})")
-                stage_stats = accumulator.result()
-        transform = estimate(cfg, adapter, calibration, estimator, [shifted], stage_stats, row, timer)[shifted]
-        for column in ("cut_train_losses", "loss_curves"):  # label per-cut results by the original cut
-            if shifted != cut and f"{shifted[0]}-{shifted[1]}" in row.get(column, {}):
-                row[column][f"{cut[0]}-{cut[1]}"] = row[column].pop(f"{shifted[0]}-{shifted[1]}")
-        with timer("eval"):
-            check = TransformDistances({shifted: transform}, cfg.lt_placement)
-            run_capture(adapter, windows, [check], desc="held-out distances")
-        n = sum(check.counts.values())
-        before, after = check.result()
-        sums, total = [sums[0] + before * n, sums[1] + after * n], total + n
-        with timer("surgery"):
-            prune(adapter, [shifted], {shifted: transform}, cfg.lt_placement)
-        transforms[cut] = transform
-        removed += cut[1] - cut[0]
-    return transforms, (sums[0] / total, sums[1] / total)
-
-
 def heldout_distances(
     adapter, windows, transforms, baselines: BaselineCache, key: dict, placement: str = "fused"
 ) -> tuple[float, float]:
@@ -400,7 +192,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         loaded = load_model(cfg.model, cache_dir)
     model, tokenizer = loaded.model, loaded.tokenizer
     adapter = adapter_for(model)
-    device = stats_device(adapter)
+    device = input_device(adapter)
     if device.type == "cuda":
         for i in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(i)

@@ -1,0 +1,111 @@
+"""Which captures a job needs and how many passes they take: selection distances over the
+candidate cuts and least-squares statistics of the chosen cuts, from the cache where present."""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
+from replaceme_exp.capture.runner import input_device
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation.least_squares import ls_residuals
+from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts, validate_cuts
+
+log = logging.getLogger(__name__)
+
+
+SELECTION_METRICS = ("cosine", "angular", "l2", "ls_residual")
+
+
+def selection_metric_name(selection: DictConfig) -> str:
+    """``cosine``, ``l2``, ``ls_residual``, ...; ``_last`` when only last tokens count."""
+    if selection.metric not in SELECTION_METRICS:
+        raise ConfigError("selection.metric", selection.metric, f"choose one of {SELECTION_METRICS}")
+    if selection.tokens not in ("all", "last"):
+        raise ConfigError("selection.tokens", selection.tokens, "choose all or last")
+    if selection.metric == "ls_residual" and selection.tokens != "all":
+        raise ConfigError("selection.tokens", selection.tokens, "ls_residual uses all tokens")
+    return selection.metric if selection.tokens == "all" else f"{selection.metric}_last"
+
+
+def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer):
+    """Distance of every candidate cut under ``cfg.selection`` (cached), and, when one pass
+    gathered them, the LS statistics of every candidate. Returns (distances, {cut: stats})."""
+    metric = cfg.selection.metric
+    length = candidates[0][1] - candidates[0][0]
+    criterion = selection_metric_name(cfg.selection)
+    if metric == "ls_residual":
+        criterion += f"/alpha={float(cfg.alpha)}/{cfg.lt_placement}"
+    if (distances := cache.get_distances(length, criterion)) is not None:
+        log.info("selection distances (%s) found in the cache", criterion)
+        return distances, {}
+    statistics = []
+    if metric != "ls_residual":
+        statistics.append(CutDistances(candidates, metric, cfg.selection.tokens))
+    all_stats = metric == "ls_residual" or (
+        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
+    )
+    if all_stats:
+        statistics.append(LinearStatistics(candidates, adapter.hidden_size, input_device(adapter), cfg.lt_placement))
+    with timer("capture"):
+        run_capture(adapter, calibration, statistics, desc="capture (selection)")
+    stats = statistics[-1].result() if all_stats else {}
+    if metric == "ls_residual":
+        with timer("estimate"):
+            distances = ls_residuals(stats, float(cfg.alpha))
+    else:
+        distances = statistics[0].result()
+    cache.put_distances(length, criterion, distances)
+    return distances, stats
+
+
+def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
+    """Distances for selection (when ``cuts`` is null) and statistics for the chosen cuts, from
+    the cache where present, otherwise in as few passes as the plan allows.
+
+    Returns (cuts, distances or None, {cut: LinearStats}).
+    """
+    num_layers = adapter.num_layers
+    distances = None
+    stats = {}
+    if cfg.cuts is not None:
+        cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers, bool(cfg.merge_consecutive))
+    else:
+        candidates = candidate_cuts(num_layers, cut_length(cfg.n_prune, cfg.num_lts, num_layers))
+        distances, stats = selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer)
+        cuts = select_cuts(distances, cfg.num_lts, bool(cfg.merge_consecutive))
+        log.info("selected cuts %s", cuts)
+    if not needs_stats:
+        return cuts, distances, {}
+    found = {}
+    for cut in cuts:
+        if cut in stats:
+            found[cut] = stats[cut]
+            cache.put_stats(stats[cut], cfg.lt_placement)
+        elif (cached := cache.get_stats(cut, cfg.lt_placement)) is not None:
+            log.info("statistics of cut %s found in the cache", list(cut))
+            found[cut] = cached
+    missing = [cut for cut in cuts if cut not in found]
+    if missing:
+        accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement)
+        with timer("capture"):
+            run_capture(adapter, calibration, [accumulator], desc="capture (statistics)")
+        for cut, s in accumulator.result().items():
+            cache.put_stats(s, cfg.lt_placement)
+            found[cut] = s
+    return cuts, distances, found
+
+
+def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) -> bool:
+    """Whether one pass may accumulate the statistics of every candidate cut (two d x d float64
+    matrices each) within ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
+    mode = capture_cfg.passes
+    if mode == "one":
+        return True
+    if mode == "two":
+        return False
+    if mode != "auto":
+        raise ConfigError("capture.passes", mode, "choose auto, one or two")
+    return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
