@@ -1,0 +1,67 @@
+"""Every multirun template composes and expands to the number of jobs of its table or figure."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import CONF, ROOT, compose_config
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+TEMPLATES = sorted(p.stem for p in (ROOT / "multirun_templates" / "paper").glob("*.yaml"))
+EXPECTED_JOBS = {
+    "block_selection": 72,
+    "calibration_size": 10,
+    "calibration_types": 6,
+    "cosine_approximation": 2,
+    "fused_vs_separate": 2,
+    "higher_compression": 8,
+    "llama3_main": 6,
+    "masking": 4,
+    "model_scales": 1,
+    "multi_lt_count": 8,
+    "pruned_layers": 30,
+    "regularization": 7,
+    "regularization_cosine": 4,
+    "solvers": 4,
+    "structured_lts": 3,
+}
+
+
+def expand(template: str) -> tuple[object, list[dict]]:
+    """The composed template and the jobs its sweeper parameters expand to (their product)."""
+    cfg = compose_config_with_hydra(template)
+    params = cfg.hydra.sweeper.params or {}
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    axes = [(o.key_or_group, list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]) for o in parsed]
+    jobs = [{}]
+    for key, values in axes:
+        jobs = [{**job, key: v} for job in jobs for v in values]
+    return cfg, jobs
+
+
+def compose_config_with_hydra(template: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[f"+paper={template}"], return_hydra_config=True)
+
+
+def test_every_template_is_counted():
+    assert TEMPLATES == sorted(EXPECTED_JOBS)
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_template_composes_and_expands(template):
+    cfg, jobs = expand(template)
+    assert len(jobs) == EXPECTED_JOBS[template]
+    text = (ROOT / "multirun_templates" / "paper" / f"{template}.yaml").read_text()
+    assert text.startswith("# @package _global_\n# ") and f"python run.py -m +paper={template}" in text
+    assert "GPU hours" in text
+    # Each job's overrides compose too (e.g. cuts and model names are valid).
+    for job in jobs[:: max(1, len(jobs) // 6)]:
+        overrides = [f"+paper={template}"] + [f"{k}={_value(v)}" for k, v in job.items()]
+        composed = compose_config(overrides)
+        assert composed.model.name and composed.eval.name
+
+
+def _value(v) -> str:
+    return str(v).replace(" ", "") if isinstance(v, list) else str(v)
