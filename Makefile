@@ -1,6 +1,7 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
 # make test  : set up what is missing and run the test suite offline
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
+# make paper-tables : the paper's tables (Markdown + LaTeX) from the results store
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup run test bench clean-cache
+.PHONY: setup run test bench paper-tables clean-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,9 @@ test: setup
 
 bench: setup
 	$(OFFLINE) $(PY) benchmarks/bench_capture.py $(ARGS)
+
+paper-tables: setup
+	$(PY) -m replaceme_exp.results.paper_tables --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables
 
 clean-cache:
 	rm -rf .cache/stats
