@@ -95,7 +95,7 @@ def effective_regularizer(cfg: DictConfig, estimator) -> str:
     alpha = float(cfg.alpha)
     if alpha < 0:
         raise ConfigError("alpha", cfg.alpha, "must be >= 0")
-    if not estimator.needs_statistics:
+    if not estimator.uses_alpha:
         return "none"
     if name == "none" and alpha > 0:
         raise ConfigError("alpha", cfg.alpha, "has no effect with regularizer=none; use regularizer=l2 (ridge)")

@@ -345,3 +345,11 @@ def test_slurm_presets_compose(launcher, keys):
     assert launcher_cfg._target_.endswith("SlurmLauncher") and launcher_cfg.partition == "a100"
     assert launcher_cfg.timeout_min > 0 and launcher_cfg.mem_gb > 0
     assert all(launcher_cfg[k] == v for k, v in keys.items())
+
+
+def test_numerical_objectives_apply_their_regulariser(tmp_path):
+    common = ["objective=cosine", "objective.epochs=2", "objective.lr=1e-2", "cuts=[[2,4]]", "save_model=false"]
+    plain = run_recorded(job_config(tmp_path, *common))
+    l1 = run_recorded(job_config(tmp_path, *common, "regularizer=l1", "alpha=1e-3"))
+    assert plain["regularizer"] == "none" and l1["regularizer"] == "l1"
+    assert l1["train_loss"] > plain["train_loss"]  # the reported loss includes the L1 penalty

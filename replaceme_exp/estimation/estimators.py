@@ -16,7 +16,8 @@ class Estimator:
     with nothing fused."""
 
     name: str = "estimator"
-    needs_statistics: bool = True
+    needs_statistics: bool = True  # LS statistics of its cuts
+    uses_alpha: bool = True  # regularised by ``alpha``
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor | None:
         raise NotImplementedError
@@ -47,6 +48,7 @@ class IdentityEstimator(Estimator):
 
     name = "identity"
     needs_statistics = False
+    uses_alpha = False
 
     def __init__(self, name: str = "identity"):
         self.name = name
