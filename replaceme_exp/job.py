@@ -209,7 +209,10 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     )
     if cfg.cuts is None:
         row["selection_metric"] = selection_metric_name(cfg.selection)
-    cuts, distances, stats = capture_calibration(cfg, adapter, calibration, cache, estimator.needs_statistics, timer)
+    needs_tokens = getattr(estimator, "needs_tokens", False)
+    cuts, distances, stats = capture_calibration(
+        cfg, adapter, calibration, cache, estimator.needs_statistics, timer, compute_missing=not needs_tokens
+    )
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:
         row["candidate_distances"] = [[s, e, distances[(s, e)]] for s, e in sorted(distances)]

@@ -61,9 +61,11 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     return distances, stats
 
 
-def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
+def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer, compute_missing=True):
     """Distances for selection (when ``cuts`` is null) and statistics for the chosen cuts, from
-    the cache where present, otherwise in as few passes as the plan allows.
+    the cache where present, otherwise in as few passes as the plan allows. With
+    ``compute_missing=False`` statistics that are neither cached nor gathered by the selection
+    pass are left out (a later pass over the same data, e.g. the token capture, adds them).
 
     Returns (cuts, distances or None, {cut: LinearStats}).
     """
@@ -88,7 +90,7 @@ def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer):
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
     missing = [cut for cut in cuts if cut not in found]
-    if missing:
+    if missing and compute_missing:
         accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement)
         with timer("capture"):
             run_capture(adapter, calibration, [accumulator], desc="capture (statistics)")

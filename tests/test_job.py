@@ -353,3 +353,23 @@ def test_numerical_objectives_apply_their_regulariser(tmp_path):
     l1 = run_recorded(job_config(tmp_path, *common, "regularizer=l1", "alpha=1e-3"))
     assert plain["regularizer"] == "none" and l1["regularizer"] == "l1"
     assert l1["train_loss"] > plain["train_loss"]  # the reported loss includes the L1 penalty
+
+
+def test_an_ls_start_for_a_numerical_objective_costs_no_extra_pass(tmp_path, monkeypatch):
+    import replaceme_exp.estimation.fitting as fitting
+    import replaceme_exp.planning as planning
+
+    passes = []
+    for module in (fitting, planning):
+        original = module.run_capture
+
+        def counted(adapter, batches, statistics, desc="capture", _original=original):
+            passes.append(desc)
+            return _original(adapter, batches, statistics, desc=desc)
+
+        monkeypatch.setattr(module, "run_capture", counted)
+    row = run_recorded(
+        job_config(tmp_path, "objective=cosine", "objective.init=ls", "objective.epochs=1", "cuts=[[2,4]]")
+    )
+    assert row["status"] == "finished", row["error"]
+    assert [p for p in passes if "held-out" not in p] == ["capture (tokens)"]

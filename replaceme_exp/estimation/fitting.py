@@ -16,7 +16,8 @@ from replaceme_exp.surgery import prune
 
 def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
     """Numerical objectives: one capture pass fills a token store per cut (only non-padding
-    tokens, bfloat16), then each T is fitted on its store. Every transform is estimated from the
+    tokens, bfloat16) and, for ``init=ls``, the statistics not already in ``stats``; then each T
+    is fitted on its store. Every transform is estimated from the
     unpruned model's activations. Records the solver, the final training loss (mean over cuts)
     and each cut's per-epoch loss curve."""
     device = input_device(adapter)
@@ -33,14 +34,18 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
         )
         for cut in cuts
     }
+    # An LS start point needs the statistics of its cut: gathered in the same pass when missing.
+    missing = [cut for cut in cuts if estimator.init == "ls" and cut not in stats]
+    extra = [LinearStatistics(missing, adapter.hidden_size, device, cfg.lt_placement)] if missing else []
     try:
         with timer("capture"):
             run_capture(
                 adapter,
                 calibration,
-                [TokenCollector(c, s, cfg.lt_placement) for c, s in stores.items()],
+                [TokenCollector(c, s, cfg.lt_placement) for c, s in stores.items()] + extra,
                 desc="capture (tokens)",
             )
+        stats = {**stats, **(extra[0].result() if extra else {})}
         transforms, curves = {}, {}
         with timer("estimate"):
             for cut, store in stores.items():
@@ -98,7 +103,7 @@ def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, s
     for cut in cuts:
         shifted = (cut[0] - removed, cut[1] - removed)
         stage_stats = {}
-        if estimator.needs_statistics:
+        if estimator.needs_statistics and not getattr(estimator, "needs_tokens", False):
             if removed == 0 and cut in stats:
                 stage_stats = {shifted: stats[cut]}
             else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
 from torch import nn
 
 from replaceme_exp.errors import UnsupportedModelError
@@ -131,7 +130,3 @@ def count_parameters(model: nn.Module) -> int:
             seen.add(id(p))
             total += p.numel()
     return total
-
-
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
