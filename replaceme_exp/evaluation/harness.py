@@ -15,6 +15,7 @@ from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 log = logging.getLogger(__name__)
 
 OFFLINE_TASKS = Path(__file__).parent / "offline_tasks"
+HUB_TASKS = Path(__file__).parent / "hub_tasks"  # hub-data tasks (eval=llama2_table), next to the defaults
 
 
 def materialize_offline_tasks(target: Path, n_ppl_docs: int = 12) -> Path:
@@ -44,7 +45,7 @@ def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    include = str(materialize_offline_tasks(Path(work_dir) / "lm_eval_tasks")) if cfg.local_tasks else None
+    include = str(materialize_offline_tasks(Path(work_dir) / "lm_eval_tasks")) if cfg.local_tasks else str(HUB_TASKS)
     manager = TaskManager(include_path=include, include_defaults=not cfg.local_tasks, verbosity="ERROR")
     lm = HFLM(
         pretrained=model,
