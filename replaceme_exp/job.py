@@ -21,7 +21,7 @@ import torch
 from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from replaceme_exp.capture import TransformDistances, run_capture
+from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.statistics import PLACEMENTS
@@ -123,6 +123,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "structure": cfg.structure.name,
         "mask_ratio": float(cfg.mask_ratio),
         "lt_placement": cfg.lt_placement,
+        "healing": cfg.healing.name,
         "multi_lt": cfg.multi_lt,
         "plain_checkpoint": cfg.lt_placement == "fused",
         "regularizer": cfg.regularizer.name,
@@ -134,6 +135,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "selection_metric": None,
         "selection_distance": None,
         "candidate_distances": None,  # [[start, end, distance], ...] over all candidates
+        "layer_distances": None,  # (num_layers, num_layers) mean cosine distances, with record_layer_distances
         "eval": cfg.eval.name,
         "pruned_model_path": None,
     }
@@ -141,23 +143,24 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
 
 def heldout_distances(
     adapter, windows, transforms, baselines: BaselineCache, key: dict, placement: str = "fused"
-) -> tuple[float, float]:
-    """(cos_dist_before, cos_dist_after) on held-out windows. The distance without T depends
-    only on model, text and cuts and is cached; jobs without any transform need no pass."""
+) -> tuple[float, float, float]:
+    """(cos_dist_before, cos_dist_after, l2_dist_before) on held-out windows. The distances
+    without T depend only on model, text and cuts and are cached; jobs without any transform
+    need no pass."""
     if all(t is None for t in transforms.values()):
-        before = baselines.get_or_compute(
-            {**key, "metric": "cos_dist_before"}, lambda: heldout_distances_pass(adapter, windows, transforms)[0]
+        before, l2 = baselines.get_or_compute(
+            {**key, "metric": "dist_before"}, lambda: heldout_distances_pass(adapter, windows, transforms)[::2]
         )
-        return before, before
-    before, after = heldout_distances_pass(adapter, windows, transforms, placement)
-    baselines.get_or_compute({**key, "metric": "cos_dist_before"}, lambda: before)
-    return before, after
+        return before, before, l2
+    before, after, l2 = heldout_distances_pass(adapter, windows, transforms, placement)
+    baselines.get_or_compute({**key, "metric": "dist_before"}, lambda: [before, l2])
+    return before, after, l2
 
 
-def heldout_distances_pass(adapter, windows, transforms, placement: str = "fused") -> tuple[float, float]:
+def heldout_distances_pass(adapter, windows, transforms, placement: str = "fused") -> tuple[float, float, float]:
     check = TransformDistances(transforms, placement)
     run_capture(adapter, windows, [check], desc="held-out distances")
-    return check.result()
+    return (*check.result(), check.l2_result())
 
 
 def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike) -> dict:
@@ -183,6 +186,10 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         raise ConfigError("lt_placement", cfg.lt_placement, f"choose one of {PLACEMENTS}")
     if cfg.multi_lt not in ("independent", "sequential"):
         raise ConfigError("multi_lt", cfg.multi_lt, "choose independent or sequential")
+    if cfg.healing.name != "none":
+        raise ConfigError(
+            "healing", cfg.healing.name, "healing after pruning is not implemented yet (only healing=none runs)"
+        )
     cache_dir = to_absolute_path(cfg.cache_dir)
     results_dir = to_absolute_path(cfg.results_dir)
     estimator = instantiate(cfg.objective)
@@ -218,6 +225,11 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         row["candidate_distances"] = [[s, e, distances[(s, e)]] for s, e in sorted(distances)]
         chosen = [distances[c] for c in cuts if c in distances]
         row["selection_distance"] = float(min(chosen)) if chosen else None
+    if cfg.record_layer_distances:
+        layer_distances = LayerDistances(adapter.num_layers)
+        with timer("analysis"):
+            run_capture(adapter, calibration, [layer_distances], desc="layer distances")
+        row["layer_distances"] = layer_distances.result()
 
     for cut, s in stats.items():
         if not (torch.isfinite(s.mtm).all() and torch.isfinite(s.mtr).all()):
@@ -243,6 +255,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
                 harness_key, lambda: run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed))
             )
             row["avg_acc_baseline"] = baseline_scores["avg_acc"]
+            row.update({f"baseline_{name}": value for name, value in baseline_scores.items()})
     num_layers = adapter.num_layers
     if cfg.multi_lt == "sequential" and len(cuts) > 1:
         transforms, distances_before_after = estimate_sequentially(
@@ -253,7 +266,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     else:
         transforms = estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
         with timer("eval"):
-            row["cos_dist_before"], row["cos_dist_after"] = heldout_distances(
+            row["cos_dist_before"], row["cos_dist_after"], row["l2_dist_before"] = heldout_distances(
                 adapter,
                 windows,
                 transforms,

@@ -12,12 +12,25 @@ from replaceme_exp.errors import ConfigError
 Cut = tuple[int, int]
 
 
-def cut_length(n_prune: int, num_lts: int, num_layers: int) -> int:
-    """Blocks per transform; validates ``n_prune`` and ``num_lts`` against the model depth."""
+def blocks_to_prune(n_prune: int | float, num_layers: int) -> int:
+    """``n_prune`` as a number of blocks: an integer as given, a fraction in (0, 1) of the
+    model's depth rounded to the nearest block (``n_prune=0.25`` on 32 blocks -> 8)."""
+    if isinstance(n_prune, float) and 0 < n_prune < 1:
+        blocks = round(n_prune * num_layers)
+        if blocks < 1:
+            raise ConfigError("n_prune", n_prune, f"is less than one of the model's {num_layers} blocks")
+        return blocks
+    if isinstance(n_prune, bool) or not isinstance(n_prune, int) or n_prune < 1:
+        raise ConfigError("n_prune", n_prune, "must be a positive integer (blocks) or a fraction in (0, 1) of them")
+    return n_prune
+
+
+def cut_length(n_prune: int | float, num_lts: int, num_layers: int) -> int:
+    """Blocks per transform; validates ``n_prune`` (blocks, or a fraction of the depth) and
+    ``num_lts`` against the model depth."""
     if not isinstance(num_lts, int) or num_lts < 1:
         raise ConfigError("num_lts", num_lts, "must be a positive integer")
-    if not isinstance(n_prune, int) or n_prune < 1:
-        raise ConfigError("n_prune", n_prune, "must be a positive integer")
+    n_prune = blocks_to_prune(n_prune, num_layers)
     if n_prune > num_layers - 1:
         raise ConfigError(
             "n_prune", n_prune, f"the model has {num_layers} blocks; at most {num_layers - 1} can be removed"

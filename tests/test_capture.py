@@ -135,3 +135,37 @@ def test_capture_stops_after_the_last_needed_block(model):
             h.remove()
     assert blocks == 3
     assert sorted(set(calls)) == [0, 1, 2]
+
+
+def test_layer_distance_matrix_matches_an_explicit_pass_with_padding(model):
+    """Every pair (i, j): mean over all non-padding tokens of 1 - cos(L_i, L_j), from padded
+    left-side batches and a chunk smaller than a batch, against the hand-written forward pass."""
+    from replaceme_exp.capture import LayerDistances
+
+    sequences = random_sequences(7, 3, 15, seed=5)
+    matrix = LayerDistances(NUM_LAYERS, chunk_tokens=5)
+    run_capture(adapter_for(model), batches_of(sequences, 3, side="left"), [matrix])
+    result = torch.tensor(matrix.result(), dtype=torch.float64)
+
+    outputs = [explicit_blocks(model, torch.tensor(seq)) for seq in sequences]
+    expected = torch.zeros(NUM_LAYERS, NUM_LAYERS, dtype=torch.float64)
+    for i in range(NUM_LAYERS):
+        for j in range(NUM_LAYERS):
+            cos = torch.cat([F.cosine_similarity(b[i]["L"].double(), b[j]["L"].double(), dim=-1) for b in outputs])
+            expected[i, j] = 0.0 if i == j else float((1 - cos).mean())
+    torch.testing.assert_close(result, expected, rtol=1e-4, atol=1e-5)
+    assert torch.equal(result, result.T) and float(result[0, NUM_LAYERS - 1]) > 0.01
+
+
+def test_heldout_l2_distance_without_transform_matches_an_explicit_pass(model):
+    from replaceme_exp.capture import TransformDistances
+
+    sequences = random_sequences(5, 4, 12, seed=3)
+    check = TransformDistances({(2, 5): None, (1, 3): None})
+    run_capture(adapter_for(model), batches_of(sequences, 2), [check])
+    norms = []
+    for seq in sequences:
+        blocks = explicit_blocks(model, torch.tensor(seq))
+        for start, end in ((2, 5), (1, 3)):
+            norms.append((blocks[end - 1]["L"] - blocks[start - 1]["L"]).double().norm(dim=-1))
+    assert check.l2_result() == pytest.approx(float(torch.cat(norms).mean()), rel=1e-5)

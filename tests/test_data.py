@@ -118,3 +118,29 @@ def test_heldout_windows_are_full(smollm2_tokenizer):
     cfg = OmegaConf.create(dict(name="quick", text="pydoc_heldout", seq_len=32, max_windows=5, batch_size=2))
     windows = heldout_windows(cfg, smollm2_tokenizer)
     assert windows.n_sequences == 5 and windows.n_tokens == 5 * 32
+
+
+def test_text_template_renders_sciq_style_records_and_names_a_missing_field(tmp_path, smollm2_tokenizer):
+    path = tmp_path / "sciq.jsonl"
+    records = [
+        {
+            "question": f"What is {i}?",
+            "correct_answer": f"answer {i}",
+            "support": f"Support text {i}.",
+            "distractor1": "x",
+        }
+        for i in range(4)
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    template = "{support}\nQuestion: {question}\nAnswer: {correct_answer}"
+    cfg = calib_cfg(source="hf_dataset", dataset="json", path=str(path), text_template=template, n_samples=4)
+    decoded = [
+        smollm2_tokenizer.decode(ids[m.bool()])
+        for b in build_calibration(cfg, smollm2_tokenizer)
+        for ids, m in zip(b.input_ids, b.attention_mask)
+    ]
+    for i in range(4):
+        assert f"Support text {i}.\nQuestion: What is {i}?\nAnswer: answer {i}" in "\n".join(decoded)
+    bad = calib_cfg(source="hf_dataset", dataset="json", path=str(path), text_template="{solution}", n_samples=1)
+    with pytest.raises(ConfigError, match="calibration.text_template='\\{solution\\}'.*'solution'"):
+        build_calibration(bad, smollm2_tokenizer)

@@ -1,16 +1,20 @@
-"""make paper-tables on a store built by a small real sweep plus synthetic paper-scale rows."""
+"""make paper-tables on a store built by a small real sweep plus synthetic paper-scale rows:
+the expected cells, missing cells, baseline rows, quoted rows kept apart, and the figures."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from conftest import ROOT
+import pandas as pd
+import pytest
+from conftest import ROOT, compose_config
 from test_job import job_config
 
 from replaceme_exp.job import run_recorded
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.paper_tables import MISSING, TABLES
+from replaceme_exp.results.paper_figures import FIGURES
+from replaceme_exp.results.paper_tables import LLAMA2_TABLE_COLUMNS, MISSING, TABLES, load_quoted
 
 
 def synthetic_row(i: int, **values) -> dict:
@@ -21,8 +25,12 @@ def synthetic_row(i: int, **values) -> dict:
         started_at=f"2026-01-01T00:00:{i:02d}",
         model="llama3_8b_instruct",
         n_prune=8,
+        num_layers=32,
         eval="paper",
+        calibration="slimorca",
+        n_calib_samples=8000,
         objective="ls",
+        selection_metric="cosine",
         alpha=0.0,
         regularizer="none",
         structure="generic",
@@ -30,31 +38,114 @@ def synthetic_row(i: int, **values) -> dict:
         lt_placement="fused",
         mask_ratio=0.0,
         num_lts=1,
+        merge_consecutive=True,
     )
     row.update(values)
     return row
 
 
-def test_tables_show_measured_cells_with_their_runs_and_mark_missing_ones(tmp_path):
-    assert run_recorded(job_config(tmp_path, "save_model=false"))["status"] == "finished"  # a real (tiny) row
+@pytest.fixture(scope="module")
+def paper_tables(tmp_path_factory):
+    """A real tiny job (recording its layer distances) plus synthetic rows; ``make paper-tables``'
+    command run on them. Returns (output directory, real row)."""
+    tmp_path = tmp_path_factory.mktemp("store")
+    real = run_recorded(job_config(tmp_path, "save_model=false", "record_layer_distances=true"))
+    assert real["status"] == "finished"
+    rows = [
+        synthetic_row(1, avg_acc=0.62, ppl_lambada=21.0, rp=0.89, seed=1, baseline_avg_acc=0.697),
+        synthetic_row(2, avg_acc=0.64, ppl_lambada=23.0, rp=0.91, seed=2, baseline_ppl_lambada=3.11),
+        synthetic_row(3, avg_acc=0.70, ppl_lambada=30.0, rp=0.99, alpha=10000.0, regularizer="l2"),
+        synthetic_row(4, avg_acc=0.10, status="failed"),  # never shown
+        synthetic_row(5, avg_acc=0.55, structure="diagonal", ppl_lambada=40.0, rp=0.8),
+        # UIDL at two compression ratios; LS at 12.5%.
+        synthetic_row(6, objective="identity", selection_metric="angular_last", avg_acc=0.58, rp=0.83, n_prune=8),
+        synthetic_row(7, objective="identity", selection_metric="angular_last", avg_acc=0.60, n_prune=4),
+        synthetic_row(8, avg_acc=0.65, n_prune=4),
+        # Llama 2 7B on the llama2_table suite, with the unpruned model's per-task scores.
+        synthetic_row(
+            9,
+            model="llama2_7b",
+            eval="llama2_table",
+            objective="cosine",
+            avg_acc=0.419,
+            rp=0.925,
+            acc_piqa=0.711,
+            baseline_acc_piqa=0.781,
+            baseline_avg_acc=0.453,
+        ),
+        # Written before the healing column existed: counts as healing=none.
+        synthetic_row(10, model="llama2_7b", objective="ls", acc_race=0.3656, ppl_lambada=22.36, avg_acc=0.613),
+        synthetic_row(
+            11,
+            model="llama32_1b_instruct",
+            num_layers=16,
+            n_prune=4,
+            avg_acc=0.5348,
+            rp=0.8771,
+            compression_ratio=0.2,
+            baseline_avg_acc=0.6098,
+        ),
+        # Calibration-size figure: two LS seeds at 1000 samples, one at 4000, one cosine run.
+        synthetic_row(12, n_calib_samples=1000, avg_acc=0.62, ppl_lambada=23.0, seed=1),
+        synthetic_row(13, n_calib_samples=1000, avg_acc=0.63, ppl_lambada=24.0, seed=2),
+        synthetic_row(14, n_calib_samples=4000, avg_acc=0.625, ppl_lambada=21.5),
+        synthetic_row(15, n_calib_samples=1000, objective="cosine", avg_acc=0.632, ppl_lambada=25.0),
+        # Time/emissions figure: Llama 2 7B, LS and UIDL compression costs.
+        synthetic_row(
+            16,
+            model="llama2_7b",
+            eval="llama2_table",
+            time_capture_s=10.0,
+            time_estimate_s=2.0,
+            co2_kg_capture=0.001,
+            co2_kg_estimate=0.001,
+            rp=0.899,
+        ),
+        synthetic_row(
+            17,
+            model="llama2_7b",
+            eval="llama2_table",
+            objective="identity",
+            selection_metric="angular_last",
+            time_capture_s=6.0,
+            time_estimate_s=0.0,
+            co2_kg_capture=0.0005,
+            rp=0.8,
+        ),
+        # Block-selection figure: two explicit windows, LS.
+        synthetic_row(
+            18, cuts="[[1, 9]]", selection_metric=None, cos_dist_before=0.5, l2_dist_before=40.0, avg_acc=0.40
+        ),
+        synthetic_row(
+            19, cuts="[[20, 28]]", selection_metric=None, cos_dist_before=0.2, l2_dist_before=90.0, avg_acc=0.60
+        ),
+    ]
     store = ResultsStore(tmp_path)
-    store.write(synthetic_row(1, avg_acc=0.62, ppl_lambada=21.0, rp=0.89, seed=1))
-    store.write(synthetic_row(2, avg_acc=0.64, ppl_lambada=23.0, rp=0.91, seed=2))
-    store.write(synthetic_row(3, avg_acc=0.70, ppl_lambada=30.0, rp=0.99, alpha=10000.0, regularizer="l2"))
-    store.write(synthetic_row(4, avg_acc=0.10, status="failed"))  # never shown
-    store.write(synthetic_row(5, avg_acc=0.55, structure="diagonal", ppl_lambada=40.0, rp=0.8))
-
+    for row in rows:
+        store.write(row)
     out = tmp_path / "paper_tables"
     proc = subprocess.run(
         [sys.executable, "-m", "replaceme_exp.results.paper_tables", "--results", str(tmp_path), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert {p.name for p in out.iterdir()} == {f"{t.name}{s}" for t in TABLES for s in (".md", ".tex")}
+    return out, real
 
+
+def test_every_table_and_figure_is_written(paper_tables):
+    out, _ = paper_tables
+    expected = {f"{t.name}{s}" for t in TABLES for s in (".md", ".tex")}
+    expected |= {f"{name}{s}" for name in FIGURES for s in (".png", ".csv")}
+    assert {p.name for p in out.iterdir()} == expected
+    for name in FIGURES:
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_measured_cells_show_mean_std_and_runs_and_mark_missing_ones(paper_tables):
+    out, _ = paper_tables
     regularization = (out / "regularization.md").read_text()
     assert "| LS, alpha=0 | 2 | 0.63 ± 0.014 (n=2) | 22 ± 1.4 (n=2) | 0.9 ± 0.014 (n=2) |" in regularization
     assert "| LS, alpha=10000 | 1 | 0.7 | 30 | 0.99 |" in regularization
@@ -63,3 +154,119 @@ def test_tables_show_measured_cells_with_their_runs_and_mark_missing_ones(tmp_pa
     assert "| Diagonal | 1 | 0.55 | 40 | 0.8 |" in structured and f"| Orthonormal | 0 | {MISSING}" in structured
     latex = (out / "regularization.tex").read_text()
     assert r"\toprule" in latex and r"0.63 $\pm$ 0.014 (n=2)" in latex and "LS, alpha=0.1 & 0 & -- & -- & --" in latex
+
+
+def test_quoted_rows_are_labelled_kept_apart_and_sourced(paper_tables):
+    out, _ = paper_tables
+    lines = (out / "llama2_comparison.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| Setting"))
+    assert (
+        header == "| Setting | Train-free | Runs | " + " | ".join(h for h, _ in LLAMA2_TABLE_COLUMNS) + " | AVG | RP |"
+    )
+    body = [line for line in lines if line.startswith("| ") and line != header]
+    labels = [line.split(" | ")[0][2:] for line in body]
+    assert labels == [
+        "Llama 2 7B (baseline)",
+        *[f"{m} (quoted)" for m in ("LLM-Streamline", "LLMPruner", "SliceGPT", "LaCo", "UIDL")],
+        "Ours (Cosine)",
+        "Ours (LS)",
+    ]
+    # Quoted numbers in the project's units, from the paper's percentages; never in measured rows.
+    streamline = body[1].split(" | ")
+    assert streamline[1:4] == ["no", "quoted", "0.433"] and body[1].endswith("| 0.416 | 0.92 |")
+    # The unpruned model: its recorded per-task score, RP = 1 by definition, missing where unknown.
+    baseline = body[0].split(" | ")
+    assert baseline[2] == "unpruned" and baseline[3] == MISSING
+    assert baseline[3 + [h for h, _ in LLAMA2_TABLE_COLUMNS].index("PIQA")] == "0.781"
+    assert body[0].endswith("| 0.453 | 1 |")
+    cosine = body[6].split(" | ")
+    assert cosine[1:3] == ["yes", "1"] and cosine[3 + 5] == "0.711" and body[6].endswith("| 0.419 | 0.925 |")
+    # The one LS run on Llama 2 (the time/emissions row) recorded no task scores: missing cells.
+    assert body[7].split(" | ")[2:4] == ["1", MISSING] and body[7].endswith(f"| {MISSING} | 0.899 |")
+    assert any("Rows marked quoted are not measured here; source: LLM-Streamline" in line for line in lines)
+    latex = (out / "llama2_comparison.tex").read_text()
+    assert latex.count(r"\midrule") == 3  # header | baseline | quoted block | measured
+    main = (out / "llama3_main.md").read_text()
+    assert "| SVD-LLM (quoted) | None | quoted | 29.9 | 0.59 | 0.853 |" in main
+    assert "| UIDL | Identity | 1 | — | 0.58 | 0.83 |" in main
+    assert "| Llama 3 8B Instruct |  | unpruned | 3.11 | 0.697 | 1 |" in main
+
+
+def test_quoted_numbers_cover_columns_of_their_tables():
+    quoted = load_quoted()
+    for spec in TABLES:
+        if spec.name in quoted:
+            assert spec.quoted_at is not None
+            headers = {c.header for c in spec.column_specs()}
+            for row in quoted[spec.name]["rows"]:
+                assert set(row["values"]) <= headers, (spec.name, row["label"])
+
+
+def test_column_conditions_transposed_layout_and_rows_from_before_a_key_existed(paper_tables):
+    out, _ = paper_tables
+    higher = (out / "higher_compression.md").read_text()
+    assert f"| UIDL | 2 | 0.6 | 0.58 | {MISSING} | {MISSING} |" in higher
+    assert "| Ours | 1" not in higher and "| Ours | " in higher
+    scales = (out / "model_scales.md").read_text().splitlines()
+    assert scales[2].startswith("|  | Llama-3.2-1B-Instruct Baseline | Llama-3.2-1B-Instruct ReplaceMe |")
+    assert "| Avg-Acc | 0.6098 | 0.5348 |" in scales[5] and "| RP | 1 | 0.8771 |" in scales[6]
+    assert "| Compression ratio (blocks) | 0 | 0.25 |" in scales[7]
+    healing = (out / "healing.md").read_text()
+    assert "| ReplaceMe | None | 1 | 0.3656 |" in healing and "| 22.36 | 0.613 |" in healing
+    assert f"| ReplaceMe | Only LT | 0 | {MISSING}" in healing
+
+
+def test_figure_numbers(paper_tables):
+    out, real = paper_tables
+    size = pd.read_csv(out / "calibration_size.csv")
+    ls = size[(size.panel == "avg_acc") & (size.series == "LS")].set_index("x")
+    assert ls.loc[1000.0, "mean"] == pytest.approx(0.625) and ls.loc[1000.0, "n"] == 2
+    assert ls.loc[1000.0, "std"] == pytest.approx(0.00707, abs=1e-4) and ls.loc[4000.0, "n"] == 1
+    assert size[(size.panel == "avg_acc") & (size.series == "baseline")]["mean"].item() == pytest.approx(0.697)
+    cost = pd.read_csv(out / "time_emissions.csv").set_index(["panel", "series"])["mean"]
+    assert cost[("time_rel_ls", "UIDL")] == pytest.approx(0.5) and cost[("emissions_rel_ls", "UIDL")] == 0.25
+    assert cost[("time_rel_ls", "Ours (LS)")] == 1 and cost[("rp", "UIDL")] == pytest.approx(0.8)
+    # The cosine run recorded no stage times: no cost bar (not a zero), but its RP is shown.
+    assert ("time_rel_ls", "Ours (Cosine)") not in cost.index and cost[("rp", "Ours (Cosine)")] == pytest.approx(0.925)
+    blocks = pd.read_csv(out / "block_selection.csv")
+    l2 = blocks[blocks.panel == "l2_dist_before"].sort_values("x")
+    assert l2["x"].tolist() == [40.0, 90.0] and l2["mean"].tolist() == [0.40, 0.60]
+    layers = pd.read_csv(out / "pruned_layers.csv")
+    by_series = {name: list(zip(g.x, g["mean"].round(4), g.n)) for name, g in layers.groupby("series")}
+    assert by_series == {"UIDL": [(4, 0.6, 1), (8, 0.58, 1)], "ReplaceMe": [(4, 0.65, 1), (8, 0.63, 2)]}
+    assert set(layers.panel) == {"llama3_8b_instruct"}  # Mistral and Qwen: no runs, nothing drawn
+    heat = pd.read_csv(out / "layer_distances.csv")
+    matrix = real["layer_distances"]
+    assert heat.series.unique().tolist() == ["tiny_llama"] and len(heat) == len(matrix) ** 2
+    assert heat[heat.panel == "row_0"]["mean"].tolist() == pytest.approx(matrix[0])
+
+
+def test_healing_and_clip_options_compose_and_fail_with_a_clear_error(tmp_path):
+    row = run_recorded(job_config(tmp_path, "healing=lt_only", "save_model=false"), raise_on_failure=False)
+    assert row["status"] == "failed" and "healing='lt_only'" in row["error"] and "not implemented" in row["error"]
+    cfg = compose_config(["model=clip_vit_l14", "eval=clip"])
+    from replaceme_exp.errors import ConfigError
+    from replaceme_exp.models import load_model
+
+    with pytest.raises(ConfigError, match="model.source='hub_clip_vision'.*not supported"):
+        load_model(cfg.model)
+
+
+def test_real_row_records_the_unpruned_scores_and_layer_distances(paper_tables):
+    _, real = paper_tables
+    matrix = real["layer_distances"]
+    assert len(matrix) == real["num_layers"] and all(matrix[i][i] == 0 for i in range(len(matrix)))
+    assert all(0 < matrix[0][j] < 2 for j in range(1, len(matrix)))
+    assert real["healing"] == "none" and real["l2_dist_before"] > 0
+
+
+def test_table_columns_name_what_the_suites_record():
+    """The Llama 2 table reads exactly the accuracy columns that eval=llama2_table writes."""
+    from replaceme_exp.evaluation.harness import accuracy_column
+
+    suite = compose_config(["eval=llama2_table"]).eval.harness
+    assert [m for _, m in LLAMA2_TABLE_COLUMNS] == [accuracy_column(t) for t in suite.accuracy_tasks]
+    paper = compose_config(["eval=paper"]).eval.harness
+    healing = next(t for t in TABLES if t.name == "healing")
+    task_columns = [c.metric for c in healing.column_specs() if c.metric.startswith("acc_")]
+    assert task_columns == [accuracy_column(t) for t in paper.accuracy_tasks]

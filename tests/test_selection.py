@@ -90,6 +90,14 @@ def test_n_prune_and_num_lts_are_validated():
         cut_length(32, 1, 32)
     with pytest.raises(ConfigError, match=r"num_lts=3: must divide n_prune=8"):
         cut_length(8, 3, 32)
+    # A fraction of the depth: 25% of 32 blocks, 37.5% of 80, 12.5% of 24 (CLIP ViT-L/14) rounds to 3.
+    assert cut_length(0.25, 1, 32) == 8 and cut_length(0.375, 1, 80) == 30 and cut_length(0.125, 1, 24) == 3
+    assert cut_length(0.25, 2, 32) == 4
+    for bad in (0, -1, 1.5, True, "8"):
+        with pytest.raises(ConfigError, match=rf"n_prune={bad!r}: must be a positive integer"):
+            cut_length(bad, 1, 32)
+    with pytest.raises(ConfigError, match=r"n_prune=0.01: is less than one"):
+        cut_length(0.01, 1, 32)
     assert validate_cuts([[6, 8], [1, 3]], 8) == [(1, 3), (6, 8)]
     assert validate_cuts([[3, 5], [1, 3]], 8, merge_consecutive=True) == [(1, 5)]
     with pytest.raises(ConfigError, match="touch"):

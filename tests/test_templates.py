@@ -11,18 +11,24 @@ EXPECTED_JOBS = {
     "block_selection": 72,
     "calibration_size": 10,
     "calibration_types": 6,
+    "clip": 4,
     "cosine_approximation": 2,
     "fused_vs_separate": 2,
+    "healing": 3,
     "higher_compression": 8,
-    "llama3_main": 6,
+    "layer_distances": 1,
+    "llama2_comparison": 2,
+    "llama3_main": 12,
     "masking": 4,
-    "model_scales": 1,
+    "model_scales": 2,
     "multi_lt_count": 8,
     "pruned_layers": 30,
     "regularization": 7,
     "regularization_cosine": 4,
     "solvers": 4,
     "structured_lts": 3,
+    "task_specific": 4,
+    "time_emissions": 3,
 }
 
 
@@ -65,3 +71,22 @@ def test_template_composes_and_expands(template):
 
 def _value(v) -> str:
     return str(v).replace(" ", "") if isinstance(v, list) else str(v)
+
+
+@pytest.mark.parametrize(
+    ("template", "job", "expected"),
+    [
+        ("llama3_main", "experiment=multi_lt_nc_cosine", {"objective.name": "cosine", "num_lts": 2}),
+        ("llama3_main", "experiment=uidl_baseline", {"objective.name": "identity", "selection.tokens": "last"}),
+        ("healing", "healing=lt_only", {"healing.name": "lt_only", "healing.max_steps": 80000}),
+        ("layer_distances", "seed=42", {"record_layer_distances": True, "calibration.n_samples": 256}),
+        ("task_specific", "calibration=sciq", {"calibration.dataset": "allenai/sciq", "eval.name": "sciq"}),
+        ("model_scales", "n_prune=0.25", {"n_prune": 0.25, "objective.name": "ls", "calibration.name": "slimorca"}),
+    ],
+)
+def test_template_jobs_get_their_method(template, job, expected):
+    from omegaconf import OmegaConf
+
+    cfg = compose_config([f"+paper={template}", job])
+    for key, value in expected.items():
+        assert OmegaConf.select(cfg, key) == value, key

@@ -8,6 +8,7 @@ any statistic needs. No N x d buffer over the whole data set exists on this path
 from replaceme_exp.capture.runner import plain_forward, run_capture
 from replaceme_exp.capture.statistics import (
     CutDistances,
+    LayerDistances,
     LinearStatistics,
     LinearStats,
     TransformDistances,
@@ -15,6 +16,7 @@ from replaceme_exp.capture.statistics import (
 
 __all__ = [
     "CutDistances",
+    "LayerDistances",
     "LinearStatistics",
     "LinearStats",
     "TransformDistances",

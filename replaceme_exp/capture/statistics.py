@@ -93,6 +93,42 @@ class CutDistances:
         return {cut: self.sums[cut] / max(self.counts[cut], 1) for cut in self.cuts}
 
 
+class LayerDistances:
+    """Mean cosine distance between the outputs of every pair of blocks over all non-padding
+    tokens: ``result()[i][j]`` = mean_t (1 - cos(L_i[t], L_j[t])), an (L, L) symmetric list of
+    lists with a zero diagonal (the paper's layer-distance heatmap).
+
+    Per batch the unit-normalised outputs are stacked in chunks of ``chunk_tokens`` tokens, so
+    the extra memory is L x chunk_tokens x hidden floats, and one matmul gives every pair.
+    """
+
+    def __init__(self, num_layers: int, chunk_tokens: int = 1024):
+        self.num_layers, self.chunk_tokens = num_layers, chunk_tokens
+        self.cos_sum = torch.zeros(num_layers, num_layers, dtype=torch.float64)
+        self.n_tokens = 0
+
+    def requests(self) -> list[Request]:
+        return [(tuple(("L", k) for k in range(self.num_layers)), self._update)]
+
+    def _update(self, acts: dict, tokens: BatchTokens) -> None:
+        n = acts[("L", 0)].shape[0]
+        for lo in range(0, n, self.chunk_tokens):
+            unit = torch.stack(
+                [
+                    F.normalize(acts[("L", k)][lo : lo + self.chunk_tokens].float(), dim=-1, eps=1e-12)
+                    for k in range(self.num_layers)
+                ]
+            ).flatten(1)  # (L, chunk * hidden)
+            self.cos_sum += (unit @ unit.T).double().cpu()
+        self.n_tokens += n
+
+    def result(self) -> list[list[float]]:
+        mean_cos = self.cos_sum / max(self.n_tokens, 1)
+        distance = 1.0 - (mean_cos + mean_cos.T) / 2  # exactly symmetric despite float32 matmuls
+        distance.fill_diagonal_(0.0)
+        return distance.tolist()
+
+
 @dataclass
 class LinearStats:
     """Sufficient statistics of the least-squares problem ``min_T ||M T - R||_F^2`` for one cut,
@@ -172,11 +208,13 @@ class LinearStatistics:
 class TransformDistances:
     """Held-out check of estimated transforms: for each cut, the mean cosine distance between
     the target ``L_{end-1}`` and what block ``end`` now receives, without T (``L_{start-1}``)
-    and with T (``Y_{start-1} + M_{start-1} T`` fused, ``L_{start-1} T`` separate)."""
+    and with T (``Y_{start-1} + M_{start-1} T`` fused, ``L_{start-1} T`` separate); and the mean
+    Euclidean distance without T (the block-selection figure's L2 axis)."""
 
     def __init__(self, transforms: dict[Cut, torch.Tensor | None], placement: str = "fused"):
         self.transforms, self.placement = dict(transforms), placement
         self.before = {cut: 0.0 for cut in self.transforms}
+        self.l2_before = {cut: 0.0 for cut in self.transforms}
         self.after = {cut: 0.0 for cut in self.transforms}
         self.counts = {cut: 0 for cut in self.transforms}
 
@@ -196,6 +234,7 @@ class TransformDistances:
             else:
                 received = prev - m + m @ transform.to(device=m.device, dtype=torch.float32)
             self.before[cut] += float(cosine_distance(prev, target).double().sum())
+            self.l2_before[cut] += float((prev - target).norm(dim=-1).double().sum())
             self.after[cut] += float(cosine_distance(received, target).double().sum())
             self.counts[cut] += m.shape[0]
 
@@ -205,6 +244,10 @@ class TransformDistances:
         """Token-weighted mean over all cuts of (distance without T, distance with T)."""
         total = sum(self.counts.values())
         return sum(self.before.values()) / total, sum(self.after.values()) / total
+
+    def l2_result(self) -> float:
+        """Token-weighted mean over all cuts of ||L_{end-1} - L_{start-1}|| (without T)."""
+        return sum(self.l2_before.values()) / sum(self.counts.values())
 
 
 class TokenCollector:

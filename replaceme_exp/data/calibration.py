@@ -53,6 +53,7 @@ def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int)
             data_files=data_files,
             text_field=cfg.get("text_field"),
             chat_field=cfg.get("chat_field"),
+            text_template=cfg.get("text_template"),
             n_records=n_samples,
             seed=seed,
             streaming=bool(cfg.get("streaming", False)),

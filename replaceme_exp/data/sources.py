@@ -77,9 +77,20 @@ def text_file_documents(path: str | None, max_chars: int, key: str = "calibratio
     return documents
 
 
-def render_record(record: dict[str, Any], text_field: str | None, chat_field: str | None, tokenizer) -> str:
-    """One dataset record as text: ``record[text_field]``, or ``record[chat_field]`` (a list of
-    ``{role, content}`` or ShareGPT ``{from, value}`` turns) rendered with the chat template."""
+def render_record(
+    record: dict[str, Any], text_field: str | None, chat_field: str | None, tokenizer, text_template: str | None = None
+) -> str:
+    """One dataset record as text: ``text_template`` filled with the record's fields (e.g.
+    ``"{support}\nQuestion: {question}\nAnswer: {correct_answer}"``), ``record[text_field]``, or
+    ``record[chat_field]`` (a list of ``{role, content}`` or ShareGPT ``{from, value}`` turns)
+    rendered with the chat template."""
+    if text_template:
+        try:
+            return text_template.format_map(record)
+        except (KeyError, IndexError, ValueError) as err:
+            raise ConfigError(
+                "calibration.text_template", text_template, f"cannot fill it ({err!r}); record keys: {sorted(record)}"
+            ) from err
     if chat_field and record.get(chat_field):
         messages = []
         for turn in record[chat_field]:
@@ -113,6 +124,7 @@ def hf_dataset_documents(
     streaming: bool,
     tokenizer,
     shuffle_buffer: int = 10_000,
+    text_template: str | None = None,
 ) -> list[str]:
     """Up to ``n_records`` rendered records drawn reproducibly (by ``seed``) from a dataset."""
     import datasets
@@ -133,7 +145,7 @@ def hf_dataset_documents(
         order = list(range(len(dataset)))
         random.Random(seed).shuffle(order)
         records = (dataset[i] for i in order[:n_records])
-    documents = [render_record(r, text_field, chat_field, tokenizer) for r in records]
+    documents = [render_record(r, text_field, chat_field, tokenizer, text_template) for r in records]
     documents = [d for d in documents if d.strip()]
     if not documents:
         raise ConfigError("calibration.path", data_files or path, "the dataset yielded no text")

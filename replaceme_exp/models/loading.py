@@ -129,6 +129,10 @@ def load_model(cfg: DictConfig, cache_dir: str | os.PathLike = ".cache") -> Load
     device_map = cfg.get("device_map")
     device = resolve_device(cfg.get("device"))
     source = cfg.source
+    if source == "hub_clip_vision":
+        raise ConfigError(
+            "model.source", source, f"{cfg.name}: CLIP vision encoders are not supported yet (decoder LLMs only)"
+        )
     if source == "embedded":
         path = embedded_checkpoint(cache_dir)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

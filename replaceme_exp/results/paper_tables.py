@@ -1,11 +1,16 @@
 """The paper's tables from the results store: one Markdown and one LaTeX file per table.
 
-Each table is declared by a :class:`TableSpec`: which runs it reads (``where``), one row per
-setting (a label and the column values that select its runs) and one column per metric. A cell
-averages the finished runs behind it (the latest run per config hash, so every seed counts
-once) and says how many there are: ``0.634`` for one run, ``0.634 ± 0.002 (n=3)`` for several,
-``—`` (missing) for none. Numbers quoted from other papers are never mixed in: they would be
-listed separately with their source.
+Each table is declared by a :class:`TableSpec`: which runs it reads (``where``), its rows and its
+columns. A cell averages the finished runs that match ``where`` + the row's conditions + the
+column's conditions (the latest run per config hash, so every seed counts once) and says how
+many there are: ``0.634`` for one run, ``0.634 ± 0.002 (n=3)`` for several, ``—`` (missing) for
+none. Three kinds of rows:
+
+- ``measured``: runs of this project.
+- ``baseline``: the unpruned model, read from the ``baseline_<metric>`` columns that every
+  pruned run records for its model and eval suite (RP = 1, compression = 0 by definition).
+- ``quoted``: numbers from other papers (``quoted_numbers.yaml``), in their own block, marked
+  ``quoted`` with the source under the table; never averaged with measured runs.
 
     python -m replaceme_exp.results.paper_tables --results results --out results/paper_tables
 """
@@ -18,14 +23,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
-PAPER_COLUMNS = [("Avg-acc", "avg_acc"), ("Perplexity", "ppl_lambada"), ("RP", "rp")]
-# The paper's method unless a row says otherwise (a row's conditions override these).
-DEFAULT_METHOD = {"structure": "generic", "lt_placement": "fused", "mask_ratio": 0.0, "num_lts": 1}
-LLAMA3_25 = {**DEFAULT_METHOD, "model": "llama3_8b_instruct", "n_prune": 8, "eval": "paper"}
+QUOTED_NUMBERS = Path(__file__).with_name("quoted_numbers.yaml")
+# A row written before a key existed matches that key's default value (e.g. healing=none).
+DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none"}
+BASELINE_CONSTANTS = {"rp": 1.0, "compression_ratio": 0.0, "blocks_pruned_ratio": 0.0}
+BASELINE_KEYS = ("model", "eval")  # what the unpruned model's scores depend on
+
+
+@dataclass
+class Column:
+    header: str
+    metric: str | None = None  # None: the row names the metric (tables whose rows are metrics)
+    conditions: dict = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    label: str
+    conditions: dict = field(default_factory=dict)
+    kind: str = "measured"  # measured | baseline
+    text: dict = field(default_factory=dict)  # cells of the table's text columns
+    metric: str | None = None
 
 
 @dataclass
@@ -33,11 +56,194 @@ class TableSpec:
     name: str
     caption: str
     where: dict
-    rows: list[tuple[str, dict]]
-    columns: list[tuple[str, str]] = field(default_factory=lambda: list(PAPER_COLUMNS))
+    rows: list
+    columns: list = field(default_factory=lambda: list(PAPER_COLUMNS))
+    text_columns: list[str] = field(default_factory=list)
+    quoted_at: int | None = None  # row index where the quoted block goes (None: no quoted rows)
+    transpose: bool = False  # settings as columns, metrics as rows (the paper's layout)
 
+    def row_specs(self) -> list[Row]:
+        return [r if isinstance(r, Row) else Row(*r) for r in self.rows]
+
+    def column_specs(self) -> list[Column]:
+        return [c if isinstance(c, Column) else Column(*c) for c in self.columns]
+
+
+PAPER_COLUMNS = [Column("Avg-acc", "avg_acc"), Column("Perplexity", "ppl_lambada"), Column("RP", "rp")]
+PAPER_TASKS = [("Race", "race"), ("Winogrande", "winogrande"), ("PiQA", "piqa"), ("BoolQ", "boolq")]
+PAPER_TASKS += [("OpenBookQA", "openbookqa"), ("SciQ", "sciq")]
+TASK_COLUMNS = [Column(header, f"acc_{task}") for header, task in PAPER_TASKS]
+# The Llama 2 comparison's benchmarks: header -> accuracy column (conf/eval/llama2_table.yaml).
+LLAMA2_TABLE_COLUMNS = [
+    ("C3", "acc_replaceme_c3"),
+    ("CMNLI", "acc_replaceme_cmnli"),
+    ("CHID", "acc_replaceme_chid"),
+    ("WSC", "acc_wsc"),
+    ("HellaSwag", "acc_hellaswag"),
+    ("PIQA", "acc_piqa"),
+    ("Race-M", "acc_replaceme_race_middle"),
+    ("Race-H", "acc_replaceme_race_high"),
+    ("MMLU", "acc_mmlu"),
+    ("CMMLU", "acc_cmmlu"),
+]
+# The paper's setting unless a table or row says otherwise (a row's conditions override these):
+# no regularisation, 8k SlimOrca samples, cuts selected by cosine distance (explicit cuts record
+# no metric).
+DEFAULT_METHOD = {
+    "structure": "generic",
+    "lt_placement": "fused",
+    "mask_ratio": 0.0,
+    "num_lts": 1,
+    "healing": "none",
+    "alpha": 0.0,
+    "calibration": "slimorca",
+    "n_calib_samples": 8000,
+    "selection_metric": "cosine",
+}
+LLAMA3_25 = {**DEFAULT_METHOD, "model": "llama3_8b_instruct", "n_prune": 8, "eval": "paper"}
+UIDL = {"objective": "identity", "selection_metric": "angular_last"}
+CLIP_COLUMNS = [
+    Column("MS-COCO text recall@5", "text_recall5_mscoco"),
+    Column("MS-COCO vision recall@5", "vision_recall5_mscoco"),
+    Column("Cifar10 acc1", "acc1_cifar10"),
+    Column("Cifar10 acc5", "acc5_cifar10"),
+    Column("VOC2007 mean avg. precision", "mean_avg_p_voc2007"),
+    Column("EuroSAT acc1", "acc1_eurosat"),
+    Column("EuroSAT acc5", "acc5_eurosat"),
+]
 
 TABLES = [
+    TableSpec(
+        "llama2_comparison",
+        "Llama 2 7B pruned by 25%: ReplaceMe (training-free) against methods healed after pruning (quoted).",
+        {**DEFAULT_METHOD, "model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"},
+        [
+            Row("Llama 2 7B (baseline)", kind="baseline", text={"Train-free": ""}),
+            Row("Ours (Cosine)", {"objective": "cosine", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
+            Row("Ours (LS)", {"objective": "ls", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
+        ],
+        [Column(h, m) for h, m in LLAMA2_TABLE_COLUMNS] + [Column("AVG", "avg_acc"), Column("RP", "rp")],
+        text_columns=["Train-free"],
+        quoted_at=1,
+    ),
+    TableSpec(
+        "llama3_main",
+        "Llama 3 8B Instruct pruned by 25% without healing (Avg-acc over Race, Winogrande, PIQA, BoolQ, "
+        "OpenBookQA, SciQ; Lambada OpenAI perplexity).",
+        LLAMA3_25,
+        [
+            Row("Llama 3 8B Instruct", kind="baseline", text={"Linear transform": ""}),
+            Row("UIDL", UIDL, text={"Linear transform": "Identity"}),
+            Row(
+                "ReplaceMe", {"objective": "ls", "selection_metric": "cosine"}, text={"Linear transform": "Linear (LS)"}
+            ),
+            Row(
+                "ReplaceMe",
+                {"objective": "cosine", "selection_metric": "cosine"},
+                text={"Linear transform": "Linear (Cosine)"},
+            ),
+            Row(
+                "ReplaceMe",
+                {"objective": "cosine", "num_lts": 2, "merge_consecutive": False},
+                text={"Linear transform": "Multi_LT_NC (Cosine)"},
+            ),
+        ],
+        [Column("Lambada OpenAI ppl", "ppl_lambada"), Column("Avg-acc", "avg_acc"), Column("RP", "rp")],
+        text_columns=["Linear transform"],
+        quoted_at=1,
+    ),
+    TableSpec(
+        "higher_compression",
+        "Average accuracy of ReplaceMe (LS) and UIDL at higher compression ratios (Llama 3 8B Instruct).",
+        {k: v for k, v in LLAMA3_25.items() if k != "n_prune"},
+        [Row("UIDL", UIDL), Row("Ours", {"objective": "ls", "selection_metric": "cosine"})],
+        [Column(f"{100 * n / 32:g}%", "avg_acc", {"n_prune": n}) for n in (4, 8, 12, 16)],
+    ),
+    TableSpec(
+        "model_scales",
+        "ReplaceMe (LS) on the Llama 3 family: Llama 3.2 1B and Llama 3.1 8B at 25%, Llama 3 70B at 25% and 37.5%.",
+        {**DEFAULT_METHOD, "objective": "ls", "eval": "paper"},
+        [
+            Row("Llama-3.2-1B-Instruct Baseline", {"model": "llama32_1b_instruct"}, "baseline"),
+            Row("Llama-3.2-1B-Instruct ReplaceMe", {"model": "llama32_1b_instruct", "n_prune": 4}),
+            Row("Llama-3.1-8B-Instruct Baseline", {"model": "llama31_8b_instruct"}, "baseline"),
+            Row("Llama-3.1-8B-Instruct ReplaceMe", {"model": "llama31_8b_instruct", "n_prune": 8}),
+            Row("Llama-3-70B-Instruct Baseline", {"model": "llama3_70b_instruct"}, "baseline"),
+            Row("Llama-3-70B-Instruct ReplaceMe 25%", {"model": "llama3_70b_instruct", "n_prune": 20}),
+            Row("Llama-3-70B-Instruct ReplaceMe 37.5%", {"model": "llama3_70b_instruct", "n_prune": 30}),
+        ],
+        [
+            Column("Avg-Acc", "avg_acc"),
+            Column("RP", "rp"),
+            Column("Compression ratio (blocks)", "blocks_pruned_ratio"),
+            Column("Compression ratio (parameters)", "compression_ratio"),
+        ],
+        transpose=True,
+    ),
+    TableSpec(
+        "task_specific",
+        "Llama 3 8B Instruct (25%) calibrated on SciQ's train split or on SlimOrca, evaluated on SciQ's test split.",
+        {**LLAMA3_25, "eval": "sciq"},
+        [
+            Row("Llama3 8B instruct", kind="baseline", text={"Calibration data": "-", "Compression": "-"}),
+            Row(
+                "UIDL",
+                {**UIDL, "calibration": "sciq"},
+                text={"Calibration data": "SciQ (task specific)", "Compression": "25%"},
+            ),
+            Row(
+                "Ours (LSTSQ)",
+                {"objective": "ls", "selection_metric": "cosine", "calibration": "sciq"},
+                text={"Calibration data": "SciQ (task specific)", "Compression": "25%"},
+            ),
+            Row(
+                "Ours (LSTSQ)",
+                {"objective": "ls", "selection_metric": "cosine", "calibration": "slimorca"},
+                text={"Calibration data": "SlimOrca (general)", "Compression": "25%"},
+            ),
+        ],
+        [Column("SciQ accuracy", "acc_sciq")],
+        text_columns=["Calibration data", "Compression"],
+    ),
+    TableSpec(
+        "clip",
+        "Pruning the CLIP ViT-L/14 vision encoder (3 and 6 of 24 blocks): ReplaceMe (LS) against UIDL.",
+        {
+            **{k: v for k, v in DEFAULT_METHOD.items() if k not in ("calibration", "n_calib_samples")},
+            "model": "clip_vit_l14",
+            "eval": "clip",
+        },
+        [
+            Row("CLIP-L/14", kind="baseline", text={"Compression ratio": "-"}),
+            Row("UIDL", {**UIDL, "n_prune": 3}, text={"Compression ratio": "13%"}),
+            Row("ReplaceMe (LS)", {"objective": "ls", "n_prune": 3}, text={"Compression ratio": "13%"}),
+            Row("UIDL", {**UIDL, "n_prune": 6}, text={"Compression ratio": "25%"}),
+            Row("ReplaceMe (LS)", {"objective": "ls", "n_prune": 6}, text={"Compression ratio": "25%"}),
+        ],
+        CLIP_COLUMNS,
+        text_columns=["Compression ratio"],
+    ),
+    TableSpec(
+        "healing",
+        "ReplaceMe (Llama 2 7B, 25%) without healing, healing only the LT, and healing the full model.",
+        {**{k: v for k, v in DEFAULT_METHOD.items() if k != "healing"}, "model": "llama2_7b", "n_prune": 8},
+        [
+            Row("Llama 2 7B", {"eval": "paper"}, "baseline", text={"Training params": "None"}),
+            Row("ReplaceMe", {"eval": "paper", "objective": "ls", "healing": "none"}, text={"Training params": "None"}),
+            Row(
+                "ReplaceMe",
+                {"eval": "paper", "objective": "ls", "healing": "lt_only"},
+                text={"Training params": "Only LT"},
+            ),
+            Row(
+                "ReplaceMe",
+                {"eval": "paper", "objective": "ls", "healing": "full_model"},
+                text={"Training params": "Full model"},
+            ),
+        ],
+        TASK_COLUMNS + [Column("Perplexity", "ppl_lambada"), Column("Avg. Acc", "avg_acc")],
+        text_columns=["Training params"],
+    ),
     TableSpec(
         "regularization",
         "The effect of regularization on LS and cosine methods (Llama 3 8B Instruct, 25%).",
@@ -71,8 +277,7 @@ TABLES = [
             for m in ("llama3_8b_instruct", "mistral_7b_instruct_v03")
             for k in (1, 2, 4, 8)
         ],
-        [(t.capitalize(), f"acc_{t}") for t in ("race", "winogrande", "piqa", "boolq", "openbookqa", "sciq")]
-        + [("Perplexity", "ppl_lambada"), ("Avg. Acc", "avg_acc")],
+        TASK_COLUMNS + [Column("Perplexity", "ppl_lambada"), Column("Avg. Acc", "avg_acc")],
     ),
     TableSpec(
         "fused_vs_separate",
@@ -90,7 +295,7 @@ TABLES = [
             ("Qwen 2.5 7B, approx. loss", {"model": "qwen25_7b_instruct", "n_prune": 7, "objective": "cosine"}),
             ("Qwen 2.5 7B, orig. loss", {"model": "qwen25_7b_instruct", "n_prune": 7, "objective": "cosine_exact"}),
         ],
-        [("Perplexity", "ppl_lambada"), ("Avg-acc", "avg_acc")],
+        [Column("Perplexity", "ppl_lambada"), Column("Avg-acc", "avg_acc")],
     ),
     TableSpec(
         "masking",
@@ -115,17 +320,45 @@ TABLES = [
 ]
 
 
+def load_quoted(path: str | Path = QUOTED_NUMBERS) -> dict:
+    """``{table: {"source": str, "rows": [{"label", "text", "values"}]}}`` with values scaled."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    out = {}
+    for table, entry in data.items():
+        scale = float(entry.get("scale", 1.0))
+        rows = [
+            {
+                "label": r["label"],
+                "text": dict(r.get("text") or {}),
+                "values": {k: float(v) * scale for k, v in (r.get("values") or {}).items()},
+            }
+            for r in entry.get("rows", [])
+        ]
+        out[table] = {"source": " ".join(str(entry["source"]).split()), "rows": rows}
+    return out
+
+
 def _matches(table: pd.DataFrame, conditions: dict) -> pd.Series:
     mask = pd.Series(True, index=table.index)
     for key, value in conditions.items():
         if key not in table.columns:
+            if DEFAULTS_FOR_MISSING_COLUMNS.get(key, object()) == value:
+                continue
             return pd.Series(False, index=table.index)
         column = table[key]
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if key in DEFAULTS_FOR_MISSING_COLUMNS:
+            column = column.fillna(DEFAULTS_FOR_MISSING_COLUMNS[key])
+        if value is None:
+            mask &= column.isna()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             mask &= pd.to_numeric(column, errors="coerce").sub(value).abs() < 1e-12
         else:
             mask &= column == value
     return mask
+
+
+def format_value(value: float) -> str:
+    return f"{value:.4g}"
 
 
 def format_cell(values: pd.Series) -> str:
@@ -133,73 +366,142 @@ def format_cell(values: pd.Series) -> str:
     if values.empty:
         return MISSING
     if len(values) == 1:
-        return f"{values.iloc[0]:.4g}"
+        return format_value(values.iloc[0])
     std = values.std(ddof=1)
-    return f"{values.mean():.4g} ± {std:.2g} (n={len(values)})" if not math.isnan(std) else f"{values.mean():.4g}"
+    return f"{values.mean():.4g} ± {std:.2g} (n={len(values)})" if not math.isnan(std) else format_value(values.mean())
 
 
-def build_table(spec: TableSpec, runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``spec`` as displayed strings, plus the number of runs behind each row. A row's
-    runs match ``spec.where`` updated with the row's own conditions."""
-    finished = runs[runs["status"] == "finished"] if not runs.empty else runs
+def with_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
+    """Columns computed from recorded ones: ``blocks_pruned_ratio`` = n_prune / num_layers."""
+    runs = runs.copy()
+    if {"n_prune", "num_layers"} <= set(runs.columns):
+        runs["blocks_pruned_ratio"] = pd.to_numeric(runs["n_prune"], errors="coerce") / pd.to_numeric(
+            runs["num_layers"], errors="coerce"
+        )
+    return runs
+
+
+def _baseline_cell(selected: pd.DataFrame, metric: str) -> str:
+    if selected.empty:
+        return MISSING
+    if metric in BASELINE_CONSTANTS:
+        return format_value(BASELINE_CONSTANTS[metric])
+    column = f"baseline_{metric}"
+    if column not in selected.columns and metric == "avg_acc":
+        column = "avg_acc_baseline"  # rows written before baseline_<metric> existed
+    if column not in selected.columns:
+        return MISSING
+    values = pd.to_numeric(selected[column], errors="coerce").dropna()
+    # Every run of a (model, suite) reads the same cached baseline: one value, not a mean over seeds.
+    return format_value(values.iloc[-1]) if not values.empty else MISSING
+
+
+def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None) -> pd.DataFrame:
+    """The table as displayed strings: ``Setting``, the text columns, ``Runs`` (how many runs
+    stand behind the row, ``unpruned`` or ``quoted``) and one column per metric column."""
+    finished = with_derived_columns(runs[runs["status"] == "finished"]) if not runs.empty else runs
+    columns = spec.column_specs()
     out = []
-    for label, conditions in spec.rows:
-        selected = finished[_matches(finished, {**spec.where, **conditions})] if not finished.empty else finished
-        row = {"Setting": label, "Runs": len(selected)}
-        for header, column in spec.columns:
-            row[header] = format_cell(selected[column]) if column in selected.columns else MISSING
-        out.append(row)
-    return pd.DataFrame(out)
+    for row in spec.row_specs():
+        conditions = {**spec.where, **row.conditions}
+        if row.kind == "baseline":
+            conditions = {k: v for k, v in conditions.items() if k in BASELINE_KEYS}
+        selected = finished[_matches(finished, conditions)] if not finished.empty else finished
+        cells = {"Setting": row.label, **{t: row.text.get(t, "") for t in spec.text_columns}}
+        cells["Runs"] = "unpruned" if row.kind == "baseline" else len(selected)
+        for column in columns:
+            metric = column.metric or row.metric
+            if row.kind == "baseline":
+                cells[column.header] = _baseline_cell(selected, metric)
+                continue
+            in_cell = selected[_matches(selected, column.conditions)] if not selected.empty else selected
+            cells[column.header] = format_cell(in_cell[metric]) if metric in in_cell.columns else MISSING
+        out.append(cells)
+    if spec.quoted_at is not None and quoted and spec.name in quoted:
+        block = []
+        for entry in quoted[spec.name]["rows"]:
+            cells = {"Setting": f"{entry['label']} (quoted)"}
+            cells.update({t: entry["text"].get(t, "") for t in spec.text_columns})
+            cells["Runs"] = "quoted"
+            for column in columns:
+                value = entry["values"].get(column.header)
+                cells[column.header] = format_value(value) if value is not None else MISSING
+            block.append(cells)
+        out[spec.quoted_at : spec.quoted_at] = block
+    table = pd.DataFrame(out)
+    if spec.transpose:
+        table = table.set_index("Setting").T.reset_index().rename(columns={"index": ""})
+    return table
 
 
-def to_markdown(spec: TableSpec, table: pd.DataFrame) -> str:
+def _footer(spec: TableSpec, quoted: dict | None) -> list[str]:
+    lines = [f"Cells average the finished runs behind them (seeds); {MISSING} = no run."]
+    if spec.quoted_at is not None and quoted and spec.name in quoted:
+        lines.append(f"Rows marked quoted are not measured here; source: {quoted[spec.name]['source']}.")
+    return lines
+
+
+def to_markdown(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None) -> str:
     headers = list(table.columns)
     lines = [f"**{spec.name}**: {spec.caption}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    lines += ["", f"Cells average the finished runs behind them (seeds); {MISSING} = no run."]
+    lines += [""] + _footer(spec, quoted)
     return "\n".join(lines) + "\n"
 
 
-def to_latex(spec: TableSpec, table: pd.DataFrame) -> str:
+def to_latex(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None) -> str:
     def esc(v) -> str:
-        return str(v).replace("_", r"\_").replace("%", r"\%").replace("±", r"$\pm$").replace(MISSING, "--")
+        text = str(v).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+        return text.replace("±", r"$\pm$").replace(MISSING, "--")
 
     headers = list(table.columns)
     lines = [r"\begin{table}[h]", r"\centering", r"\begin{tabular}{l" + "c" * (len(headers) - 1) + "}", r"\toprule"]
     lines.append(" & ".join(rf"\textbf{{{esc(h)}}}" for h in headers) + r" \\")
     lines.append(r"\midrule")
-    lines += [" & ".join(esc(v) for v in row) + r" \\" for row in table.itertuples(index=False)]
+    previous = None
+    for row in table.itertuples(index=False):
+        kind = "quoted" if "quoted" in row else "other"
+        if previous is not None and kind != previous:
+            lines.append(r"\midrule")
+        lines.append(" & ".join(esc(v) for v in row) + r" \\")
+        previous = kind
+    caption = " ".join([spec.caption] + _footer(spec, quoted))
     lines += [
         r"\bottomrule",
         r"\end{tabular}",
-        rf"\caption{{{esc(spec.caption)}}}",
+        rf"\caption{{{esc(caption)}}}",
         rf"\label{{tab:{spec.name}}}",
         r"\end{table}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def write_paper_tables(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+def write_paper_tables(results_dir: str | Path, out_dir: str | Path, runs: pd.DataFrame | None = None) -> list[Path]:
     """Write ``<name>.md`` and ``<name>.tex`` for every table; returns the files written."""
-    runs = ResultsStore(results_dir).load(latest_per_config=True)
+    if runs is None:
+        runs = ResultsStore(results_dir).load(latest_per_config=True)
+    quoted = load_quoted()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for spec in TABLES:
-        table = build_table(spec, runs)
+        table = build_table(spec, runs, quoted)
         for suffix, render in ((".md", to_markdown), (".tex", to_latex)):
             path = out / f"{spec.name}{suffix}"
-            path.write_text(render(spec, table))
+            path.write_text(render(spec, table, quoted))
             written.append(path)
     return written
 
 
 def main() -> None:
+    from replaceme_exp.results.paper_figures import write_paper_figures
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results")
     parser.add_argument("--out", default="results/paper_tables")
     args = parser.parse_args()
-    for path in write_paper_tables(args.results, args.out):
+    runs = ResultsStore(args.results).load(latest_per_config=True)
+    for path in write_paper_tables(args.results, args.out, runs) + write_paper_figures(runs, args.out):
         print(path)
 
 

@@ -1,0 +1,284 @@
+"""The paper's figures from the results store: one PNG each, and a CSV of the plotted numbers
+(written by ``make paper-tables``).
+
+Every point is the mean of the finished runs behind it (error bars: standard deviation when
+there are several); a panel with no run behind it says so instead of drawing anything.
+
+- ``calibration_size``: average accuracy and perplexity against the number of calibration
+  samples (LS and cosine, the unpruned model dashed).
+- ``pruned_layers``: average accuracy against the number of pruned blocks, ReplaceMe (LS) and
+  UIDL, one panel per model.
+- ``time_emissions``: compression time and CO2 relative to ReplaceMe (LS), and RP, for LS,
+  cosine and UIDL.
+- ``block_selection``: every 8-block window's held-out cosine and L2 distance against the
+  pruned model's average accuracy, per method, with a least-squares trend line.
+- ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from replaceme_exp.results.paper_tables import DEFAULT_METHOD, LLAMA3_25, UIDL, _matches  # noqa: E402
+
+REPLACEME_LS = {"objective": "ls", "selection_metric": "cosine"}
+REPLACEME_COSINE = {"objective": "cosine", "selection_metric": "cosine"}
+PRUNED_LAYERS_MODELS = {
+    "llama3_8b_instruct": "Llama 3 8B instruct",
+    "mistral_7b_instruct_v03": "Mistral 7B instruct v0.3",
+    "qwen25_7b_instruct": "Qwen 2.5 7B instruct",
+}
+# Methods differ in their selection metric (a method's conditions name it).
+METHOD_FREE = {k: v for k, v in DEFAULT_METHOD.items() if k != "selection_metric"}
+TIME_EMISSIONS_WHERE = {**METHOD_FREE, "model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"}
+COMPRESSION_STAGES = ("capture", "estimate", "heal")  # what compressing a model costs (not load or eval)
+
+
+def select(runs: pd.DataFrame, conditions: dict) -> pd.DataFrame:
+    if runs.empty:
+        return runs
+    finished = runs[runs["status"] == "finished"]
+    return finished[_matches(finished, conditions)]
+
+
+def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    if column not in frame.columns:
+        return pd.Series(np.nan, index=frame.index)
+    return pd.to_numeric(frame[column], errors="coerce")
+
+
+def mean_std(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Per value of ``x``: mean, std (0 for one run) and n of ``y``, sorted by ``x``."""
+    data = pd.DataFrame({"x": _numeric(frame, x), "y": _numeric(frame, y)}).dropna()
+    if data.empty:
+        return pd.DataFrame(columns=["x", "mean", "std", "n"])
+    grouped = data.groupby("x")["y"].agg(["mean", "std", "count"]).reset_index()
+    return grouped.rename(columns={"count": "n"}).fillna({"std": 0.0})
+
+
+def _no_runs(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no runs: {what}", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+class Plotted:
+    """What a figure shows, as rows (panel, series, x, mean, std, n): written beside the PNG as
+    CSV so that every plotted number can be checked or replotted."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, panel: str, series: str, points: pd.DataFrame) -> None:
+        for p in points.to_dict("records"):
+            self.rows.append(
+                {"panel": panel, "series": series, "x": p["x"], "mean": p["mean"], "std": p["std"], "n": p["n"]}
+            )
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["panel", "series", "x", "mean", "std", "n"])
+
+
+def _line(ax, points: pd.DataFrame, plotted: Plotted, panel: str, series: str, **style) -> bool:
+    if points.empty:
+        return False
+    plotted.add(panel, series, points)
+    ax.errorbar(points["x"], points["mean"], yerr=points["std"], capsize=3, marker="o", label=series, **style)
+    return True
+
+
+def _baseline(runs: pd.DataFrame, metric: str) -> float | None:
+    values = _numeric(runs, f"baseline_{metric}").dropna()
+    if values.empty and metric == "avg_acc":
+        values = _numeric(runs, "avg_acc_baseline").dropna()
+    return float(values.iloc[-1]) if not values.empty else None
+
+
+def calibration_size(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
+    plotted = Plotted()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    base = select(runs, {k: v for k, v in LLAMA3_25.items() if k != "n_calib_samples"})
+    for ax, metric, title in ((axes[0], "avg_acc", "Average accuracy"), (axes[1], "ppl_lambada", "Perplexity")):
+        drawn = False
+        for label, method, color in (("LS", REPLACEME_LS, "green"), ("Cosine", REPLACEME_COSINE, "blue")):
+            points = mean_std(select(base, method), "n_calib_samples", metric)
+            drawn |= _line(ax, points, plotted, metric, label, color=color)
+        if (value := _baseline(base, metric)) is not None:
+            plotted.add(metric, "baseline", pd.DataFrame([{"x": np.nan, "mean": value, "std": 0.0, "n": 1}]))
+            ax.axhline(value, color="orange", linestyle="--", label="Llama3 8B (baseline)")
+        if not drawn:
+            _no_runs(ax, "+paper=calibration_size")
+        ax.set(title=f"{title} vs. calibration samples", xlabel="Calibration samples", ylabel=title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    _save(fig, path)
+    return plotted.frame()
+
+
+def pruned_layers(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
+    plotted = Plotted()
+    fig, axes = plt.subplots(1, len(PRUNED_LAYERS_MODELS), figsize=(12, 3.6), sharey=True)
+    for ax, (model, title) in zip(axes, PRUNED_LAYERS_MODELS.items()):
+        base = select(runs, {**METHOD_FREE, "model": model, "eval": "paper"})
+        drawn = _line(
+            ax, mean_std(select(base, UIDL), "n_prune", "avg_acc"), plotted, model, "UIDL", color="blue", ls="--"
+        )
+        points = mean_std(select(base, REPLACEME_LS), "n_prune", "avg_acc")
+        drawn |= _line(ax, points, plotted, model, "ReplaceMe", color="green")
+        if not drawn:
+            _no_runs(ax, "+paper=pruned_layers")
+        ax.set(title=title, xlabel="Pruned blocks", ylabel="Average accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    _save(fig, path)
+    return plotted.frame()
+
+
+def compression_cost(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per run: ``time_s`` and ``co2_kg`` summed over the compression stages (capture,
+    estimation, healing), without loading and evaluation; NaN where a run recorded none."""
+
+    def summed(template: str) -> pd.Series:
+        stages = pd.concat([_numeric(frame, template.format(stage)) for stage in COMPRESSION_STAGES], axis=1)
+        return stages.sum(axis=1, min_count=1)
+
+    return pd.DataFrame({"time_s": summed("time_{}_s"), "co2_kg": summed("co2_kg_{}")}, index=frame.index)
+
+
+def time_emissions(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
+    plotted = Plotted()
+    methods = {"Ours (LS)": REPLACEME_LS, "Ours (Cosine)": REPLACEME_COSINE, "UIDL": UIDL}
+    base = select(runs, TIME_EMISSIONS_WHERE)
+    stats = {}
+    for label, method in methods.items():
+        chosen = select(base, method)
+        if not chosen.empty:
+            cost = compression_cost(chosen)
+            stats[label] = {
+                "co2": cost["co2_kg"].mean(),
+                "time": cost["time_s"].mean(),
+                "rp": _numeric(chosen, "rp").mean(),
+                "n": len(chosen),
+            }
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    reference = stats.get("Ours (LS)")
+    costs = {k: v for k, v in stats.items() if not np.isnan(v["time"])}
+    if reference and reference["time"] > 0:
+        width = 0.8 / len(costs)
+        for i, (label, s) in enumerate(costs.items()):
+            relative = [s["co2"] / reference["co2"] if reference["co2"] else np.nan, s["time"] / reference["time"]]
+            for what, value in zip(("emissions_rel_ls", "time_rel_ls"), relative):
+                plotted.add(what, label, pd.DataFrame([{"x": np.nan, "mean": value, "std": 0.0, "n": s["n"]}]))
+            bars = left.bar(np.arange(2) + i * width, relative, width, label=label)
+            left.bar_label(bars, fmt="%.3g", fontsize="x-small")
+        left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, ["Emissions", "Time"])
+        left.legend(fontsize="small")
+    else:
+        _no_runs(left, "+paper=time_emissions (ReplaceMe LS is the reference)")
+    left.set(title="Compression cost relative to LS", ylabel="Rel. to LS")
+    with_rp = {k: v["rp"] for k, v in stats.items() if not np.isnan(v["rp"])}
+    for label, value in with_rp.items():
+        plotted.add("rp", label, pd.DataFrame([{"x": np.nan, "mean": value, "std": 0.0, "n": stats[label]["n"]}]))
+    if with_rp:
+        bars = right.bar(list(with_rp), [100 * v for v in with_rp.values()], color="tab:green")
+        right.bar_label(bars, fmt="%.1f", fontsize="x-small")
+    else:
+        _no_runs(right, "+paper=time_emissions")
+    right.set(title="Relative accuracy", ylabel="RP (%)")
+    _save(fig, path)
+    return plotted.frame()
+
+
+def block_selection(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
+    plotted = Plotted()
+    methods = {"ReplaceMe (LS)": {"objective": "ls"}, "ReplaceMe (Cosine)": {"objective": "cosine"}}
+    methods["UIDL"] = {"objective": "identity"}
+    base = select(runs, {**LLAMA3_25, "selection_metric": None})  # explicit cuts: the sliding windows
+    if not base.empty and "cuts" in base.columns:
+        base = base[base["cuts"].map(lambda c: isinstance(c, str) and len(json.loads(c)) == 1)]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, metric, label in ((axes[0], "cos_dist_before", "Cosine distance"), (axes[1], "l2_dist_before", "L2")):
+        drawn = False
+        for (name, method), color in zip(methods.items(), ("green", "blue", "red")):
+            points = mean_std(select(base, method), metric, "avg_acc")
+            if points.empty:
+                continue
+            drawn = True
+            plotted.add(metric, name, points)
+            ax.scatter(points["x"], points["mean"], color=color, label=name, s=14)
+            if len(points) >= 2:
+                slope, intercept = np.polyfit(points["x"], points["mean"], 1)
+                xs = np.linspace(points["x"].min(), points["x"].max(), 2)
+                ax.plot(xs, slope * xs + intercept, color=color, ls="--", lw=1)
+        if not drawn:
+            _no_runs(ax, "+paper=block_selection")
+        ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} (held-out, without T)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("Average accuracy")
+    axes[0].legend(fontsize="small")
+    _save(fig, path)
+    return plotted.frame()
+
+
+def layer_distances(runs: pd.DataFrame, path: Path, model: str = "llama3_8b_instruct") -> pd.DataFrame:
+    """The latest recorded matrix of ``model`` (the paper's figure), or of whichever model was
+    recorded last when ``model`` has none."""
+    plotted = Plotted()
+    fig, ax = plt.subplots(figsize=(6, 5))
+    recorded = select(runs, {})
+    if "layer_distances" in recorded.columns:
+        recorded = recorded[recorded["layer_distances"].notna()].sort_values("started_at")
+    else:
+        recorded = recorded.iloc[0:0]
+    if (recorded["model"] == model).any():
+        recorded = recorded[recorded["model"] == model]
+    if recorded.empty:
+        _no_runs(ax, "+paper=layer_distances")
+        title = model
+    else:
+        latest = recorded.iloc[-1]
+        title = latest["model"]
+        value = latest["layer_distances"]
+        matrix = np.array(json.loads(value) if isinstance(value, str) else value, dtype=float)
+        for i, row in enumerate(matrix):
+            plotted.add(f"row_{i}", title, pd.DataFrame({"x": np.arange(len(row)), "mean": row, "std": 0.0, "n": 1}))
+        image = ax.imshow(matrix, cmap="viridis", origin="upper")
+        fig.colorbar(image, ax=ax, label="mean cosine distance")
+        ax.set(xlabel="block j", ylabel="block i")
+    ax.set_title(f"Cosine distance between block outputs ({title})")
+    _save(fig, path)
+    return plotted.frame()
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+FIGURES = {
+    "calibration_size": calibration_size,
+    "pruned_layers": pruned_layers,
+    "time_emissions": time_emissions,
+    "block_selection": block_selection,
+    "layer_distances": layer_distances,
+}
+
+
+def write_paper_figures(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Write ``<name>.png`` and its plotted numbers ``<name>.csv`` for every figure; returns the
+    files written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in FIGURES.items():
+        png, csv = out / f"{name}.png", out / f"{name}.csv"
+        draw(runs, png).to_csv(csv, index=False)
+        written += [png, csv]
+    return written
