@@ -115,6 +115,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "git_sha": git_sha(),
         "model": cfg.model.name,
+        "dtype": str(cfg.model.dtype),
         "calibration": cfg.calibration.name,
         "n_calib_samples": cfg.calibration.n_samples,
         "calib_seq_len": cfg.calibration.seq_len,

@@ -22,6 +22,9 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
     assert first["avg_acc"] == pytest.approx((first["acc_replaceme_capitals"] + first["acc_replaceme_opposites"]) / 2)
     assert first["rp"] == pytest.approx(first["avg_acc"] / first["avg_acc_baseline"])
     assert first["eval_batch_size"] == 8 and first["eval_add_bos_token"] is False
+    # The unpruned model's scores travel with the row (the tables' baseline rows read them).
+    assert first["baseline_avg_acc"] == first["avg_acc_baseline"] and first["dtype"] == "float32"
+    assert 0.0 <= first["baseline_acc_replaceme_capitals"] <= 1.0 and first["baseline_ppl_pydoc"] > 1
 
     baselines = sorted((tmp_path / "baselines").glob("*.json"))
     second = run_recorded(job_config(tmp_path, *OFFLINE, "alpha=5"))

@@ -39,7 +39,7 @@ REQUIRED_COLUMNS = (
     "run_id sweep_id config_hash status error model num_layers calibration n_calib_samples calib_seq_len objective "
     "regularizer alpha num_lts n_prune cuts compression_ratio params_before params_after cos_dist_before "
     "cos_dist_after ppl_heldout ppl_heldout_baseline time_capture_s time_estimate_s time_eval_s peak_mem_gb device "
-    "pruned_model_path"
+    "pruned_model_path dtype healing l2_dist_before"
 ).split()
 
 

@@ -50,7 +50,8 @@ def paper_tables(tmp_path_factory):
     command run on them. Returns (output directory, real row)."""
     tmp_path = tmp_path_factory.mktemp("store")
     real = run_recorded(job_config(tmp_path, "save_model=false", "record_layer_distances=true"))
-    assert real["status"] == "finished"
+    uidl = run_recorded(job_config(tmp_path, "save_model=false", "experiment=uidl_baseline"))
+    assert real["status"] == uidl["status"] == "finished" and uidl["selection_metric"] == "angular_last"
     rows = [
         synthetic_row(1, avg_acc=0.62, ppl_lambada=21.0, rp=0.89, seed=1, baseline_avg_acc=0.697),
         synthetic_row(2, avg_acc=0.64, ppl_lambada=23.0, rp=0.91, seed=2, baseline_ppl_lambada=3.11),

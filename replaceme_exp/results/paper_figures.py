@@ -116,7 +116,7 @@ def calibration_size(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
             _no_runs(ax, "+paper=calibration_size")
         ax.set(title=f"{title} vs. calibration samples", xlabel="Calibration samples", ylabel=title)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    _legend(axes[0])
     _save(fig, path)
     return plotted.frame()
 
@@ -135,7 +135,7 @@ def pruned_layers(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
             _no_runs(ax, "+paper=pruned_layers")
         ax.set(title=title, xlabel="Pruned blocks", ylabel="Average accuracy")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    _legend(axes[0])
     _save(fig, path)
     return plotted.frame()
 
@@ -178,7 +178,7 @@ def time_emissions(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
             bars = left.bar(np.arange(2) + i * width, relative, width, label=label)
             left.bar_label(bars, fmt="%.3g", fontsize="x-small")
         left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, ["Emissions", "Time"])
-        left.legend(fontsize="small")
+        _legend(left)
     else:
         _no_runs(left, "+paper=time_emissions (ReplaceMe LS is the reference)")
     left.set(title="Compression cost relative to LS", ylabel="Rel. to LS")
@@ -221,7 +221,7 @@ def block_selection(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
         ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} (held-out, without T)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("Average accuracy")
-    axes[0].legend(fontsize="small")
+    _legend(axes[0])
     _save(fig, path)
     return plotted.frame()
 
@@ -254,6 +254,11 @@ def layer_distances(runs: pd.DataFrame, path: Path, model: str = "llama3_8b_inst
     ax.set_title(f"Cosine distance between block outputs ({title})")
     _save(fig, path)
     return plotted.frame()
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
 
 
 def _save(fig, path: Path) -> None:
