@@ -1,7 +1,7 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
 # make test  : set up what is missing and run the test suite offline
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
-# make paper-tables : the paper's tables (Markdown + LaTeX) from the results store
+# make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 
 PYTHON ?= python3
 VENV := .venv
