@@ -218,19 +218,32 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     if cfg.cuts is None:
         row["selection_metric"] = selection_metric_name(cfg.selection)
     needs_tokens = getattr(estimator, "needs_tokens", False)
+    layer_matrix = cache.get_layer_distances() if cfg.record_layer_distances else None
+    layer_distances = (
+        LayerDistances(adapter.num_layers) if cfg.record_layer_distances and layer_matrix is None else None
+    )
     cuts, distances, stats = capture_calibration(
-        cfg, adapter, calibration, cache, estimator.needs_statistics, timer, compute_missing=not needs_tokens
+        cfg,
+        adapter,
+        calibration,
+        cache,
+        estimator.needs_statistics,
+        timer,
+        compute_missing=not needs_tokens,
+        extra_statistics=[layer_distances] if layer_distances else [],
     )
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:
         row["candidate_distances"] = [[s, e, distances[(s, e)]] for s, e in sorted(distances)]
         chosen = [distances[c] for c in cuts if c in distances]
         row["selection_distance"] = float(min(chosen)) if chosen else None
-    if cfg.record_layer_distances:
-        layer_distances = LayerDistances(adapter.num_layers)
-        with timer("analysis"):
-            run_capture(adapter, calibration, [layer_distances], desc="layer distances")
-        row["layer_distances"] = layer_distances.result()
+    if layer_distances is not None:
+        if layer_distances.n_tokens == 0:  # no selection pass ran to carry it
+            with timer("analysis"):
+                run_capture(adapter, calibration, [layer_distances], desc="layer distances")
+        layer_matrix = layer_distances.result()
+        cache.put_layer_distances(layer_matrix)
+    row["layer_distances"] = layer_matrix
 
     for cut, s in stats.items():
         if not (torch.isfinite(s.mtm).all() and torch.isfinite(s.mtr).all()):

@@ -30,9 +30,10 @@ def selection_metric_name(selection: DictConfig) -> str:
     return selection.metric if selection.tokens == "all" else f"{selection.metric}_last"
 
 
-def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer):
+def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer, extra_statistics=()):
     """Distance of every candidate cut under ``cfg.selection`` (cached), and, when one pass
-    gathered them, the LS statistics of every candidate. Returns (distances, {cut: stats})."""
+    gathered them, the LS statistics of every candidate. ``extra_statistics`` ride along when a
+    pass runs. Returns (distances, {cut: stats})."""
     metric = cfg.selection.metric
     length = candidates[0][1] - candidates[0][0]
     criterion = selection_metric_name(cfg.selection)
@@ -41,31 +42,36 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
-    statistics = []
-    if metric != "ls_residual":
-        statistics.append(CutDistances(candidates, metric, cfg.selection.tokens))
+    cut_distances = CutDistances(candidates, metric, cfg.selection.tokens) if metric != "ls_residual" else None
     all_stats = metric == "ls_residual" or (
         needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
     )
-    if all_stats:
-        statistics.append(LinearStatistics(candidates, adapter.hidden_size, input_device(adapter), cfg.lt_placement))
+    linear = (
+        LinearStatistics(candidates, adapter.hidden_size, input_device(adapter), cfg.lt_placement)
+        if all_stats
+        else None
+    )
+    statistics = [s for s in (cut_distances, linear) if s is not None] + list(extra_statistics)
     with timer("capture"):
         run_capture(adapter, calibration, statistics, desc="capture (selection)")
-    stats = statistics[-1].result() if all_stats else {}
+    stats = linear.result() if linear is not None else {}
     if metric == "ls_residual":
         with timer("estimate"):
             distances = ls_residuals(stats, float(cfg.alpha))
     else:
-        distances = statistics[0].result()
+        distances = cut_distances.result()
     cache.put_distances(length, criterion, distances)
     return distances, stats
 
 
-def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer, compute_missing=True):
+def capture_calibration(
+    cfg, adapter, calibration, cache, needs_stats, timer, compute_missing=True, extra_statistics=()
+):
     """Distances for selection (when ``cuts`` is null) and statistics for the chosen cuts, from
     the cache where present, otherwise in as few passes as the plan allows. With
     ``compute_missing=False`` statistics that are neither cached nor gathered by the selection
     pass are left out (a later pass over the same data, e.g. the token capture, adds them).
+    ``extra_statistics`` (e.g. :class:`LayerDistances`) join the selection pass when one runs.
 
     Returns (cuts, distances or None, {cut: LinearStats}).
     """
@@ -76,7 +82,9 @@ def capture_calibration(cfg, adapter, calibration, cache, needs_stats, timer, co
         cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers, bool(cfg.merge_consecutive))
     else:
         candidates = candidate_cuts(num_layers, cut_length(cfg.n_prune, cfg.num_lts, num_layers))
-        distances, stats = selection_distances(cfg, adapter, calibration, cache, candidates, needs_stats, timer)
+        distances, stats = selection_distances(
+            cfg, adapter, calibration, cache, candidates, needs_stats, timer, extra_statistics
+        )
         cuts = select_cuts(distances, cfg.num_lts, bool(cfg.merge_consecutive))
         log.info("selected cuts %s", cuts)
     if not needs_stats:

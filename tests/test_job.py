@@ -373,3 +373,42 @@ def test_an_ls_start_for_a_numerical_objective_costs_no_extra_pass(tmp_path, mon
     )
     assert row["status"] == "finished", row["error"]
     assert [p for p in passes if "held-out" not in p] == ["capture (tokens)"]
+
+
+def test_layer_distances_ride_on_the_selection_pass_and_are_cached(tmp_path, monkeypatch):
+    """The matrix joins the selection pass (no pass of its own), a second job reads it from the
+    cache, and a job with explicit cuts (no selection pass) runs one pass for it; all three equal
+    a standalone LayerDistances capture over the same calibration batches."""
+    import replaceme_exp.job as job
+    import replaceme_exp.planning as planning
+    from replaceme_exp.capture import LayerDistances, run_capture
+    from replaceme_exp.data import build_calibration
+    from replaceme_exp.models import adapter_for, load_model
+
+    passes = []
+    for module in (job, planning):
+        original = module.run_capture
+
+        def counted(adapter, batches, statistics, desc="capture", _original=original):
+            passes.append(desc)
+            return _original(adapter, batches, statistics, desc=desc)
+
+        monkeypatch.setattr(module, "run_capture", counted)
+
+    first = run_recorded(job_config(tmp_path, "record_layer_distances=true", "save_model=false"))
+    assert first["status"] == "finished", first["error"]
+    assert [p for p in passes if "held-out" not in p] == ["capture (selection)"]
+    passes.clear()
+    again = run_recorded(job_config(tmp_path, "record_layer_distances=true", "save_model=false", "alpha=3"))
+    assert [p for p in passes if "held-out" not in p] == [] and again["layer_distances"] == first["layer_distances"]
+    passes.clear()
+    fresh = tmp_path / "fresh"
+    explicit = run_recorded(job_config(fresh, "record_layer_distances=true", "save_model=false", "cuts=[[2,4]]"))
+    assert [p for p in passes if "held-out" not in p] == ["capture (statistics)", "layer distances"]
+
+    cfg = job_config(tmp_path)
+    loaded = load_model(cfg.model, cfg.cache_dir)
+    reference = LayerDistances(len(first["layer_distances"]))
+    run_capture(adapter_for(loaded.model), build_calibration(cfg.calibration, loaded.tokenizer), [reference])
+    for matrix in (first["layer_distances"], explicit["layer_distances"]):
+        assert torch.allclose(torch.tensor(matrix), torch.tensor(reference.result()), atol=1e-6)

@@ -55,6 +55,14 @@ class StatisticsCache:
             {"cuts": torch.tensor(cuts), "distances": torch.tensor([distances[c] for c in cuts], dtype=torch.float64)},
         )
 
+    def get_layer_distances(self) -> list[list[float]] | None:
+        """The (num_layers, num_layers) mean cosine distances between block outputs."""
+        payload = self._load(self._path("layer_distances"))
+        return None if payload is None else payload["distances"].tolist()
+
+    def put_layer_distances(self, distances: list[list[float]]) -> None:
+        self._save(self._path("layer_distances"), {"distances": torch.tensor(distances, dtype=torch.float64)})
+
     def get_stats(self, cut: Cut, placement: str = "fused") -> LinearStats | None:
         p = self._load(self._path("linear", cut=list(cut), placement=placement))
         if p is None:
