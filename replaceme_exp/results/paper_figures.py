@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from replaceme_exp.results.paper_tables import DEFAULT_METHOD, LLAMA3_25, UIDL, _matches  # noqa: E402
+from replaceme_exp.results.paper_tables import DEFAULT_METHOD, LLAMA3_25, UIDL, matches  # noqa: E402
 
 REPLACEME_LS = {"objective": "ls", "selection_metric": "cosine"}
 REPLACEME_COSINE = {"objective": "cosine", "selection_metric": "cosine"}
@@ -46,7 +46,7 @@ def select(runs: pd.DataFrame, conditions: dict) -> pd.DataFrame:
     if runs.empty:
         return runs
     finished = runs[runs["status"] == "finished"]
-    return finished[_matches(finished, conditions)]
+    return finished[matches(finished, conditions)]
 
 
 def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:

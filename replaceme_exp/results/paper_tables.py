@@ -38,7 +38,7 @@ BASELINE_KEYS = ("model", "eval")  # what the unpruned model's scores depend on
 @dataclass
 class Column:
     header: str
-    metric: str | None = None  # None: the row names the metric (tables whose rows are metrics)
+    metric: str
     conditions: dict = field(default_factory=dict)
 
 
@@ -48,7 +48,10 @@ class Row:
     conditions: dict = field(default_factory=dict)
     kind: str = "measured"  # measured | baseline
     text: dict = field(default_factory=dict)  # cells of the table's text columns
-    metric: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("measured", "baseline"):
+            raise ValueError(f"Row {self.label!r}: kind={self.kind!r}, choose measured or baseline")
 
 
 @dataclass
@@ -338,7 +341,9 @@ def load_quoted(path: str | Path = QUOTED_NUMBERS) -> dict:
     return out
 
 
-def _matches(table: pd.DataFrame, conditions: dict) -> pd.Series:
+def matches(table: pd.DataFrame, conditions: dict) -> pd.Series:
+    """Boolean mask of the runs whose columns equal ``conditions``: numbers within 1e-12, None
+    for a missing value, and a column absent from every run matches its default (if it has one)."""
     mask = pd.Series(True, index=table.index)
     for key, value in conditions.items():
         if key not in table.columns:
@@ -406,15 +411,15 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None)
         conditions = {**spec.where, **row.conditions}
         if row.kind == "baseline":
             conditions = {k: v for k, v in conditions.items() if k in BASELINE_KEYS}
-        selected = finished[_matches(finished, conditions)] if not finished.empty else finished
+        selected = finished[matches(finished, conditions)] if not finished.empty else finished
         cells = {"Setting": row.label, **{t: row.text.get(t, "") for t in spec.text_columns}}
         cells["Runs"] = "unpruned" if row.kind == "baseline" else len(selected)
         for column in columns:
-            metric = column.metric or row.metric
+            metric = column.metric
             if row.kind == "baseline":
                 cells[column.header] = _baseline_cell(selected, metric)
                 continue
-            in_cell = selected[_matches(selected, column.conditions)] if not selected.empty else selected
+            in_cell = selected[matches(selected, column.conditions)] if not selected.empty else selected
             cells[column.header] = format_cell(in_cell[metric]) if metric in in_cell.columns else MISSING
         out.append(cells)
     if spec.quoted_at is not None and quoted and spec.name in quoted:
