@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import os
 import platform
 import resource
@@ -26,17 +27,21 @@ from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.data import build_calibration, heldout_windows
+from replaceme_exp.data.augmentation import with_masked_copies
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.fitting import estimate, estimate_sequentially
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
-from replaceme_exp.evaluation.harness import run_harness
+from replaceme_exp.evaluation.harness import harness_settings, run_harness
 from replaceme_exp.models import adapter_for, count_parameters, load_model
+from replaceme_exp.models.fingerprint import weights_fingerprint
+from replaceme_exp.models.loading import check_nf4_capture
 from replaceme_exp.planning import capture_calibration, selection_metric_name
-from replaceme_exp.results import ResultsStore, config_hash
+from replaceme_exp.results import ResultsStore, config_hash, setting_hash
 from replaceme_exp.results.store import new_run_id
 from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
 from replaceme_exp.tracking import StageEmissions, log_job_to_wandb
+from replaceme_exp.tracking.emissions import job_gpu_ids
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +110,28 @@ def effective_regularizer(cfg: DictConfig, estimator) -> str:
     return "none" if alpha == 0 else name
 
 
-def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
+# Cache entry kinds -> the stage names a row lists in ``cached_stages``.
+CACHED_STAGE_NAMES = {
+    "distances": "selection",
+    "linear": "statistics",
+    "layer_distances": "layer_distances",
+    "ppl_heldout": "baseline_ppl",
+    "harness": "baseline_harness",
+    "dist_before": "dist_before",
+}
+
+
+def cached_stages(*caches) -> list[str]:
+    """The stages whose results came from a cache (``hits`` of the statistics and baseline caches)."""
+    return sorted({CACHED_STAGE_NAMES.get(kind, kind) for cache in caches for kind in cache.hits})
+
+
+def base_row(cfg: DictConfig, chash: str, sweep_id: str | None, shash: str | None = None) -> dict:
     return {
         "run_id": new_run_id(),
         "sweep_id": sweep_id,
         "config_hash": chash,
+        "setting_hash": shash,
         "status": "running",
         "error": None,
         "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
@@ -123,6 +145,11 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None) -> dict:
         "solver": None,  # closed form; numerical solvers come with the numerical objectives
         "structure": cfg.structure.name,
         "mask_ratio": float(cfg.mask_ratio),
+        "mask_passes": int(cfg.get("mask_passes", 1)) if float(cfg.mask_ratio) else None,
+        "capture_4bit": bool(cfg.model.get("capture_4bit", False)),
+        "calibration_order": cfg.calibration.get("order"),
+        "calibration_chat_turns": cfg.calibration.get("chat_turns"),
+        "cached_stages": [],
         "lt_placement": cfg.lt_placement,
         "healing": cfg.healing.name,
         "multi_lt": cfg.multi_lt,
@@ -168,7 +195,11 @@ def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike) -> dict:
     """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured),
     with the energy and emissions of each stage measured so far."""
     tracking = cfg.tracking.codecarbon
-    emissions = StageEmissions(tracking.enabled, tracking.country_iso_code, Path(job_dir) / "codecarbon")
+    gpu_ids = job_gpu_ids(
+        cfg.model.get("device"), cfg.model.get("device_map"), torch.cuda.is_available(), torch.cuda.device_count()
+    )
+    row["codecarbon_gpu_ids"] = gpu_ids
+    emissions = StageEmissions(tracking.enabled, tracking.country_iso_code, Path(job_dir) / "codecarbon", gpu_ids)
     try:
         return prune_and_evaluate(cfg, row, Timer(emissions))
     finally:
@@ -191,15 +222,29 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         raise ConfigError(
             "healing", cfg.healing.name, "healing after pruning is not implemented yet (only healing=none runs)"
         )
+    check_nf4_capture(cfg.model)
+    nf4 = bool(cfg.model.get("capture_4bit", False))
+    if nf4 and cfg.multi_lt == "sequential":
+        raise ConfigError("model.capture_4bit", True, "not with multi_lt=sequential (the 4-bit copy is not pruned)")
+    mask_ratio = float(cfg.mask_ratio)
+    if not 0.0 <= mask_ratio < 1.0:
+        raise ConfigError("mask_ratio", cfg.mask_ratio, "must be in [0, 1)")
     cache_dir = to_absolute_path(cfg.cache_dir)
     results_dir = to_absolute_path(cfg.results_dir)
+    force = bool(cfg.force)
     estimator = instantiate(cfg.objective)
     row["regularizer"] = effective_regularizer(cfg, estimator)
+    row["alpha_scale"] = estimator.alpha_scale if estimator.uses_alpha else None
+    if getattr(estimator, "needs_tokens", False):
+        row["solver_schedule"] = estimator.schedule
 
     with timer("load"):
-        loaded = load_model(cfg.model, cache_dir)
+        loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"))
+        # The official use_4bit: activations from a 4-bit NF4 copy; surgery and evaluation on the full model.
+        capture_loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"), nf4=True) if nf4 else loaded
     model, tokenizer = loaded.model, loaded.tokenizer
     adapter = adapter_for(model)
+    capture_adapter = adapter_for(capture_loaded.model) if nf4 else adapter
     device = input_device(adapter)
     if device.type == "cuda":
         for i in range(torch.cuda.device_count()):
@@ -208,12 +253,21 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
 
     with timer("data"):
         calibration = build_calibration(cfg.calibration, tokenizer)
+        # Masking is augmentation of the estimation data: the plain sequences plus masked copies.
+        estimation_data = (
+            with_masked_copies(calibration, mask_ratio, cfg.get("mask_passes", 1), int(cfg.seed))
+            if mask_ratio
+            else calibration
+        )
     row["n_calib_tokens"] = calibration.n_tokens
-    cache = StatisticsCache(
-        to_absolute_path(cfg.capture.cache_dir),
-        loaded.identity_hash,
-        calibration.content_hash(),
-        enabled=cfg.capture.cache,
+    row["n_estimation_tokens"] = estimation_data.n_tokens
+    enabled = bool(cfg.capture.cache)
+    cache_root = to_absolute_path(cfg.capture.cache_dir)
+    cache = StatisticsCache(cache_root, capture_loaded.identity_hash, calibration.content_hash(), enabled, force)
+    stats_cache = (
+        StatisticsCache(cache_root, capture_loaded.identity_hash, estimation_data.content_hash(), enabled, force)
+        if estimation_data is not calibration
+        else cache
     )
     if cfg.cuts is None:
         row["selection_metric"] = selection_metric_name(cfg.selection)
@@ -224,23 +278,26 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     )
     cuts, distances, stats = capture_calibration(
         cfg,
-        adapter,
+        capture_adapter,
         calibration,
         cache,
         estimator.needs_statistics,
         timer,
         compute_missing=not needs_tokens,
         extra_statistics=[layer_distances] if layer_distances else [],
+        stats_batches=estimation_data,
+        stats_cache=stats_cache,
     )
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:
+        check_finite("selection", "candidate distances", distances.values())
         row["candidate_distances"] = [[s, e, distances[(s, e)]] for s, e in sorted(distances)]
         chosen = [distances[c] for c in cuts if c in distances]
         row["selection_distance"] = float(min(chosen)) if chosen else None
     if layer_distances is not None:
         if layer_distances.n_tokens == 0:  # no selection pass ran to carry it
             with timer("analysis"):
-                run_capture(adapter, calibration, [layer_distances], desc="layer distances")
+                run_capture(capture_adapter, calibration, [layer_distances], desc="layer distances")
         layer_matrix = layer_distances.result()
         cache.put_layer_distances(layer_matrix)
     row["layer_distances"] = layer_matrix
@@ -250,12 +307,8 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             raise ConfigError(
                 "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
             )
-    if float(cfg.mask_ratio) and not getattr(estimator, "needs_tokens", False):
-        raise ConfigError(
-            "mask_ratio", cfg.mask_ratio, f"token masking applies to numerical objectives, not {estimator.name}"
-        )
     windows = heldout_windows(cfg.eval, tokenizer)
-    baselines = BaselineCache(Path(results_dir) / "baselines")
+    baselines = BaselineCache(Path(results_dir) / "baselines", refresh=force)
     heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
     harness = cfg.eval.get("harness")
     with timer("eval"):
@@ -263,8 +316,14 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             {**heldout_key, "metric": "ppl_heldout"}, lambda: perplexity(model, windows)
         )
         if harness:
-            row.update(eval_batch_size=harness.batch_size, eval_add_bos_token=bool(harness.add_bos_token))
-            harness_key = {"model": loaded.identity_hash, "harness": OmegaConf.to_container(harness, resolve=True)}
+            settings = harness_settings(harness, int(cfg.seed))
+            row.update(settings)
+            harness_key = {
+                "model": loaded.identity_hash,
+                "metric": "harness",
+                "harness": OmegaConf.to_container(harness, resolve=True),
+                "settings": settings,
+            }
             baseline_scores = baselines.get_or_compute(
                 harness_key, lambda: run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed))
             )
@@ -273,12 +332,16 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     num_layers = adapter.num_layers
     if cfg.multi_lt == "sequential" and len(cuts) > 1:
         transforms, distances_before_after = estimate_sequentially(
-            cfg, adapter, calibration, windows, estimator, cuts, stats, row, timer
+            cfg, adapter, estimation_data, windows, estimator, cuts, stats, row, timer
         )
         row["cos_dist_before"], row["cos_dist_after"] = distances_before_after
         kept = kept_blocks(num_layers, cuts)
     else:
-        transforms = estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
+        transforms = estimate(cfg, capture_adapter, estimation_data, estimator, cuts, stats, row, timer)
+        if nf4:
+            del capture_adapter, capture_loaded
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         with timer("eval"):
             row["cos_dist_before"], row["cos_dist_after"], row["l2_dist_before"] = heldout_distances(
                 adapter,
@@ -290,6 +353,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             )
         with timer("surgery"):
             kept = prune(adapter, cuts, transforms, cfg.lt_placement)
+    row["cached_stages"] = cached_stages(cache, stats_cache, baselines)
     row.update(params_after=count_parameters(model), kept_blocks=kept)
     row["compression_ratio"] = 1.0 - row["params_after"] / row["params_before"]
 
@@ -319,6 +383,12 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     return row
 
 
+def check_finite(stage: str, what: str, values) -> None:
+    values = [float(v) for v in values]
+    if not all(math.isfinite(v) for v in values):
+        raise FloatingPointError(f"stage {stage}: {what} are not finite (NaN or inf)")
+
+
 def run_recorded(
     cfg: DictConfig,
     sweep_id: str | None = None,
@@ -332,14 +402,20 @@ def run_recorded(
     CodeCarbon's files. Returns the row (the existing one when skipped)."""
     results_dir = to_absolute_path(cfg.results_dir)
     store = ResultsStore(results_dir)
-    chash = config_hash(cfg)
+    try:
+        weights = weights_fingerprint(cfg.model, to_absolute_path(cfg.cache_dir))
+    except ConfigError as err:  # e.g. the embedded model is missing: the job fails with this error when loading
+        log.warning("model fingerprint unavailable: %s", err)
+        weights = None
+    chash = config_hash(cfg, weights)
     if not cfg.force and (done := store.finished_row(chash)) is not None:
         log.info(
             "skipping: a finished row exists for config_hash=%s (run_id=%s); force=true reruns", chash, done["run_id"]
         )
         done["status"] = "skipped"
         return done
-    row = base_row(cfg, chash, sweep_id)
+    row = base_row(cfg, chash, sweep_id, setting_hash(cfg, weights))
+    row["model_fingerprint"] = weights
     job_dir = Path(job_dir) if job_dir else Path(results_dir) / "jobs" / row["run_id"]
     row["job_dir"] = str(job_dir)
     failure = None

@@ -65,26 +65,43 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
 
 
 def capture_calibration(
-    cfg, adapter, calibration, cache, needs_stats, timer, compute_missing=True, extra_statistics=()
+    cfg,
+    adapter,
+    calibration,
+    cache,
+    needs_stats,
+    timer,
+    compute_missing=True,
+    extra_statistics=(),
+    stats_batches=None,
+    stats_cache=None,
 ):
     """Distances for selection (when ``cuts`` is null) and statistics for the chosen cuts, from
     the cache where present, otherwise in as few passes as the plan allows. With
     ``compute_missing=False`` statistics that are neither cached nor gathered by the selection
     pass are left out (a later pass over the same data, e.g. the token capture, adds them).
     ``extra_statistics`` (e.g. :class:`LayerDistances`) join the selection pass when one runs.
+    ``stats_batches`` / ``stats_cache``: other data for the statistics than for the selection
+    (the calibration set with masked copies, ``mask_ratio > 0``) and their cache; the selection
+    pass then gathers no statistics.
 
     Returns (cuts, distances or None, {cut: LinearStats}).
     """
     num_layers = adapter.num_layers
     distances = None
     stats = {}
+    separate_data = stats_batches is not None and stats_batches is not calibration
+    stats_batches = calibration if stats_batches is None else stats_batches
+    stats_cache = cache if stats_cache is None else stats_cache
     if cfg.cuts is not None:
         cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers, bool(cfg.merge_consecutive))
     else:
         candidates = candidate_cuts(num_layers, cut_length(cfg.n_prune, cfg.num_lts, num_layers))
         distances, stats = selection_distances(
-            cfg, adapter, calibration, cache, candidates, needs_stats, timer, extra_statistics
+            cfg, adapter, calibration, cache, candidates, needs_stats and not separate_data, timer, extra_statistics
         )
+        if separate_data:  # selection statistics (ls_residual) are of the plain data, not the estimation data
+            stats = {}
         cuts = select_cuts(distances, cfg.num_lts, bool(cfg.merge_consecutive))
         log.info("selected cuts %s", cuts)
     if not needs_stats:
@@ -93,17 +110,17 @@ def capture_calibration(
     for cut in cuts:
         if cut in stats:
             found[cut] = stats[cut]
-            cache.put_stats(stats[cut], cfg.lt_placement)
-        elif (cached := cache.get_stats(cut, cfg.lt_placement)) is not None:
+            stats_cache.put_stats(stats[cut], cfg.lt_placement)
+        elif (cached := stats_cache.get_stats(cut, cfg.lt_placement)) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
     missing = [cut for cut in cuts if cut not in found]
     if missing and compute_missing:
         accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement)
         with timer("capture"):
-            run_capture(adapter, calibration, [accumulator], desc="capture (statistics)")
+            run_capture(adapter, stats_batches, [accumulator], desc="capture (statistics)")
         for cut, s in accumulator.result().items():
-            cache.put_stats(s, cfg.lt_placement)
+            stats_cache.put_stats(s, cfg.lt_placement)
             found[cut] = s
     return cuts, distances, found
 

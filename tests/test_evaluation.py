@@ -7,7 +7,7 @@ import json
 import pytest
 from test_job import job_config
 
-from replaceme_exp.evaluation.harness import accuracy_column, materialize_offline_tasks
+from replaceme_exp.evaluation.harness import accuracy_column, materialize_offline_tasks, metric_column
 from replaceme_exp.job import run_recorded
 
 OFFLINE = ["eval=offline", "eval.seq_len=64", "eval.max_windows=4", "save_model=false"]
@@ -20,6 +20,10 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
         assert 0.0 <= first[column] <= 1.0
     assert first["ppl_pydoc"] > 1
     assert first["avg_acc"] == pytest.approx((first["acc_replaceme_capitals"] + first["acc_replaceme_opposites"]) / 2)
+    # eval=offline declares acc for both tasks; each metric comes with its standard error.
+    assert first["score_replaceme_capitals"] == first["acc_replaceme_capitals"]
+    assert first["acc_stderr_replaceme_capitals"] > 0 and first["acc_norm_stderr_replaceme_opposites"] > 0
+    assert first["eval_task_versions"]["replaceme_capitals"] == 1.0
     assert first["rp"] == pytest.approx(first["avg_acc"] / first["avg_acc_baseline"])
     assert first["eval_batch_size"] == 8 and first["eval_add_bos_token"] is False
     # The unpruned model's scores travel with the row (the tables' baseline rows read them).
@@ -44,3 +48,5 @@ def test_offline_tasks_materialize_with_absolute_paths(tmp_path):
         accuracy_column("sciq") == "acc_sciq"
         and accuracy_column("leaderboard_gpqa:acc_norm") == "acc_norm_leaderboard_gpqa"
     )
+    assert metric_column("piqa", "acc_norm") == "acc_norm_piqa"
+    assert metric_column("lambada_openai", "perplexity", {"lambada_openai": "lambada"}) == "ppl_lambada"

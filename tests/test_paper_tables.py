@@ -24,6 +24,7 @@ def synthetic_row(i: int, **values) -> dict:
         status="finished",
         started_at=f"2026-01-01T00:00:{i:02d}",
         model="llama3_8b_instruct",
+        dtype="bfloat16",
         n_prune=8,
         num_layers=32,
         eval="paper",
@@ -73,9 +74,19 @@ def paper_tables(tmp_path_factory):
             acc_piqa=0.711,
             baseline_acc_piqa=0.781,
             baseline_avg_acc=0.453,
+            cached_stages="[]",
         ),
-        # Written before the healing column existed: counts as healing=none.
-        synthetic_row(10, model="llama2_7b", objective="ls", acc_race=0.3656, ppl_lambada=22.36, avg_acc=0.613),
+        # Written before the healing column existed: counts as healing=none. PIQA: acc_norm (the paper's).
+        synthetic_row(
+            10,
+            model="llama2_7b",
+            objective="ls",
+            acc_race=0.3656,
+            acc_piqa=0.7,
+            acc_norm_piqa=0.7829,
+            ppl_lambada=22.36,
+            avg_acc=0.613,
+        ),
         synthetic_row(
             11,
             model="llama32_1b_instruct",
@@ -101,6 +112,7 @@ def paper_tables(tmp_path_factory):
             co2_kg_capture=0.001,
             co2_kg_estimate=0.001,
             rp=0.899,
+            cached_stages='["baseline_ppl"]',
         ),
         synthetic_row(
             17,
@@ -112,6 +124,7 @@ def paper_tables(tmp_path_factory):
             time_estimate_s=0.0,
             co2_kg_capture=0.0005,
             rp=0.8,
+            cached_stages="[]",
         ),
         # Block-selection figure: two explicit windows, LS.
         synthetic_row(
@@ -120,6 +133,24 @@ def paper_tables(tmp_path_factory):
         synthetic_row(
             19, cuts="[[20, 28]]", selection_metric=None, cos_dist_before=0.2, l2_dist_before=90.0, avg_acc=0.60
         ),
+        # The diagonal LT again, in float32: not the paper's dtype, left out of the cell and noted.
+        synthetic_row(20, avg_acc=0.1, structure="diagonal", dtype="float32", ppl_lambada=90.0, rp=0.1),
+        # UIDL on Llama 2 again, its selection served from a cache, and once without cached_stages:
+        # left out of the time/emissions figure (their cost is not a compression's).
+        *[
+            synthetic_row(
+                i,
+                model="llama2_7b",
+                eval="llama2_table",
+                objective="identity",
+                selection_metric="angular_last",
+                time_capture_s=0.1,
+                co2_kg_capture=0.00001,
+                rp=0.8,
+                cached_stages=cached,
+            )
+            for i, cached in ((21, '["selection"]'), (22, None))
+        ],
     ]
     store = ResultsStore(tmp_path)
     for row in rows:
@@ -153,6 +184,11 @@ def test_measured_cells_show_mean_std_and_runs_and_mark_missing_ones(paper_table
     assert f"| LS, alpha=0.1 | 0 | {MISSING} | {MISSING} | {MISSING} |" in regularization
     structured = (out / "structured_lts.md").read_text()
     assert "| Diagonal | 1 | 0.55 | 40 | 0.8 |" in structured and f"| Orthonormal | 0 | {MISSING}" in structured
+    # Runs of another setting (dtype) are never averaged in; the footer names them.
+    assert "- Diagonal: not shown, 1 other setting matched: dtype=float32 (n=1)." in structured
+    assert "not shown" not in regularization
+    structured_tex = (out / "structured_lts.tex").read_text()
+    assert "Diagonal: not shown, 1 other setting matched: dtype=float32 (n=1)." in structured_tex
     latex = (out / "regularization.tex").read_text()
     assert r"\toprule" in latex and r"0.63 $\pm$ 0.014 (n=2)" in latex and "LS, alpha=0.1 & 0 & -- & -- & --" in latex
 
@@ -213,7 +249,7 @@ def test_column_conditions_transposed_layout_and_rows_from_before_a_key_existed(
     assert "| Avg-Acc | 0.6098 | 0.5348 |" in scales[5] and "| RP | 1 | 0.8771 |" in scales[6]
     assert "| Compression ratio (blocks) | 0 | 0.25 |" in scales[7]
     healing = (out / "healing.md").read_text()
-    assert "| ReplaceMe | None | 1 | 0.3656 |" in healing and "| 22.36 | 0.613 |" in healing
+    assert f"| ReplaceMe | None | 1 | 0.3656 | {MISSING} | 0.7829 |" in healing and "| 22.36 | 0.613 |" in healing
     assert f"| ReplaceMe | Only LT | 0 | {MISSING}" in healing
 
 
@@ -229,6 +265,11 @@ def test_figure_numbers(paper_tables):
     assert cost[("time_rel_ls", "Ours (LS)")] == 1 and cost[("rp", "UIDL")] == pytest.approx(0.8)
     # The cosine run recorded no stage times: no cost bar (not a zero), but its RP is shown.
     assert ("time_rel_ls", "Ours (Cosine)") not in cost.index and cost[("rp", "Ours (Cosine)")] == pytest.approx(0.925)
+    # Uncached runs only: the UIDL runs with a cached selection or no cached_stages are left out.
+    excluded = pd.read_csv(out / "time_emissions.csv").set_index(["panel", "series"])
+    assert excluded.loc[("excluded", "cached"), "n"] == 1 and excluded.loc[("excluded", "unrecorded"), "n"] == 1
+    assert excluded.loc[("time_rel_ls", "UIDL"), "n"] == 1
+    assert excluded.loc[("time_rel_ls", "UIDL"), "note"] == "uncached runs only"
     blocks = pd.read_csv(out / "block_selection.csv")
     l2 = blocks[blocks.panel == "l2_dist_before"].sort_values("x")
     assert l2["x"].tolist() == [40.0, 90.0] and l2["mean"].tolist() == [0.40, 0.60]
@@ -262,12 +303,14 @@ def test_real_row_records_the_unpruned_scores_and_layer_distances(paper_tables):
 
 
 def test_table_columns_name_what_the_suites_record():
-    """The Llama 2 table reads exactly the accuracy columns that eval=llama2_table writes."""
-    from replaceme_exp.evaluation.harness import accuracy_column
+    """The Llama 2 table and the per-task columns read exactly the metric columns
+    (``<metric>_<task>``) of the metrics that eval=llama2_table and eval=paper declare."""
 
-    suite = compose_config(["eval=llama2_table"]).eval.harness
-    assert [m for _, m in LLAMA2_TABLE_COLUMNS] == [accuracy_column(t) for t in suite.accuracy_tasks]
-    paper = compose_config(["eval=paper"]).eval.harness
+    def declared(suite: str) -> list[str]:
+        metrics = compose_config([f"eval={suite}"]).eval.harness.metrics
+        return [f"{m}_{t}" for t, m in metrics.items() if m not in ("perplexity", "word_perplexity")]
+
+    assert [m for _, m in LLAMA2_TABLE_COLUMNS] == declared("llama2_table")
     healing = next(t for t in TABLES if t.name == "healing")
-    task_columns = [c.metric for c in healing.column_specs() if c.metric.startswith("acc_")]
-    assert task_columns == [accuracy_column(t) for t in paper.accuracy_tasks]
+    task_columns = [c.metric for c in healing.column_specs() if c.metric.startswith("acc")]
+    assert task_columns == declared("paper")

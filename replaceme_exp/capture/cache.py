@@ -1,7 +1,10 @@
 """Content-addressed cache of capture results on disk.
 
-Keys are hashes of (model identity, calibration token ids, what was captured): jobs that differ
-only in ``alpha``, ``regularizer`` or ``objective`` find the statistics of their cut here.
+Keys are hashes of (model weights by content, calibration token ids, what was captured, and a
+version of the code's semantics for each kind of entry): jobs that differ only in ``alpha``,
+``regularizer`` or ``objective`` find the statistics of their cut here. Bump a kind's version in
+``CACHE_VERSIONS`` whenever the code changes what that kind of entry holds. ``refresh=True``
+(``force=true``) recomputes and overwrites instead of reading. ``hits`` lists the kinds served.
 """
 
 from __future__ import annotations
@@ -16,19 +19,28 @@ import torch
 from replaceme_exp.capture.statistics import Cut, LinearStats
 
 
+# Semantics version per kind of entry: bump when the code changes what an entry holds.
+CACHE_VERSIONS = {"distances": 2, "layer_distances": 2, "linear": 2}
+
+
 class StatisticsCache:
-    def __init__(self, root: str | os.PathLike, model_hash: str, data_hash: str, enabled: bool = True):
+    def __init__(
+        self, root: str | os.PathLike, model_hash: str, data_hash: str, enabled: bool = True, refresh: bool = False
+    ):
         self.root = Path(root)
-        self.model_hash, self.data_hash, self.enabled = model_hash, data_hash, enabled
+        self.model_hash, self.data_hash, self.enabled, self.refresh = model_hash, data_hash, enabled, refresh
+        self.hits: list[str] = []
 
     def _path(self, kind: str, **what) -> Path:
-        key = json.dumps({"model": self.model_hash, "data": self.data_hash, "kind": kind, **what}, sort_keys=True)
-        return self.root / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
+        key = {"model": self.model_hash, "data": self.data_hash, "kind": kind, "version": CACHE_VERSIONS[kind], **what}
+        return self.root / f"{kind}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.pt"
 
     def _load(self, path: Path):
-        if not self.enabled or not path.is_file():
+        if not self.enabled or self.refresh or not path.is_file():
             return None
-        return torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        self.hits.append(path.name.split("-")[0])
+        return payload
 
     def _save(self, path: Path, payload) -> None:
         if not self.enabled:

@@ -31,10 +31,11 @@ def input_device(adapter: DecoderAdapter) -> torch.device:
 def _backbone_forward(adapter: DecoderAdapter, batch: TokenBatch):
     device = input_device(adapter)
     mask = batch.attention_mask.to(device)
+    positions = batch.position_ids.to(device) if batch.position_ids is not None else position_ids_for(mask)
     return adapter.backbone(
         input_ids=batch.input_ids.to(device),
         attention_mask=mask,
-        position_ids=position_ids_for(mask),
+        position_ids=positions,
         use_cache=False,
     )
 

@@ -10,10 +10,13 @@ import torch
 
 @dataclass
 class TokenBatch:
-    """``input_ids``, ``attention_mask``: (batch, seq) int64; padding where the mask is 0."""
+    """``input_ids``, ``attention_mask``: (batch, seq) int64; padding where the mask is 0.
+    ``position_ids`` (batch, seq), optional: explicit positions (masked copies keep the positions
+    of the unmasked sequence); None = counted over the attention mask."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    position_ids: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -44,8 +47,10 @@ class TokenBatches:
         """Hash of the token ids that the model sees (order-independent of batching)."""
         h = hashlib.sha256()
         for batch in self.batches:
-            for ids, mask in zip(batch.input_ids, batch.attention_mask):
+            for row, (ids, mask) in enumerate(zip(batch.input_ids, batch.attention_mask)):
                 h.update(ids[mask.bool()].numpy().astype("int64").tobytes())
+                if batch.position_ids is not None:  # which tokens a masked copy hides
+                    h.update(b"@" + batch.position_ids[row][mask.bool()].numpy().astype("int64").tobytes())
                 h.update(b"|")
         return h.hexdigest()[:16]
 
@@ -90,16 +95,29 @@ def tokenize_documents(
 
 def pack_windows(documents: list[str], tokenizer, seq_len: int, max_windows: int, batch_size: int) -> TokenBatches:
     """Concatenate the documents (separated by EOS) and cut the token stream into at most
-    ``max_windows`` full windows of ``seq_len`` tokens (no padding): the perplexity protocol."""
+    ``max_windows`` full windows of ``seq_len`` tokens (no padding): the perplexity protocol.
+
+    When the tokenizer defines a BOS token (``bos_token_id is not None``) each window is that
+    BOS followed by the next ``seq_len - 1`` tokens of the stream, so that every text token is
+    predicted from at least one token of context, as in lm-eval's rolling loglikelihood (which
+    conditions the first token on a prefix token); the BOS itself is never predicted (it is the
+    first position). Without a BOS the windows are ``seq_len`` consecutive stream tokens, the
+    first of each only serving as context. Either way the windows do not overlap on the stream.
+    """
     stream: list[int] = []
     eos = tokenizer.eos_token_id
+    bos = getattr(tokenizer, "bos_token_id", None)
+    prefix = [] if bos is None else [bos]
+    step = seq_len - len(prefix)  # stream tokens per window
+    if step < 1:
+        raise ValueError(f"seq_len={seq_len} leaves no room for text after the BOS token")
     for doc in documents:
         stream.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
         if eos is not None:
             stream.append(eos)
-        if len(stream) >= seq_len * max_windows:
+        if len(stream) >= step * max_windows:
             break
-    n_windows = min(max_windows, len(stream) // seq_len)
-    windows = [stream[i * seq_len : (i + 1) * seq_len] for i in range(n_windows)]
+    n_windows = min(max_windows, len(stream) // step)
+    windows = [prefix + stream[i * step : (i + 1) * step] for i in range(n_windows)]
     batches = [pad_sequences(windows[i : i + batch_size], eos or 0, "right") for i in range(0, n_windows, batch_size)]
     return TokenBatches(batches, seq_len)

@@ -54,6 +54,8 @@ def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int)
             text_field=cfg.get("text_field"),
             chat_field=cfg.get("chat_field"),
             text_template=cfg.get("text_template"),
+            order=cfg.get("order", "shuffled"),
+            chat_turns=cfg.get("chat_turns", "all"),
             n_records=n_samples,
             seed=seed,
             streaming=bool(cfg.get("streaming", False)),

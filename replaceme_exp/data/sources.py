@@ -21,6 +21,7 @@ from replaceme_exp.errors import ConfigError
 log = logging.getLogger(__name__)
 
 HELDOUT_FRACTION = 0.2
+ORDERS = ("shuffled", "first")
 _ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
 
 
@@ -77,13 +78,36 @@ def text_file_documents(path: str | None, max_chars: int, key: str = "calibratio
     return documents
 
 
+CHAT_TURNS = ("all", "first_pair")
+
+
+def first_pair(messages: list[dict]) -> list[dict]:
+    """The official ReplaceMe SlimOrca loader's dialog: the first turn if it is the user's, else
+    the second (a system prompt is skipped), and the turn after it, as user and assistant."""
+    i = 0 if messages and messages[0]["role"] == "user" else 1
+    if len(messages) < i + 2:
+        raise ConfigError("calibration.chat_turns", "first_pair", f"a record has no user/assistant pair: {messages}")
+    return [
+        {"role": "user", "content": messages[i]["content"]},
+        {"role": "assistant", "content": messages[i + 1]["content"]},
+    ]
+
+
 def render_record(
-    record: dict[str, Any], text_field: str | None, chat_field: str | None, tokenizer, text_template: str | None = None
+    record: dict[str, Any],
+    text_field: str | None,
+    chat_field: str | None,
+    tokenizer,
+    text_template: str | None = None,
+    chat_turns: str = "all",
 ) -> str:
     """One dataset record as text: ``text_template`` filled with the record's fields (e.g.
     ``"{support}\nQuestion: {question}\nAnswer: {correct_answer}"``), ``record[text_field]``, or
     ``record[chat_field]`` (a list of ``{role, content}`` or ShareGPT ``{from, value}`` turns)
-    rendered with the chat template."""
+    rendered with the chat template; ``chat_turns="first_pair"`` keeps only the first
+    user/assistant pair (:func:`first_pair`)."""
+    if chat_turns not in CHAT_TURNS:
+        raise ConfigError("calibration.chat_turns", chat_turns, f"choose one of {CHAT_TURNS}")
     if text_template:
         try:
             return text_template.format_map(record)
@@ -99,6 +123,8 @@ def render_record(
             if role is None or content is None:
                 raise ConfigError("calibration.chat_field", chat_field, f"a turn without role/content: {turn}")
             messages.append({"role": _ROLE_ALIASES.get(role, role), "content": content})
+        if chat_turns == "first_pair":
+            messages = first_pair(messages)
         if getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(messages, tokenize=False)
         return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
@@ -125,8 +151,14 @@ def hf_dataset_documents(
     tokenizer,
     shuffle_buffer: int = 10_000,
     text_template: str | None = None,
+    order: str = "shuffled",
+    chat_turns: str = "all",
 ) -> list[str]:
-    """Up to ``n_records`` rendered records drawn reproducibly (by ``seed``) from a dataset."""
+    """Up to ``n_records`` rendered records from a dataset: drawn reproducibly by ``seed``
+    (``order="shuffled"``), or the first ``n_records`` in the dataset's order (``order="first"``,
+    as the official ReplaceMe loader's ``select(range(n))``)."""
+    if order not in ORDERS:
+        raise ConfigError("calibration.order", order, f"choose one of {ORDERS}")
     import datasets
 
     kwargs: dict[str, Any] = {"split": split, "streaming": streaming}
@@ -139,13 +171,16 @@ def hf_dataset_documents(
                 raise ConfigError("calibration.path", str(file), "no such file")
         kwargs["data_files"] = [str(Path(str(f)).expanduser()) for f in files]
     dataset = datasets.load_dataset(path, **kwargs)
-    if streaming:
-        records: Iterable[dict] = dataset.shuffle(seed=seed, buffer_size=shuffle_buffer).take(n_records)
+    if order == "first":
+        first = range(min(n_records, len(dataset))) if not streaming else None
+        records: Iterable[dict] = dataset.take(n_records) if streaming else (dataset[i] for i in first)
+    elif streaming:
+        records = dataset.shuffle(seed=seed, buffer_size=shuffle_buffer).take(n_records)
     else:
         order = list(range(len(dataset)))
         random.Random(seed).shuffle(order)
         records = (dataset[i] for i in order[:n_records])
-    documents = [render_record(r, text_field, chat_field, tokenizer, text_template) for r in records]
+    documents = [render_record(r, text_field, chat_field, tokenizer, text_template, chat_turns) for r in records]
     documents = [d for d in documents if d.strip()]
     if not documents:
         raise ConfigError("calibration.path", data_files or path, "the dataset yielded no text")

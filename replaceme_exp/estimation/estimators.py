@@ -18,6 +18,10 @@ class Estimator:
     name: str = "estimator"
     needs_statistics: bool = True  # LS statistics of its cuts
     uses_alpha: bool = True  # regularised by ``alpha``
+    # How alpha meets the data: "token_sum" = added to statistics summed over tokens (ridge:
+    # (M^T M + alpha I)^{-1} M^T R, the official code's convention); "token_mean" = added to the mean
+    # per-token loss (the paper's cosine alphas).
+    alpha_scale: str | None = "token_sum"
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor | None:
         raise NotImplementedError
@@ -49,6 +53,7 @@ class IdentityEstimator(Estimator):
     name = "identity"
     needs_statistics = False
     uses_alpha = False
+    alpha_scale = None
 
     def __init__(self, name: str = "identity"):
         self.name = name

@@ -46,7 +46,7 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
                 desc="capture (tokens)",
             )
         stats = {**stats, **(extra[0].result() if extra else {})}
-        transforms, curves = {}, {}
+        transforms, curves, steps = {}, {}, {}
         with timer("estimate"):
             for cut, store in stores.items():
                 init = None
@@ -59,13 +59,15 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
                     cfg.structure.name,
                     int(cfg.seed),
                     init,
-                    mask_ratio=float(cfg.mask_ratio),
                 )
                 curves[f"{cut[0]}-{cut[1]}"] = info["loss_curve"]
+                steps[f"{cut[0]}-{cut[1]}"] = info["steps"]
     finally:
         for store in stores.values():
             store.close()
     row["solver"] = estimator.solver
+    row["solver_schedule"] = estimator.schedule
+    row.setdefault("solver_steps", {}).update(steps)
     row["store_location"] = next(iter(stores.values())).location
     row.setdefault("loss_curves", {}).update(curves)
     row["train_loss"] = sum(c[-1] for c in row["loss_curves"].values()) / len(row["loss_curves"])

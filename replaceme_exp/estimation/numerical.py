@@ -4,15 +4,30 @@ Objectives (per non-padding token, averaged over a batch):
 - ``cosine``: 1 - cos(M T, R), the paper's memory-saving form (stores M and R = L - Y);
 - ``cosine_exact``: 1 - cos(M T + Y, L) with L = R + Y (stores M, R and Y);
 - ``mse``: ||M T - R||^2, the least-squares objective solved numerically.
-Regularisers: ``l1`` (alpha * sum |T|), ``l2`` (alpha * ||T||_F^2). Structures: ``generic`` (full T)
-and ``diagonal`` (T = diag(t)).
+Regularisers: ``l1`` (sum |T|), ``l2`` (||T||_F^2), weighted by ``alpha`` on a scale set by the
+objective (``alpha_scale``):
+- ``token_mean`` (cosine, cosine_exact): mean loss per token + alpha * penalty, the scale of the
+  paper's cosine alphas (1e-4 for L1, 1e-2 for L2);
+- ``token_sum`` (mse): sum over tokens of the loss + alpha * penalty, the convention of
+  ``objective=ls`` (ridge: ``(M^T M + alpha I)^{-1} M^T R``), so that ``objective=mse regularizer=l2
+  alpha=a`` has the minimiser of ``objective=ls alpha=a``. It is computed as the mean loss +
+  (alpha / N) * penalty with N the number of stored tokens (same minimiser); a mini-batch uses its
+  own mean loss + (alpha / N) * penalty, an unbiased estimate of that objective.
+Structures: ``generic`` (full T) and ``diagonal`` (T = diag(t)).
 
-Solvers: ``adam`` (mini-batches, the paper's recipe); full-batch ``lbfgs`` (PyTorch's
-``torch.optim.LBFGS`` with a strong-Wolfe line search), ``nlcg`` (SciPy's nonlinear conjugate
-gradient, ``method="CG"``) and ``trust_ncg`` (SciPy's trust-region Newton-CG). The full-batch
-solvers see the exact objective over all stored tokens, evaluated in chunks of ``chunk_tokens``:
-gradients and Hessian-vector products are summed chunk by chunk in PyTorch, on the store's
-device, so memory stays at one chunk of activations whatever the number of tokens.
+Solvers: ``adam`` (mini-batches, the paper's recipe), ``lbfgs`` (PyTorch's ``torch.optim.LBFGS``
+with a strong-Wolfe line search), ``nlcg`` (SciPy's nonlinear conjugate gradient,
+``method="CG"``) and ``trust_ncg`` (SciPy's trust-region Newton-CG). Schedules for the non-Adam
+solvers (``schedule``):
+- ``full_batch``: up to ``max_iter`` iterations on the exact objective over all stored tokens,
+  evaluated in chunks of ``chunk_tokens``: gradients and Hessian-vector products are summed chunk
+  by chunk in PyTorch, on the store's device, so memory stays at one chunk of activations whatever
+  the number of tokens;
+- ``minibatch`` (the official ReplaceMe code): for ``epochs`` epochs, for each batch of
+  ``batch_tokens`` tokens of a seeded shuffle, ONE solver iteration on that batch's objective,
+  starting from the current T with fresh solver state (no L-BFGS history, CG direction or trust
+  radius carried over from the previous batch).
+Adam is mini-batch by nature: both schedules run the same thing.
 """
 
 from __future__ import annotations
@@ -30,6 +45,13 @@ log = logging.getLogger(__name__)
 
 LOSSES = ("cosine", "cosine_exact", "mse")
 SOLVERS = ("adam", "lbfgs", "nlcg", "trust_ncg")
+SCHEDULES = ("full_batch", "minibatch")
+# Strong-Wolfe line search of a mini-batch L-BFGS step: at most this many trial points (torchmin's
+# default ``max_ls``). torch.optim.LBFGS caps its search at max_eval - 1 evaluations, and its default
+# max_eval for max_iter=1 is 1, which would leave a single untested trial step.
+MAX_LINE_SEARCH = 25
+# How ``alpha`` weighs the penalty against the data term, by loss (see the module docstring).
+ALPHA_SCALES = {"cosine": "token_mean", "cosine_exact": "token_mean", "mse": "token_sum"}
 
 
 def batch_loss(loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -45,6 +67,8 @@ def batch_loss(loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor]) -> to
 
 
 def penalty(regularizer: str, alpha: float, t: torch.Tensor) -> torch.Tensor:
+    """``alpha`` times the penalty of ``t``; ``alpha`` is the weight next to a MEAN per-token loss
+    (callers convert: :meth:`NumericalEstimator.penalty_weight`)."""
     if regularizer == "l1" and alpha:
         return alpha * t.abs().sum()
     if regularizer == "l2" and alpha:
@@ -52,12 +76,22 @@ def penalty(regularizer: str, alpha: float, t: torch.Tensor) -> torch.Tensor:
     return t.new_zeros(())
 
 
+def shuffled_batches(n_tokens: int, batch_tokens: int, generator: torch.Generator):
+    """One epoch: a seeded permutation of the token indices cut into batches of ``batch_tokens``
+    (the last one may be smaller)."""
+    order = torch.randperm(n_tokens, generator=generator)
+    for i in range(0, n_tokens, batch_tokens):
+        yield order[i : i + batch_tokens]
+
+
 class NumericalEstimator(Estimator):
     """Minimises ``loss`` over T with ``solver`` on the stored tokens (paper recipe: Adam, lr 1e-4,
     batches of 1024 tokens, 10 epochs, T initialised to the identity; ``init=ls`` starts from the
-    closed-form solution instead)."""
+    closed-form solution instead). ``schedule``: ``full_batch`` or ``minibatch`` for the non-Adam
+    solvers (module docstring). ``alpha_scale`` (set by ``loss``): ``token_mean`` or ``token_sum``."""
 
     needs_tokens = True
+    alpha_scale: str = "token_mean"
 
     def __init__(
         self,
@@ -70,21 +104,30 @@ class NumericalEstimator(Estimator):
         init: str = "identity",
         max_iter: int = 100,
         chunk_tokens: int = 8192,
+        schedule: str = "full_batch",
     ):
         if loss not in LOSSES:
             raise ConfigError("objective.loss", loss, f"choose one of {LOSSES}")
         if solver not in SOLVERS:
             raise ConfigError("objective.solver", solver, f"choose one of {SOLVERS}")
+        if schedule not in SCHEDULES:
+            raise ConfigError("objective.schedule", schedule, f"choose one of {SCHEDULES}")
         if init not in ("identity", "ls"):
             raise ConfigError("objective.init", init, "choose identity or ls")
-        self.name, self.loss, self.solver = name, loss, solver
+        self.name, self.loss, self.solver, self.schedule = name, loss, solver, schedule
         self.lr, self.batch_tokens, self.epochs, self.init = lr, batch_tokens, epochs, init
         self.max_iter, self.chunk_tokens = max_iter, chunk_tokens
+        self.alpha_scale = ALPHA_SCALES[loss]
         self.needs_statistics = init == "ls"
         self.loss_curve: list[float] = []
 
     def store_names(self) -> tuple[str, ...]:
         return ("M", "R", "Y") if self.loss == "cosine_exact" else ("M", "R")
+
+    def penalty_weight(self, alpha: float, n_tokens: int) -> float:
+        """The weight of the penalty next to a mean per-token loss: ``alpha`` for ``token_mean``,
+        ``alpha / n_tokens`` (all stored tokens, whatever the batch) for ``token_sum``."""
+        return alpha / n_tokens if self.alpha_scale == "token_sum" else alpha
 
     def fit(
         self,
@@ -94,20 +137,22 @@ class NumericalEstimator(Estimator):
         structure: str,
         seed: int,
         init_transform: torch.Tensor | None = None,
-        mask_ratio: float = 0.0,
     ) -> tuple[torch.Tensor, dict]:
-        """Returns T, (hidden, hidden) float64, and ``{"loss_curve": [loss at the start, then
-        the mean loss of each Adam epoch or the objective after each full-batch iteration],
-        "final_loss": its last entry}``.
+        """Returns T, (hidden, hidden) float64, and an info dict:
 
-        ``mask_ratio``: each Adam step leaves out that fraction of its batch's tokens, drawn from
-        a generator seeded by ``seed`` (the paper's token-masking augmentation for small data)."""
-        if not 0.0 <= mask_ratio < 1.0:
-            raise ConfigError("mask_ratio", mask_ratio, "must be in [0, 1)")
-        if mask_ratio and self.solver != "adam":
-            raise ConfigError(
-                "mask_ratio", mask_ratio, f"token masking needs mini-batches (solver=adam), not {self.solver}"
-            )
+        - ``loss_curve``: the loss at the start (Adam and ``minibatch``: of the first batch), then
+          the mean batch loss of each epoch (Adam, ``minibatch``; each batch's loss before its
+          step) or the objective at each full-batch iteration (``lbfgs``: at each evaluation);
+          penalty included;
+        - ``final_loss``: its last entry;
+        - ``schedule``: as configured (no effect on Adam); ``alpha_scale``: ``token_mean`` or
+          ``token_sum``;
+        - ``steps``: solver iterations in total (Adam steps; for ``minibatch``, at most one per
+          batch); ``batches``: the batches the solver ran on (1 for ``full_batch``);
+          ``evaluations``: objective + gradient evaluations (each on its batch, or on all tokens
+          for ``full_batch``), line searches included, Hessian-vector products not.
+
+        ``seed`` draws the batches (Adam, ``minibatch``)."""
         if structure not in ("generic", "diagonal"):
             raise ConfigError("structure", structure, f"objective={self.name} supports generic or diagonal")
         device, d = store.compute_device, store.hidden
@@ -118,34 +163,52 @@ class NumericalEstimator(Estimator):
         else:
             param = torch.nn.Parameter(start.to(device, torch.float32).clone())
             as_matrix = lambda p: p  # noqa: E731
+        weight = self.penalty_weight(alpha, store.n_tokens)
         if self.solver == "adam":
-            curve = self._adam(store, param, as_matrix, alpha, regularizer, seed, mask_ratio)
+            curve, steps, batches = self._adam(store, param, as_matrix, weight, regularizer, seed)
+            evaluations = steps
+        elif self.schedule == "minibatch":
+            curve, steps, batches, evaluations = self._minibatch(store, param, as_matrix, weight, regularizer, seed)
         else:
-            objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, alpha, self.chunk_tokens)
-            curve = self._full_batch(objective, param)
+            objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, weight, self.chunk_tokens)
+            (curve, steps, evaluations), batches = self._solve(objective, param, self.max_iter, track=True), 1
         if not all(torch.isfinite(torch.tensor(curve))):
             raise ConfigError("objective.lr", self.lr, "the loss became NaN or inf; lower the learning rate")
-        log.info("%s/%s: loss %.5f -> %.5f in %d steps", self.name, self.solver, curve[0], curve[-1], len(curve) - 1)
+        log.info(
+            "%s/%s (%s): loss %.5f -> %.5f in %d steps on %d batches",
+            self.name,
+            self.solver,
+            self.schedule,
+            curve[0],
+            curve[-1],
+            steps,
+            batches,
+        )
         log.info("loss curve: %s", " ".join(f"{v:.5f}" for v in curve))
-        return as_matrix(param.detach()).double().cpu(), {"loss_curve": curve, "final_loss": curve[-1]}
+        info = {
+            "loss_curve": curve,
+            "final_loss": curve[-1],
+            "schedule": self.schedule,
+            "alpha_scale": self.alpha_scale,
+            "steps": steps,
+            "batches": batches,
+            "evaluations": evaluations,
+        }
+        return as_matrix(param.detach()).double().cpu(), info
 
-    def _adam(self, store, param, as_matrix, alpha, regularizer, seed, mask_ratio=0.0) -> list[float]:
+    def _adam(self, store, param, as_matrix, weight, regularizer, seed) -> tuple[list[float], int, int]:
         """Mini-batches of ``batch_tokens`` drawn by a seeded permutation (rows are gathered from
-        the store; nothing is copied per epoch). Returns the mean loss of each epoch, preceded by
-        the loss at the start (the first batch)."""
+        the store; nothing is copied per epoch); each batch's loss is its mean loss + ``weight`` *
+        penalty. Returns (the loss curve, steps, batches)."""
         optimiser = torch.optim.Adam([param], lr=self.lr)
         generator = torch.Generator().manual_seed(seed)
         curve: list[float] = []
+        steps = 0
         for _ in range(self.epochs):
-            order = torch.randperm(store.n_tokens, generator=generator)
             total, batches = 0.0, 0
-            for i in range(0, store.n_tokens, self.batch_tokens):
-                indices = order[i : i + self.batch_tokens]
-                if mask_ratio:
-                    kept = indices[torch.rand(indices.numel(), generator=generator) >= mask_ratio]
-                    indices = kept if kept.numel() else indices[:1]
+            for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
                 rows = store.rows(indices)
-                loss = batch_loss(self.loss, rows["M"] @ as_matrix(param), rows) + penalty(regularizer, alpha, param)
+                loss = batch_loss(self.loss, rows["M"] @ as_matrix(param), rows) + penalty(regularizer, weight, param)
                 if not curve:
                     curve.append(loss.detach().item())
                 optimiser.zero_grad(set_to_none=True)
@@ -153,48 +216,99 @@ class NumericalEstimator(Estimator):
                 optimiser.step()
                 total, batches = total + loss.detach().item(), batches + 1
             curve.append(total / batches)
-        return curve
+            steps += batches
+        return curve, steps, steps
 
-    def _full_batch(self, objective: "ChunkedObjective", param: torch.nn.Parameter) -> list[float]:
-        """Full-batch solvers; returns the objective at the start and after every iteration."""
-        curve = [objective.value_and_grad(param.detach())[0]]
+    def _minibatch(self, store, param, as_matrix, weight, regularizer, seed) -> tuple[list[float], int, int, int]:
+        """The official code's schedule: for each epoch, for each batch of a seeded shuffle, one
+        iteration of the solver on that batch's objective (mean loss over the batch + ``weight`` *
+        penalty) from the current T, with fresh solver state. Returns (the loss curve, steps,
+        batches, evaluations)."""
+        generator = torch.Generator().manual_seed(seed)
+        curve: list[float] = []
+        steps = batches = evaluations = 0
+        for _ in range(self.epochs):
+            total, count = 0.0, 0
+            for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
+                objective = ChunkedObjective(
+                    StoreBatch(store, indices), self.loss, as_matrix, regularizer, weight, self.chunk_tokens
+                )
+                values, iterations, evals = self._solve(
+                    objective, param, max_iter=1, track=False, max_eval=1 + MAX_LINE_SEARCH
+                )
+                if not curve:
+                    curve.append(values[0])
+                total, count, steps, evaluations = total + values[0], count + 1, steps + iterations, evaluations + evals
+            curve.append(total / count)
+            batches += count
+        return curve, steps, batches, evaluations
+
+    def _solve(
+        self,
+        objective: "ChunkedObjective",
+        param: torch.nn.Parameter,
+        max_iter: int,
+        track: bool,
+        max_eval: int | None = None,
+    ):
+        """Up to ``max_iter`` iterations of the (non-Adam) solver on ``objective`` from ``param``,
+        with fresh solver state; updates ``param`` in place. Returns (curve, iterations,
+        evaluations): the curve starts with the objective at ``param``; with ``track`` it goes on
+        with the objective after each iteration (``lbfgs``: at each evaluation, line search
+        included). ``max_eval``: ``lbfgs``'s cap on evaluations (PyTorch's default when None)."""
         if self.solver == "lbfgs":
+            # A new optimiser: no history from an earlier call. Its first iteration is a
+            # steepest-descent step of initial length min(1, 1/|g|_1) with a strong-Wolfe search.
             optimiser = torch.optim.LBFGS(
                 [param],
                 lr=1.0,
-                max_iter=self.max_iter,
+                max_iter=max_iter,
+                max_eval=max_eval,
                 history_size=20,
                 line_search_fn="strong_wolfe",
                 tolerance_grad=1e-9,
                 tolerance_change=1e-12,
             )
+            curve: list[float] = []
 
             def closure():
                 value, grad = objective.value_and_grad(param.detach())
                 param.grad = grad
-                curve.append(value)
+                if track or not curve:
+                    curve.append(value)
                 return torch.tensor(value)
 
             optimiser.step(closure)
-            return curve
+            state = optimiser.state[param]
+            return curve, int(state.get("n_iter", 0)), int(state.get("func_evals", 0))
         from scipy.optimize import minimize
 
         shape, device = param.shape, param.device
+        cache: dict[bytes, tuple[float, np.ndarray]] = {}  # a few recent points: no pass is repeated
+        evaluations = [0]
 
         def to_torch(x):
-            return torch.from_numpy(x).to(device=device, dtype=torch.float32).view(shape)
+            return torch.from_numpy(np.asarray(x, dtype=np.float64)).to(device=device, dtype=torch.float32).view(shape)
 
         def fun(x):
-            value, grad = objective.value_and_grad(to_torch(x))
-            return value, grad.double().cpu().numpy().ravel()
+            key = x.tobytes()
+            if key not in cache:
+                value, grad = objective.value_and_grad(to_torch(x))
+                evaluations[0] += 1
+                if len(cache) >= 4:
+                    cache.pop(next(iter(cache)))
+                cache[key] = (value, grad.double().cpu().numpy().ravel())
+            value, grad = cache[key]
+            return value, grad.copy()
 
         def hessp(x, v):
             return objective.hvp(to_torch(x), to_torch(v)).double().cpu().numpy().ravel()
 
         x0 = param.detach().double().cpu().numpy().ravel()
-        callback = lambda x: curve.append(objective.value_and_grad(to_torch(x))[0])  # noqa: E731
+        curve = [fun(x0)[0]]
+        callback = (lambda x: curve.append(fun(np.asarray(x))[0])) if track else None
         if self.solver == "nlcg":
-            result = minimize(fun, x0, jac=True, method="CG", callback=callback, options={"maxiter": self.max_iter})
+            result = minimize(fun, x0, jac=True, method="CG", callback=callback, options={"maxiter": max_iter})
         else:
             result = minimize(
                 fun,
@@ -203,17 +317,32 @@ class NumericalEstimator(Estimator):
                 hessp=hessp,
                 method="trust-ncg",
                 callback=callback,
-                options={"maxiter": self.max_iter, "gtol": 1e-8},
+                options={"maxiter": max_iter, "gtol": 1e-8, "initial_trust_radius": 1.0},
             )
         with torch.no_grad():
-            param.copy_(to_torch(np.asarray(result.x)))
-        return curve
+            param.copy_(to_torch(result.x))
+        return curve, int(result.nit), evaluations[0]
+
+
+class StoreBatch:
+    """The rows ``indices`` of a token store, gathered once (float32, on the compute device),
+    behind the store's ``n_tokens`` / ``rows`` interface: a mini-batch for :class:`ChunkedObjective`."""
+
+    def __init__(self, store, indices: torch.Tensor):
+        self.compute_device, self.hidden = store.compute_device, store.hidden
+        self.n_tokens = indices.numel()
+        self.tensors = store.rows(indices)
+
+    def rows(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        if indices.numel() == self.n_tokens and bool((indices == torch.arange(self.n_tokens)).all()):
+            return self.tensors
+        return {name: t.index_select(0, indices.to(t.device)) for name, t in self.tensors.items()}
 
 
 class ChunkedObjective:
-    """The exact full-batch objective (mean loss over all stored tokens + penalty), its gradient
-    and Hessian-vector products, computed chunk by chunk so that memory does not grow with the
-    number of tokens."""
+    """The exact objective over a store (mean loss over all its tokens + ``alpha`` * penalty, with
+    ``alpha`` already on the mean scale), its gradient and Hessian-vector products, computed chunk
+    by chunk so that memory does not grow with the number of tokens."""
 
     def __init__(self, store, loss: str, as_matrix, regularizer: str, alpha: float, chunk_tokens: int):
         self.store, self.loss, self.as_matrix = store, loss, as_matrix

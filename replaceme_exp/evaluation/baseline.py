@@ -1,4 +1,6 @@
-"""Scores of the unpruned model, computed once per (model, eval text, metric) and reused."""
+"""Scores of the unpruned model, computed once per (model weights, eval data, every eval setting,
+metric) and reused. ``BASELINE_VERSION`` is part of every key: bump it when the code changes what a
+baseline computes. ``refresh=True`` (``force=true``) recomputes and overwrites."""
 
 from __future__ import annotations
 
@@ -9,16 +11,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+BASELINE_VERSION = 2
+
+
 class BaselineCache:
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, refresh: bool = False):
         self.root = Path(root)
+        self.refresh = refresh
+        self.hits: list[str] = []  # the ``metric`` of each key served from the cache
 
     def get_or_compute(self, key: dict, compute: Callable[[], Any]) -> Any:
         """The cached value for ``key`` (a float or a JSON-able dict of scores), computing and
         storing it (atomically) on a miss."""
+        key = {**key, "version": BASELINE_VERSION}
         name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         path = self.root / f"{name}.json"
-        if path.is_file():
+        if path.is_file() and not self.refresh:
+            self.hits.append(str(key.get("metric", "harness")))
             return json.loads(path.read_text())["value"]
         value = compute()
         self.root.mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,36 @@
 """lm-eval-harness on the in-memory model (no save and reload), with suites from the ``eval``
-config group and the project's own offline tasks (local JSONL shipped in ``offline_tasks/``)."""
+config group and the project's own offline tasks (local JSONL shipped in ``offline_tasks/``).
+
+Each suite declares the metric of each task (``eval.harness.metrics``, ``task: metric``): the
+task's ``score_<task>`` column and, for tasks whose metric is not a perplexity, its share of
+``avg_acc``."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
+from replaceme_exp.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 OFFLINE_TASKS = Path(__file__).parent / "offline_tasks"
 HUB_TASKS = Path(__file__).parent / "hub_tasks"  # hub-data tasks (eval=llama2_table), next to the defaults
+
+# Metrics recorded as ``<metric>_<task>`` (with ``<metric>_stderr_<task>``) whether declared or not.
+ACCURACY_METRICS = ("acc", "acc_norm", "exact_match")
+# Metrics recorded as ``ppl_<name>`` (name from ``eval.harness.ppl_names``, else the task); a task
+# that declares one of them is left out of ``avg_acc``.
+PERPLEXITY_METRICS = ("perplexity", "word_perplexity")
+DEFAULT_BOOTSTRAP_ITERS = 1000
 
 
 def materialize_offline_tasks(target: Path, n_ppl_docs: int = 12) -> Path:
@@ -31,20 +46,142 @@ def materialize_offline_tasks(target: Path, n_ppl_docs: int = 12) -> Path:
     return target
 
 
+def metric_column(task: str, metric: str, ppl_names: dict[str, str] | None = None) -> str:
+    """The row column of ``metric`` on ``task``: ``acc_norm_piqa``; ``ppl_<name>`` for perplexities."""
+    if metric in PERPLEXITY_METRICS:
+        return f"ppl_{(ppl_names or {}).get(task, task)}"
+    return f"{metric}_{task}"
+
+
+def stderr_column(task: str, metric: str, ppl_names: dict[str, str] | None = None) -> str:
+    """``acc_norm_stderr_piqa``, ``ppl_stderr_lambada``: the standard error of :func:`metric_column`."""
+    if metric in PERPLEXITY_METRICS:
+        return f"ppl_stderr_{(ppl_names or {}).get(task, task)}"
+    return f"{metric}_stderr_{task}"
+
+
 def accuracy_column(entry: str) -> str:
-    """``task`` -> ``acc_task``; ``task:metric`` -> ``metric_task`` (e.g. ``acc_norm``)."""
+    """``task`` -> ``acc_task``; ``task:metric`` -> ``metric_task`` (kept for old callers; the
+    suites now declare ``metrics: {task: metric}``, see :func:`declared_metrics`)."""
     task, _, metric = entry.partition(":")
-    return f"{metric or 'acc'}_{task}"
+    return metric_column(task, metric or "acc")
 
 
-def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0) -> dict[str, float]:
-    """Scores of ``model`` on the suite ``cfg`` (``eval.harness``): ``acc_<task>``,
-    ``acc_norm_<task>`` / ``exact_match_<task>`` where lm-eval reports them, ``ppl_<name>`` for
-    perplexity tasks, and ``avg_acc`` over ``cfg.accuracy_tasks`` (``task`` or ``task:metric``)."""
+def declared_metrics(cfg: DictConfig) -> dict[str, str]:
+    """``eval.harness.metrics`` as a plain dict, checked to name exactly the suite's tasks."""
+    metrics = OmegaConf.to_container(cfg.get("metrics") or {}, resolve=True)
+    tasks = list(OmegaConf.to_container(cfg.tasks))
+    if set(metrics) != set(tasks):
+        raise ConfigError(
+            "eval.harness.metrics",
+            metrics,
+            f"declare one metric per task of eval.harness.tasks {tasks} "
+            f"(missing {sorted(set(tasks) - set(metrics))}, extra {sorted(set(metrics) - set(tasks))})",
+        )
+    return {task: str(metric) for task, metric in metrics.items()}
+
+
+def accuracy_columns(cfg: DictConfig) -> list[str]:
+    """The columns ``avg_acc`` averages, in the suite's task order (e.g. ``acc_norm_piqa``)."""
+    return [metric_column(t, m) for t, m in declared_metrics(cfg).items() if m not in PERPLEXITY_METRICS]
+
+
+def _number(value: Any) -> float | None:
+    """lm-eval writes ``"N/A"`` where it has no value (e.g. stderr with ``bootstrap_iters=0``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def collect_scores(
+    results: dict[str, dict[str, Any]], metrics: dict[str, str], ppl_names: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Row columns from lm-eval's ``out["results"]`` (``{task: {"acc,none": .., "acc_stderr,none":
+    .., "alias": ..}}``): ``<metric>_<task>`` and ``<metric>_stderr_<task>`` for the accuracy
+    metrics and any declared metric, ``ppl_<name>`` / ``ppl_stderr_<name>`` for perplexities,
+    ``score_<task>`` / ``score_stderr_<task>`` = the declared metric of each task in ``metrics``,
+    and ``avg_acc`` = mean of ``score_<task>`` over the declared tasks whose metric is not a
+    perplexity. Values that are not numbers are skipped; of several filters the ``none`` one (else
+    the first reported) wins. Raises if a declared metric is missing."""
+    ppl_names = ppl_names or {}
+    scores: dict[str, float] = {}
+    wanted = set(ACCURACY_METRICS) | set(PERPLEXITY_METRICS) | set(metrics.values())
+    for task, reported in results.items():
+        # {metric: {filter: [value, stderr]}} from keys "<metric>,<filter>", "<metric>_stderr,<filter>"
+        by_metric: dict[str, dict[str, list[float | None]]] = {}
+        for key, raw in reported.items():
+            name, _, filter_key = key.partition(",")
+            is_stderr = name.endswith("_stderr")
+            metric = name[: -len("_stderr")] if is_stderr else name
+            if metric in wanted and filter_key:
+                by_metric.setdefault(metric, {}).setdefault(filter_key, [None, None])[int(is_stderr)] = _number(raw)
+        for metric, filters in by_metric.items():
+            ordered = [filters["none"]] if "none" in filters else []
+            ordered += [pair for f, pair in filters.items() if f != "none"]
+            value, stderr = next((pair for pair in ordered if pair[0] is not None), (None, None))
+            if value is None:
+                continue
+            columns = [metric_column(task, metric, ppl_names)]
+            stderr_columns = [stderr_column(task, metric, ppl_names)]
+            if metrics.get(task) == metric:
+                columns.append(f"score_{task}")
+                stderr_columns.append(f"score_stderr_{task}")
+            scores.update(dict.fromkeys(columns, value))
+            if stderr is not None:
+                scores.update(dict.fromkeys(stderr_columns, stderr))
+    missing = {t: m for t, m in metrics.items() if f"score_{t}" not in scores}
+    if missing:
+        raise RuntimeError(f"lm-eval returned no {missing} (task: metric); it returned {sorted(scores)}")
+    accuracy = [t for t, m in metrics.items() if m not in PERPLEXITY_METRICS]
+    if accuracy:
+        scores["avg_acc"] = sum(scores[f"score_{t}"] for t in accuracy) / len(accuracy)
+    return scores
+
+
+def lm_eval_version() -> str | None:
+    try:
+        return version("lm_eval")
+    except PackageNotFoundError:
+        return None
+
+
+def bootstrap_iters(cfg: DictConfig) -> int:
+    return int(cfg.get("bootstrap_iters", DEFAULT_BOOTSTRAP_ITERS))
+
+
+def harness_settings(cfg: DictConfig, seed: int) -> dict[str, Any]:
+    """Every setting of the suite ``cfg`` (``eval.harness``) that moves a score, as JSON-able row
+    columns. ``eval_max_length`` is the configured value (``null``: lm-eval takes the model's);
+    the task versions are only known after the run (``eval_task_versions`` of :func:`run_harness`)."""
+    limit = cfg.get("limit")
+    return {
+        "eval_batch_size": cfg.batch_size,
+        "eval_add_bos_token": bool(cfg.add_bos_token),
+        "eval_max_length": None if cfg.get("max_length") is None else int(cfg.max_length),
+        "eval_fewshot": {task: int(n) for task, n in OmegaConf.to_container(cfg.tasks).items()},
+        "eval_fewshot_seed": int(seed),
+        "eval_limit": limit,
+        "eval_bootstrap_iters": bootstrap_iters(cfg),
+        "eval_metrics": declared_metrics(cfg),
+        "lm_eval_version": lm_eval_version(),
+    }
+
+
+def _json_version(value: Any) -> Any:
+    return value if value is None or isinstance(value, (int, float, str)) else str(value)
+
+
+def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0) -> dict[str, Any]:
+    """Scores of ``model`` on the suite ``cfg`` (``eval.harness``), see :func:`collect_scores`
+    (each metric with its standard error where lm-eval gives one: closed form for accuracies,
+    ``cfg.bootstrap_iters`` resamples for ``perplexity``), plus ``eval_task_versions`` ({task:
+    version} of every task and group lm-eval ran) and ``eval_max_length_used`` (the context
+    length lm-eval used: ``cfg.max_length`` or the model's). All values are JSON-able."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
+    metrics = declared_metrics(cfg)
     include = str(materialize_offline_tasks(Path(work_dir) / "lm_eval_tasks")) if cfg.local_tasks else str(HUB_TASKS)
     manager = TaskManager(include_path=include, include_defaults=not cfg.local_tasks, verbosity="ERROR")
     lm = HFLM(
@@ -58,7 +195,8 @@ def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0
     for task, fewshot in OmegaConf.to_container(cfg.tasks).items():
         by_fewshot.setdefault(int(fewshot), []).append(task)
     ppl_names = OmegaConf.to_container(cfg.get("ppl_names") or {})
-    scores: dict[str, float] = {}
+    results: dict[str, dict] = {}
+    versions: dict[str, Any] = {}
     for fewshot, tasks in by_fewshot.items():
         out = simple_evaluate(
             model=lm,
@@ -66,7 +204,7 @@ def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0
             num_fewshot=fewshot,
             task_manager=manager,
             limit=cfg.get("limit"),
-            bootstrap_iters=0,
+            bootstrap_iters=bootstrap_iters(cfg),
             log_samples=False,
             random_seed=seed,
             numpy_random_seed=seed,
@@ -74,19 +212,10 @@ def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0
             fewshot_random_seed=seed,
             verbosity="ERROR",
         )
-        for task, metrics in out["results"].items():
-            for key, value in metrics.items():
-                metric = key.split(",")[0]
-                if not isinstance(value, (int, float)):
-                    continue
-                if metric in ("acc", "acc_norm", "exact_match"):
-                    scores[f"{metric}_{task}"] = float(value)
-                elif metric in ("perplexity", "word_perplexity"):
-                    scores[f"ppl_{ppl_names.get(task, task)}"] = float(value)
-    columns = [accuracy_column(entry) for entry in cfg.accuracy_tasks]
-    missing = [c for c in columns if c not in scores]
-    if missing:
-        raise RuntimeError(f"lm-eval returned no {missing}; it returned {sorted(scores)}")
-    scores["avg_acc"] = sum(scores[c] for c in columns) / len(columns)
-    log.info("harness: %s", {k: round(v, 4) for k, v in scores.items()})
+        results.update(out["results"])
+        versions.update({task: _json_version(v) for task, v in (out.get("versions") or {}).items()})
+    scores: dict[str, Any] = collect_scores(results, metrics, ppl_names)
+    log.info("harness: %s", {k: round(v, 4) if math.isfinite(v) else v for k, v in scores.items()})
+    scores["eval_task_versions"] = dict(sorted(versions.items()))
+    scores["eval_max_length_used"] = int(lm.max_length)
     return scores

@@ -121,10 +121,47 @@ def load_tokenizer(cfg: DictConfig, cache_dir: str | os.PathLike):
     return tok
 
 
-def load_model(cfg: DictConfig, cache_dir: str | os.PathLike = ".cache") -> LoadedModel:
-    """Load the model and tokenizer described by ``cfg`` (a ``model`` config group)."""
+def check_nf4_capture(cfg: DictConfig) -> None:
+    """``model.capture_4bit=true`` (the official code's ``use_4bit``) needs bitsandbytes and a CUDA
+    GPU; refused clearly elsewhere, before anything is loaded."""
+    if not cfg.get("capture_4bit"):
+        return
+    if cfg.source not in ("hub", "local"):
+        raise ConfigError("model.capture_4bit", True, f"needs a hub or local checkpoint, not model.source={cfg.source}")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError("model.capture_4bit", True, "needs the bitsandbytes package (pip install bitsandbytes)")
+    if not torch.cuda.is_available():
+        raise ConfigError("model.capture_4bit", True, "4-bit NF4 activations need a CUDA GPU; none is visible")
+
+
+def nf4_config():
+    """The official code's BitsAndBytesConfig: NF4, double quantisation, bfloat16 compute."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+
+
+def load_model(
+    cfg: DictConfig, cache_dir: str | os.PathLike = ".cache", weights: dict | None = None, nf4: bool = False
+) -> LoadedModel:
+    """Load the model and tokenizer described by ``cfg`` (a ``model`` config group).
+
+    ``weights``: the fingerprint of :func:`~replaceme_exp.models.fingerprint.weights_fingerprint`
+    (computed here when not given); it is the model's cache identity, with the dtype and, for hub
+    models, the resolved commit. ``nf4``: load a 4-bit NF4 copy (``model.capture_4bit``) whose
+    activations feed the capture, as the official code's ``use_4bit``.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from replaceme_exp.models.fingerprint import weights_fingerprint
+
+    if weights is None:
+        weights = weights_fingerprint(cfg, cache_dir)
     dtype = resolve_dtype(cfg.dtype)
     device_map = cfg.get("device_map")
     device = resolve_device(cfg.get("device"))
@@ -136,27 +173,29 @@ def load_model(cfg: DictConfig, cache_dir: str | os.PathLike = ".cache") -> Load
     if source == "embedded":
         path = embedded_checkpoint(cache_dir)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        identity = {"source": "embedded", "checkpoint": json.loads((path / "replaceme_source.json").read_text())}
     elif source in ("hub", "local"):
         if source == "local" and not Path(cfg.pretrained).is_dir():
             raise ConfigError("model.pretrained", cfg.pretrained, "no such local checkpoint directory")
+        extra = {"quantization_config": nf4_config(), "device_map": device_map or str(device)} if nf4 else {}
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.pretrained, revision=cfg.get("revision"), dtype=dtype, device_map=device_map
+            cfg.pretrained, revision=cfg.get("revision"), dtype=dtype, **({"device_map": device_map} | extra)
         )
-        identity = {"source": source, "pretrained": str(cfg.pretrained), "revision": cfg.get("revision")}
     elif source == "random":
         config_kwargs = OmegaConf.to_container(cfg.config, resolve=True)
         config = AutoConfig.for_model(**config_kwargs)
         with torch.random.fork_rng():
             torch.manual_seed(int(cfg.get("init_seed", 0)))
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        identity = {"source": "random", "config": config_kwargs, "init_seed": int(cfg.get("init_seed", 0))}
     else:
         raise ConfigError("model.source", source, "choose embedded, hub, local or random")
-    if device_map is None:
+    if device_map is None and not nf4:
         model.to(device)
     model.eval()
     model.requires_grad_(False)
-    identity["dtype"] = cfg.dtype
+    identity = {"weights": weights, "dtype": cfg.dtype}
+    if source == "hub" and getattr(model.config, "_commit_hash", None):
+        identity["commit"] = model.config._commit_hash  # the resolved revision names the content
+    if nf4:
+        identity["quantization"] = "nf4"
     tokenizer = load_tokenizer(cfg, cache_dir)
     return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name, identity=identity)

@@ -2,14 +2,19 @@
 (written by ``make paper-tables``).
 
 Every point is the mean of the finished runs behind it (error bars: standard deviation when
-there are several); a panel with no run behind it says so instead of drawing anything.
+there are several); a panel with no run behind it says so instead of drawing anything. Like a
+table cell, a point averages only runs identical except for the seed: where the runs behind it
+hold several settings, one is shown (``selection.choose_setting``) and the CSV's ``note`` column
+(and a line under the figure) names the settings left out.
 
 - ``calibration_size``: average accuracy and perplexity against the number of calibration
   samples (LS and cosine, the unpruned model dashed).
 - ``pruned_layers``: average accuracy against the number of pruned blocks, ReplaceMe (LS) and
   UIDL, one panel per model.
 - ``time_emissions``: compression time and CO2 relative to ReplaceMe (LS), and RP, for LS,
-  cosine and UIDL.
+  cosine and UIDL; uncached runs only (a run whose selection distances or LS statistics came
+  from a cache did not pay for them; a run without a ``cached_stages`` record is excluded as
+  unknown); the figure and its CSV say how many runs were excluded.
 - ``block_selection``: every 8-block window's held-out cosine and L2 distance against the
   pruned model's average accuracy, per method, with a least-squares trend line.
 - ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
@@ -27,7 +32,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from replaceme_exp.results.paper_tables import DEFAULT_METHOD, LLAMA3_25, UIDL, matches  # noqa: E402
+from replaceme_exp.results.paper_tables import DEFAULT_METHOD, LLAMA3_25, UIDL  # noqa: E402
+from replaceme_exp.results.selection import choose_setting, matches  # noqa: E402
 
 REPLACEME_LS = {"objective": "ls", "selection_metric": "cosine"}
 REPLACEME_COSINE = {"objective": "cosine", "selection_metric": "cosine"}
@@ -40,6 +46,9 @@ PRUNED_LAYERS_MODELS = {
 METHOD_FREE = {k: v for k, v in DEFAULT_METHOD.items() if k != "selection_metric"}
 TIME_EMISSIONS_WHERE = {**METHOD_FREE, "model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"}
 COMPRESSION_STAGES = ("capture", "estimate", "heal")  # what compressing a model costs (not load or eval)
+# Cached stages that make a run's compression cost not its own (cached_stages, JSON list).
+COST_CACHED_STAGES = ("selection", "statistics")
+PLOTTED_COLUMNS = ["panel", "series", "x", "mean", "std", "n", "note"]
 
 
 def select(runs: pd.DataFrame, conditions: dict) -> pd.DataFrame:
@@ -55,13 +64,21 @@ def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
     return pd.to_numeric(frame[column], errors="coerce")
 
 
-def mean_std(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """Per value of ``x``: mean, std (0 for one run) and n of ``y``, sorted by ``x``."""
-    data = pd.DataFrame({"x": _numeric(frame, x), "y": _numeric(frame, y)}).dropna()
-    if data.empty:
-        return pd.DataFrame(columns=["x", "mean", "std", "n"])
-    grouped = data.groupby("x")["y"].agg(["mean", "std", "count"]).reset_index()
-    return grouped.rename(columns={"count": "n"}).fillna({"std": 0.0})
+def mean_std(frame: pd.DataFrame, x: str, y: str, prefer: dict | None = None) -> pd.DataFrame:
+    """Per value of ``x``: the runs of one setting there (:func:`selection.choose_setting`),
+    their mean, std (0 for one run) and n of ``y``, and a ``note`` naming the settings left out
+    ("" when none); sorted by ``x``."""
+    xs = _numeric(frame, x)
+    points = []
+    for value in sorted(xs.dropna().unique()):
+        choice = choose_setting(frame[xs == value], prefer)
+        ys = _numeric(choice.shown, y).dropna()
+        if ys.empty:
+            continue
+        std = float(ys.std(ddof=1)) if len(ys) > 1 else 0.0
+        note = choice.note(f"{x}={value:g}") or ""
+        points.append({"x": value, "mean": float(ys.mean()), "std": std, "n": len(ys), "note": note})
+    return pd.DataFrame(points, columns=["x", "mean", "std", "n", "note"])
 
 
 def _no_runs(ax, what: str) -> None:
@@ -69,20 +86,31 @@ def _no_runs(ax, what: str) -> None:
 
 
 class Plotted:
-    """What a figure shows, as rows (panel, series, x, mean, std, n): written beside the PNG as
-    CSV so that every plotted number can be checked or replotted."""
+    """What a figure shows, as rows (panel, series, x, mean, std, n, note): written beside the
+    PNG as CSV so that every plotted number can be checked or replotted; ``note`` names the
+    settings left out of a point (or what the figure excluded)."""
 
     def __init__(self):
         self.rows: list[dict] = []
 
     def add(self, panel: str, series: str, points: pd.DataFrame) -> None:
         for p in points.to_dict("records"):
-            self.rows.append(
-                {"panel": panel, "series": series, "x": p["x"], "mean": p["mean"], "std": p["std"], "n": p["n"]}
-            )
+            row = {k: p.get(k) for k in ("x", "mean", "std", "n")}
+            self.rows.append({"panel": panel, "series": series, **row, "note": p.get("note") or ""})
+
+    def notes(self) -> list[str]:
+        return [r["note"] for r in self.rows if r["note"]]
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=["panel", "series", "x", "mean", "std", "n"])
+        return pd.DataFrame(self.rows, columns=PLOTTED_COLUMNS)
+
+
+def _settings_footnote(plotted: Plotted) -> str | None:
+    """A line for under the figure when some point left runs of other settings out."""
+    left_out = sum(1 for r in plotted.rows if "not shown" in r["note"])
+    if not left_out:
+        return None
+    return f"{left_out} point(s) show one of several matching settings; the others: see the CSV's note column."
 
 
 def _line(ax, points: pd.DataFrame, plotted: Plotted, panel: str, series: str, **style) -> bool:
@@ -117,7 +145,7 @@ def calibration_size(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
         ax.set(title=f"{title} vs. calibration samples", xlabel="Calibration samples", ylabel=title)
         ax.grid(alpha=0.3)
     _legend(axes[0])
-    _save(fig, path)
+    _save(fig, path, _settings_footnote(plotted))
     return plotted.frame()
 
 
@@ -136,7 +164,7 @@ def pruned_layers(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
         ax.set(title=title, xlabel="Pruned blocks", ylabel="Average accuracy")
         ax.grid(alpha=0.3)
     _legend(axes[0])
-    _save(fig, path)
+    _save(fig, path, _settings_footnote(plotted))
     return plotted.frame()
 
 
@@ -151,20 +179,55 @@ def compression_cost(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"time_s": summed("time_{}_s"), "co2_kg": summed("co2_kg_{}")}, index=frame.index)
 
 
+def _cached_stages(value) -> list[str] | None:
+    """A row's ``cached_stages`` as a list, None when unrecorded or unreadable."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [str(v) for v in value]
+    return None
+
+
+def uncached_runs(frame: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
+    """The runs whose compression stages were measured in the job, not served from a cache: no
+    ``selection`` or ``statistics`` in ``cached_stages``. Runs without a ``cached_stages`` record
+    (written before the column existed) are unknown and excluded too. Returns (runs, number
+    excluded as cached, number excluded as unrecorded)."""
+    if frame.empty:
+        return frame, 0, 0
+    column = frame["cached_stages"] if "cached_stages" in frame.columns else pd.Series(None, index=frame.index)
+    stages = column.map(_cached_stages)
+    unknown = stages.isna()
+    cached = stages.map(lambda s: s is not None and any(stage in s for stage in COST_CACHED_STAGES)).astype(bool)
+    return frame[~unknown & ~cached], int(cached.sum()), int(unknown.sum())
+
+
 def time_emissions(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Uncached runs only (:func:`uncached_runs`); per method, one setting of its runs
+    (:func:`selection.choose_setting`)."""
     plotted = Plotted()
     methods = {"Ours (LS)": REPLACEME_LS, "Ours (Cosine)": REPLACEME_COSINE, "UIDL": UIDL}
-    base = select(runs, TIME_EMISSIONS_WHERE)
+    base, n_cached, n_unknown = uncached_runs(select(runs, TIME_EMISSIONS_WHERE))
+    excluded = (
+        f"uncached runs only: excluded {n_cached} with cached selection/statistics, "
+        f"{n_unknown} without a cached_stages record"
+    )
     stats = {}
     for label, method in methods.items():
-        chosen = select(base, method)
-        if not chosen.empty:
+        choice = choose_setting(select(base, method))
+        if choice.shown is not None:
+            chosen = choice.shown
             cost = compression_cost(chosen)
+            note = "; ".join(filter(None, ["uncached runs only", choice.note(label)]))
             stats[label] = {
                 "co2": cost["co2_kg"].mean(),
                 "time": cost["time_s"].mean(),
                 "rp": _numeric(chosen, "rp").mean(),
                 "n": len(chosen),
+                "note": note,
             }
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     reference = stats.get("Ours (LS)")
@@ -174,24 +237,32 @@ def time_emissions(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
         for i, (label, s) in enumerate(costs.items()):
             relative = [s["co2"] / reference["co2"] if reference["co2"] else np.nan, s["time"] / reference["time"]]
             for what, value in zip(("emissions_rel_ls", "time_rel_ls"), relative):
-                plotted.add(what, label, pd.DataFrame([{"x": np.nan, "mean": value, "std": 0.0, "n": s["n"]}]))
+                point = {"x": np.nan, "mean": value, "std": 0.0, "n": s["n"], "note": s["note"]}
+                plotted.add(what, label, pd.DataFrame([point]))
             bars = left.bar(np.arange(2) + i * width, relative, width, label=label)
             left.bar_label(bars, fmt="%.3g", fontsize="x-small")
         left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, ["Emissions", "Time"])
         _legend(left)
     else:
         _no_runs(left, "+paper=time_emissions (ReplaceMe LS is the reference)")
-    left.set(title="Compression cost relative to LS", ylabel="Rel. to LS")
+    left.set(title="Compression cost relative to LS (uncached runs only)", ylabel="Rel. to LS")
     with_rp = {k: v["rp"] for k, v in stats.items() if not np.isnan(v["rp"])}
     for label, value in with_rp.items():
-        plotted.add("rp", label, pd.DataFrame([{"x": np.nan, "mean": value, "std": 0.0, "n": stats[label]["n"]}]))
+        point = {"x": np.nan, "mean": value, "std": 0.0, "n": stats[label]["n"], "note": stats[label]["note"]}
+        plotted.add("rp", label, pd.DataFrame([point]))
     if with_rp:
         bars = right.bar(list(with_rp), [100 * v for v in with_rp.values()], color="tab:green")
         right.bar_label(bars, fmt="%.1f", fontsize="x-small")
     else:
         _no_runs(right, "+paper=time_emissions")
-    right.set(title="Relative accuracy", ylabel="RP (%)")
-    _save(fig, path)
+    right.set(title="Relative accuracy (uncached runs only)", ylabel="RP (%)")
+    for series, count in (("cached", n_cached), ("unrecorded", n_unknown)):
+        point = {"x": np.nan, "mean": np.nan, "std": np.nan, "n": count, "note": excluded}
+        plotted.add("excluded", series, pd.DataFrame([point]))
+    footnote = excluded[0].upper() + excluded[1:] + "."
+    if (settings := _settings_footnote(plotted)) is not None:
+        footnote += " " + settings
+    _save(fig, path, footnote)
     return plotted.frame()
 
 
@@ -222,7 +293,7 @@ def block_selection(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("Average accuracy")
     _legend(axes[0])
-    _save(fig, path)
+    _save(fig, path, _settings_footnote(plotted))
     return plotted.frame()
 
 
@@ -261,8 +332,12 @@ def _legend(ax) -> None:
         ax.legend(fontsize="small")
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
+def _save(fig, path: Path, footnote: str | None = None) -> None:
+    if footnote:
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+        fig.text(0.5, 0.01, footnote, ha="center", va="bottom", fontsize="x-small", color="dimgray", wrap=True)
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -2,9 +2,13 @@
 
 Each table is declared by a :class:`TableSpec`: which runs it reads (``where``), its rows and its
 columns. A cell averages the finished runs that match ``where`` + the row's conditions + the
-column's conditions (the latest run per config hash, so every seed counts once) and says how
-many there are: ``0.634`` for one run, ``0.634 ± 0.002 (n=3)`` for several, ``—`` (missing) for
-none. Three kinds of rows:
+column's conditions (the latest finished run per config hash, so every seed counts once) and
+says how many there are: ``0.634`` for one run, ``0.634 ± 0.002 (n=3)`` for several, ``—``
+(missing) for none. A cell averages only runs identical except for the seed: when the matching
+runs hold several settings (same ``setting_hash``; see ``selection.py``), the cell shows one, the
+one meeting most of the table's and row's preferred settings (``prefer``, on top of
+``selection.PREFERRED_SETTINGS``: bfloat16, mini-batch Adam), then with most runs, then the
+latest; a note under the table names the settings left out and their runs. Three kinds of rows:
 
 - ``measured``: runs of this project.
 - ``baseline``: the unpruned model, read from the ``baseline_<metric>`` columns that every
@@ -18,6 +22,7 @@ none. Three kinds of rows:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +30,12 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from replaceme_exp.results.selection import DEFAULTS_FOR_MISSING_COLUMNS  # noqa: F401  (kept importable here)
+from replaceme_exp.results.selection import PREFERRED_SETTINGS, best_first, choose_setting, matches, preference_rule
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
 QUOTED_NUMBERS = Path(__file__).with_name("quoted_numbers.yaml")
-# A row written before a key existed matches that key's default value (e.g. healing=none).
-DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none"}
 BASELINE_CONSTANTS = {"rp": 1.0, "compression_ratio": 0.0, "blocks_pruned_ratio": 0.0}
 BASELINE_KEYS = ("model", "eval")  # what the unpruned model's scores depend on
 
@@ -48,6 +53,7 @@ class Row:
     conditions: dict = field(default_factory=dict)
     kind: str = "measured"  # measured | baseline
     text: dict = field(default_factory=dict)  # cells of the table's text columns
+    prefer: dict = field(default_factory=dict)  # preferred settings, over the table's (see selection.py)
 
     def __post_init__(self):
         if self.kind not in ("measured", "baseline"):
@@ -64,6 +70,11 @@ class TableSpec:
     text_columns: list[str] = field(default_factory=list)
     quoted_at: int | None = None  # row index where the quoted block goes (None: no quoted rows)
     transpose: bool = False  # settings as columns, metrics as rows (the paper's layout)
+    prefer: dict = field(default_factory=dict)  # preferred settings, over PREFERRED_SETTINGS
+
+    def preferences(self, row: Row) -> dict:
+        """The settings a cell of ``row`` prefers when its runs hold several (see selection.py)."""
+        return {**PREFERRED_SETTINGS, **self.prefer, **row.prefer}
 
     def row_specs(self) -> list[Row]:
         return [r if isinstance(r, Row) else Row(*r) for r in self.rows]
@@ -75,7 +86,17 @@ class TableSpec:
 PAPER_COLUMNS = [Column("Avg-acc", "avg_acc"), Column("Perplexity", "ppl_lambada"), Column("RP", "rp")]
 PAPER_TASKS = [("Race", "race"), ("Winogrande", "winogrande"), ("PiQA", "piqa"), ("BoolQ", "boolq")]
 PAPER_TASKS += [("OpenBookQA", "openbookqa"), ("SciQ", "sciq")]
-TASK_COLUMNS = [Column(header, f"acc_{task}") for header, task in PAPER_TASKS]
+# The metric the paper reports per task (conf/eval/paper.yaml, harness.metrics): acc_norm for
+# PIQA, OpenBookQA and SciQ, acc for the others.
+PAPER_METRICS = {
+    "race": "acc",
+    "winogrande": "acc",
+    "piqa": "acc_norm",
+    "boolq": "acc",
+    "openbookqa": "acc_norm",
+    "sciq": "acc_norm",
+}
+TASK_COLUMNS = [Column(header, f"{PAPER_METRICS[task]}_{task}") for header, task in PAPER_TASKS]
 # The Llama 2 comparison's benchmarks: header -> accuracy column (conf/eval/llama2_table.yaml).
 LLAMA2_TABLE_COLUMNS = [
     ("C3", "acc_replaceme_c3"),
@@ -205,7 +226,7 @@ TABLES = [
                 text={"Calibration data": "SlimOrca (general)", "Compression": "25%"},
             ),
         ],
-        [Column("SciQ accuracy", "acc_sciq")],
+        [Column("SciQ accuracy", f"{PAPER_METRICS['sciq']}_sciq")],
         text_columns=["Calibration data", "Compression"],
     ),
     TableSpec(
@@ -225,6 +246,7 @@ TABLES = [
         ],
         CLIP_COLUMNS,
         text_columns=["Compression ratio"],
+        prefer={"dtype": "float32"},  # conf/model/clip_vit_l14.yaml
     ),
     TableSpec(
         "healing",
@@ -341,27 +363,6 @@ def load_quoted(path: str | Path = QUOTED_NUMBERS) -> dict:
     return out
 
 
-def matches(table: pd.DataFrame, conditions: dict) -> pd.Series:
-    """Boolean mask of the runs whose columns equal ``conditions``: numbers within 1e-12, None
-    for a missing value, and a column absent from every run matches its default (if it has one)."""
-    mask = pd.Series(True, index=table.index)
-    for key, value in conditions.items():
-        if key not in table.columns:
-            if DEFAULTS_FOR_MISSING_COLUMNS.get(key, object()) == value:
-                continue
-            return pd.Series(False, index=table.index)
-        column = table[key]
-        if key in DEFAULTS_FOR_MISSING_COLUMNS:
-            column = column.fillna(DEFAULTS_FOR_MISSING_COLUMNS[key])
-        if value is None:
-            mask &= column.isna()
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            mask &= pd.to_numeric(column, errors="coerce").sub(value).abs() < 1e-12
-        else:
-            mask &= column == value
-    return mask
-
-
 def format_value(value: float) -> str:
     return f"{value:.4g}"
 
@@ -386,7 +387,7 @@ def with_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def _baseline_cell(selected: pd.DataFrame, metric: str) -> str:
+def _baseline_cell(selected: pd.DataFrame, metric: str, prefer: dict | None = None) -> str:
     if selected.empty:
         return MISSING
     if metric in BASELINE_CONSTANTS:
@@ -396,30 +397,60 @@ def _baseline_cell(selected: pd.DataFrame, metric: str) -> str:
         column = "avg_acc_baseline"  # rows written before baseline_<metric> existed
     if column not in selected.columns:
         return MISSING
-    values = pd.to_numeric(selected[column], errors="coerce").dropna()
-    # Every run of a (model, suite) reads the same cached baseline: one value, not a mean over seeds.
+    # Every run of a (model, suite) reads the same cached baseline: one value, not a mean over
+    # seeds; from the latest run among those meeting most preferred settings (e.g. the dtype).
+    values = pd.to_numeric(best_first(selected, prefer)[column], errors="coerce").dropna()
     return format_value(values.iloc[-1]) if not values.empty else MISSING
+
+
+def row_name(spec: TableSpec, row: Row) -> str:
+    """How notes name a row: its label and its text cells (``ReplaceMe, Linear (Cosine)``)."""
+    texts = [str(row.text.get(t, "")) for t in spec.text_columns]
+    return ", ".join([row.label] + [t for t in texts if t and t != "-"])
+
+
+def _condition_key(conditions: dict) -> str:
+    return json.dumps(conditions, sort_keys=True, default=str)
 
 
 def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None) -> pd.DataFrame:
     """The table as displayed strings: ``Setting``, the text columns, ``Runs`` (how many runs
-    stand behind the row, ``unpruned`` or ``quoted``) and one column per metric column."""
+    stand behind the row's shown cells, ``unpruned`` or ``quoted``) and one column per metric
+    column. Each cell shows one setting of its matching runs (:func:`selection.choose_setting`
+    with ``spec.preferences(row)``); ``table.attrs["notes"]`` lists, per row (and per column
+    condition), the settings that matched and were left out (rendered under the table)."""
     finished = with_derived_columns(runs[runs["status"] == "finished"]) if not runs.empty else runs
     columns = spec.column_specs()
-    out = []
+    out, notes = [], []
     for row in spec.row_specs():
         conditions = {**spec.where, **row.conditions}
+        prefer = spec.preferences(row)
         if row.kind == "baseline":
             conditions = {k: v for k, v in conditions.items() if k in BASELINE_KEYS}
         selected = finished[matches(finished, conditions)] if not finished.empty else finished
         cells = {"Setting": row.label, **{t: row.text.get(t, "") for t in spec.text_columns}}
-        cells["Runs"] = "unpruned" if row.kind == "baseline" else len(selected)
+        if row.kind == "baseline":
+            cells["Runs"] = "unpruned"
+            cells.update({c.header: _baseline_cell(selected, c.metric, prefer) for c in columns})
+            out.append(cells)
+            continue
+        # One choice per distinct column condition (columns without conditions share the row's).
+        shown: dict[str, pd.DataFrame] = {}
         for column in columns:
-            metric = column.metric
-            if row.kind == "baseline":
-                cells[column.header] = _baseline_cell(selected, metric)
+            key = _condition_key(column.conditions)
+            if key in shown:
                 continue
             in_cell = selected[matches(selected, column.conditions)] if not selected.empty else selected
+            choice = choose_setting(in_cell, prefer)
+            shown[key] = choice.shown if choice.shown is not None else in_cell.iloc[0:0]
+            headers = [c.header for c in columns if _condition_key(c.conditions) == key]
+            name = row_name(spec, row) + (f" [{', '.join(headers)}]" if column.conditions else "")
+            if (note := choice.note(name)) is not None:
+                notes.append(note)
+        cells["Runs"] = len(set().union(*(frame.index for frame in shown.values()))) if shown else 0
+        for column in columns:
+            in_cell = shown[_condition_key(column.conditions)]
+            metric = column.metric
             cells[column.header] = format_cell(in_cell[metric]) if metric in in_cell.columns else MISSING
         out.append(cells)
     if spec.quoted_at is not None and quoted and spec.name in quoted:
@@ -436,13 +467,26 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None)
     table = pd.DataFrame(out)
     if spec.transpose:
         table = table.set_index("Setting").T.reset_index().rename(columns={"index": ""})
+    table.attrs["notes"] = notes
     return table
 
 
-def _footer(spec: TableSpec, quoted: dict | None) -> list[str]:
-    lines = [f"Cells average the finished runs behind them (seeds); {MISSING} = no run."]
+def table_notes(table: pd.DataFrame) -> list[str]:
+    """The notes :func:`build_table` attached: the settings that matched a row and were left out."""
+    return list(table.attrs.get("notes", []))
+
+
+def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = None, bullet: str = "") -> list[str]:
+    lines = [
+        "Cells average the finished runs of one setting, which differ only in the seed "
+        f"(mean ± std (n)); {MISSING} = no run; Runs counts the runs shown."
+    ]
     if spec.quoted_at is not None and quoted and spec.name in quoted:
         lines.append(f"Rows marked quoted are not measured here; source: {quoted[spec.name]['source']}.")
+    notes = table_notes(table) if table is not None else []
+    if notes:
+        lines.append(preference_rule({**PREFERRED_SETTINGS, **spec.prefer}))
+        lines += [f"{bullet}{note}." for note in notes]
     return lines
 
 
@@ -450,7 +494,7 @@ def to_markdown(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None
     headers = list(table.columns)
     lines = [f"**{spec.name}**: {spec.caption}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    lines += [""] + _footer(spec, quoted)
+    lines += [""] + _footer(spec, quoted, table, bullet="- ")
     return "\n".join(lines) + "\n"
 
 
@@ -470,7 +514,7 @@ def to_latex(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None) -
             lines.append(r"\midrule")
         lines.append(" & ".join(esc(v) for v in row) + r" \\")
         previous = kind
-    caption = " ".join([spec.caption] + _footer(spec, quoted))
+    caption = " ".join([spec.caption] + _footer(spec, quoted, table))
     lines += [
         r"\bottomrule",
         r"\end{tabular}",

@@ -6,7 +6,6 @@ through a temporary file and an atomic rename, so no row is lost or half-written
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -14,21 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
-
-# Keys that change where or how a job runs, not what it computes.
-NON_SEMANTIC_KEYS = ("results_dir", "cache_dir", "save_model", "force", "capture", "store", "tracking", "hydra")
-NON_SEMANTIC_MODEL_KEYS = ("device", "device_map")
-
-
-def config_hash(cfg: DictConfig) -> str:
-    """Hash of the resolved config without the keys in ``NON_SEMANTIC_KEYS``."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    for key in NON_SEMANTIC_KEYS:
-        data.pop(key, None)
-    for key in NON_SEMANTIC_MODEL_KEYS:
-        data.get("model", {}).pop(key, None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def new_run_id() -> str:
@@ -62,18 +46,43 @@ class ResultsStore:
         return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
 
     def finished_row(self, config_hash_: str) -> dict | None:
+        """The latest finished run of a configuration (a later failed rerun does not hide it),
+        or None when it has none."""
         rows = self.rows_for(config_hash_)
-        if rows.empty:
+        if rows.empty or "status" not in rows.columns:
             return None
         done = rows[rows["status"] == "finished"]
-        return None if done.empty else done.sort_values("started_at").iloc[-1].to_dict()
+        return None if done.empty else _by_start(done).iloc[-1].to_dict()
 
     def load(self, latest_per_config: bool = False) -> pd.DataFrame:
-        """All rows as one table (columns are the union of the rows' columns)."""
+        """All rows as one table (columns are the union of the rows' columns). With
+        ``latest_per_config``, one row per config hash: its latest finished run (a later failed
+        or unfinished rerun never hides it), or its latest row when none finished."""
         files = sorted(self.runs.glob("*/*.parquet"))
         if not files:
             return pd.DataFrame()
         table = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
         if latest_per_config:
-            table = table.sort_values("started_at").groupby("config_hash", as_index=False).tail(1)
+            table = latest_finished_per_config(table)
         return table.reset_index(drop=True)
+
+
+def _started(table: pd.DataFrame) -> pd.Series:
+    """``started_at`` as sortable text ("" where missing: earliest)."""
+    if "started_at" not in table.columns:
+        return pd.Series("", index=table.index)
+    return table["started_at"].map(lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v))
+
+
+def _by_start(table: pd.DataFrame) -> pd.DataFrame:
+    return table.loc[_started(table).sort_values(kind="mergesort").index]
+
+
+def latest_finished_per_config(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per ``config_hash``: the latest finished one, else the latest one."""
+    if table.empty:
+        return table
+    finished = (table["status"] == "finished") if "status" in table.columns else pd.Series(False, index=table.index)
+    order = pd.DataFrame({"finished": finished.astype(int), "started": _started(table)}, index=table.index)
+    order = order.sort_values(["finished", "started"], kind="mergesort")
+    return table.loc[order.index].groupby("config_hash", sort=False).tail(1)

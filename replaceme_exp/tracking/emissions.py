@@ -11,8 +11,37 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def job_gpu_ids(device: str | None, device_map: str | None, cuda_available: bool, n_visible: int) -> list | None:
+    """The physical ids of the GPUs a job computes on, for CodeCarbon's ``gpu_ids`` (it would
+    otherwise measure every GPU of the node, or all of ``CUDA_VISIBLE_DEVICES``). ``device_map``
+    spreads the model over every visible GPU; otherwise one device (``auto`` = GPU 0). Indices as
+    torch sees them are mapped through ``CUDA_VISIBLE_DEVICES``. None without a GPU."""
+    if not cuda_available or n_visible == 0:
+        return None
+    if device_map:
+        local = list(range(n_visible))
+    elif device in (None, "auto", "cuda"):
+        local = [0]
+    elif str(device).startswith("cuda:"):
+        local = [int(str(device).split(":", 1)[1])]
+    else:
+        return None  # computing on the CPU
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return [int(ids[i]) if ids[i].isdigit() else ids[i] for i in local if i < len(ids)]
+    return local
+
+
 class StageEmissions:
-    def __init__(self, enabled: bool, country_iso_code: str = "USA", output_dir: str | os.PathLike = "."):
+    def __init__(
+        self,
+        enabled: bool,
+        country_iso_code: str = "USA",
+        output_dir: str | os.PathLike = ".",
+        gpu_ids: list | None = None,
+    ):
+        self.gpu_ids = gpu_ids
         self.energy_kwh: dict[str, float] = {}
         self.co2_kg: dict[str, float] = {}
         self.tracker = None
@@ -28,6 +57,7 @@ class StageEmissions:
             project_name="replaceme-exp",
             log_level="error",
             save_to_file=True,
+            **({"gpu_ids": gpu_ids} if gpu_ids is not None else {}),
         )
 
     @contextmanager

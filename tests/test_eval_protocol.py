@@ -1,0 +1,208 @@
+"""The evaluation protocol: a declared metric per task, stderr and task versions from lm-eval,
+every score-moving setting exposed, BOS-prefixed held-out perplexity windows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import CONF, compose_config, tiny_model
+from omegaconf import OmegaConf
+
+from replaceme_exp.data.batching import pack_windows
+from replaceme_exp.evaluation.harness import (
+    accuracy_columns,
+    collect_scores,
+    declared_metrics,
+    harness_settings,
+    run_harness,
+)
+
+SUITES = sorted(p.stem for p in (CONF / "eval").glob("*.yaml"))
+
+
+def test_every_suite_declares_one_metric_per_task():
+    with_harness = []
+    for suite in SUITES:
+        h = compose_config([f"eval={suite}"]).eval.harness
+        if h is None:  # held-out perplexity only (quick, clip)
+            continue
+        with_harness.append(suite)
+        tasks = OmegaConf.to_container(h.tasks)
+        metrics = OmegaConf.to_container(h.metrics)
+        assert list(metrics) == list(tasks), suite  # same tasks, same order (the tables' column order)
+        assert all(isinstance(m, str) and m for m in metrics.values()), suite
+        assert declared_metrics(h) == metrics and "accuracy_tasks" not in h, suite
+        assert int(h.bootstrap_iters) > 0, suite  # stderr on
+    assert {"paper", "sciq", "offline", "leaderboard", "llama2_table"} <= set(with_harness)
+
+
+def test_paper_suite_uses_the_papers_metrics():
+    h = compose_config(["eval=paper"]).eval.harness
+    assert declared_metrics(h) == {
+        "race": "acc",
+        "winogrande": "acc",
+        "piqa": "acc_norm",
+        "boolq": "acc",
+        "openbookqa": "acc_norm",
+        "sciq": "acc_norm",
+        "lambada_openai": "perplexity",
+    }
+    assert accuracy_columns(h) == [
+        "acc_race",
+        "acc_winogrande",
+        "acc_norm_piqa",
+        "acc_boolq",
+        "acc_norm_openbookqa",
+        "acc_norm_sciq",
+    ]
+    assert declared_metrics(compose_config(["eval=sciq"]).eval.harness) == {"sciq": "acc_norm"}
+
+
+def fake_results():
+    """lm-eval's ``out["results"]`` shape, with its "N/A" stderr and a filtered metric."""
+    return {
+        "piqa": {
+            "alias": "piqa",
+            "acc,none": 0.70,
+            "acc_stderr,none": 0.010,
+            "acc_norm,none": 0.80,
+            "acc_norm_stderr,none": 0.011,
+        },
+        "boolq": {"alias": "boolq", "acc,none": 0.60, "acc_stderr,none": "N/A"},
+        "lambada_openai": {
+            "alias": "lambada_openai",
+            "perplexity,none": 4.0,
+            "perplexity_stderr,none": 0.1,
+            "acc,none": 0.5,
+            "acc_stderr,none": 0.007,
+        },
+        "gsm": {
+            "exact_match,strict-match": 0.2,
+            "exact_match_stderr,strict-match": 0.02,
+            "exact_match,none": 0.3,
+            "exact_match_stderr,none": 0.03,
+        },
+    }
+
+
+def test_avg_acc_is_the_mean_of_the_declared_metrics():
+    metrics = {"piqa": "acc_norm", "boolq": "acc", "lambada_openai": "perplexity", "gsm": "exact_match"}
+    scores = collect_scores(fake_results(), metrics, {"lambada_openai": "lambada"})
+    assert scores["avg_acc"] == pytest.approx((0.80 + 0.60 + 0.3) / 3)  # not acc of piqa, not the ppl
+    assert scores["score_piqa"] == 0.80 and scores["score_stderr_piqa"] == 0.011
+    assert scores["acc_piqa"] == 0.70 and scores["acc_stderr_piqa"] == 0.010  # every metric kept
+    assert scores["acc_norm_piqa"] == 0.80 and scores["acc_norm_stderr_piqa"] == 0.011
+    assert scores["acc_boolq"] == 0.60 and "acc_stderr_boolq" not in scores and "score_stderr_boolq" not in scores
+    assert scores["ppl_lambada"] == scores["score_lambada_openai"] == 4.0 and scores["ppl_stderr_lambada"] == 0.1
+    assert scores["acc_lambada_openai"] == 0.5
+    assert scores["exact_match_gsm"] == 0.3 and scores["exact_match_stderr_gsm"] == 0.03  # the "none" filter
+    assert all(isinstance(v, float) for v in scores.values())
+    # The same results under acc everywhere give another average: the declaration decides.
+    acc = collect_scores(fake_results(), {"piqa": "acc", "boolq": "acc"})
+    assert acc["avg_acc"] == pytest.approx((0.70 + 0.60) / 2)
+    with pytest.raises(RuntimeError, match="acc_norm"):
+        collect_scores(fake_results(), {"boolq": "acc_norm"})
+
+
+def test_declared_metrics_must_name_the_suites_tasks():
+    h = compose_config(["eval=paper"]).eval.harness
+    OmegaConf.set_struct(h, False)
+    del h.metrics["sciq"]
+    with pytest.raises(ValueError, match="sciq"):
+        declared_metrics(h)
+
+
+def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path, smollm2_tokenizer):
+    h = compose_config(["eval=offline", "eval.harness.limit=8"]).eval.harness
+    model = tiny_model("llama", num_layers=2, vocab=len(smollm2_tokenizer), max_position_embeddings=1024)
+    scores = run_harness(model, smollm2_tokenizer, h, tmp_path, seed=3)
+    for task in ("replaceme_capitals", "replaceme_opposites"):
+        for metric in ("acc", "acc_norm"):
+            p = scores[f"{metric}_{task}"]
+            assert 0.0 <= p <= 1.0  # stderr in closed form over the 8 documents: sqrt(p(1-p)/(n-1))
+            assert scores[f"{metric}_stderr_{task}"] == pytest.approx(math.sqrt(p * (1 - p) / 7))
+        assert scores[f"score_{task}"] == scores[f"acc_{task}"]
+    assert scores["ppl_pydoc"] > 1 and scores["score_replaceme_pydoc_ppl"] == scores["ppl_pydoc"]
+    assert scores["avg_acc"] == pytest.approx(
+        (scores["acc_replaceme_capitals"] + scores["acc_replaceme_opposites"]) / 2
+    )
+    assert scores["eval_task_versions"] == {
+        "replaceme_capitals": 1.0,
+        "replaceme_opposites": 1.0,
+        "replaceme_pydoc_ppl": 1.0,
+    }
+    assert scores["eval_max_length_used"] == 512
+    json.dumps(scores)  # the callers cache it as JSON
+
+    settings = harness_settings(h, seed=3)
+    assert json.loads(json.dumps(settings)) == settings
+    assert settings == {
+        "eval_batch_size": 8,
+        "eval_add_bos_token": False,
+        "eval_max_length": 512,
+        "eval_fewshot": {"replaceme_capitals": 0, "replaceme_opposites": 0, "replaceme_pydoc_ppl": 0},
+        "eval_fewshot_seed": 3,
+        "eval_limit": 8,
+        "eval_bootstrap_iters": 1000,
+        "eval_metrics": {
+            "replaceme_capitals": "acc",
+            "replaceme_opposites": "acc",
+            "replaceme_pydoc_ppl": "word_perplexity",
+        },
+        "lm_eval_version": settings["lm_eval_version"],
+    }
+    assert settings["lm_eval_version"].count(".") >= 1
+    paper = harness_settings(compose_config(["eval=paper"]).eval.harness, seed=0)
+    assert "eval_max_length" in paper and paper["eval_max_length"] is None and paper["eval_limit"] is None
+    assert paper["eval_metrics"]["piqa"] == "acc_norm" and paper["eval_fewshot"]["winogrande"] == 5
+
+
+class CharTokenizer:
+    """One token per character (ids 10..), EOS 2, and a BOS only when given."""
+
+    eos_token_id = 2
+
+    def __init__(self, bos_token_id=None):
+        self.bos_token_id = bos_token_id
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [10 + (ord(c) % 50) for c in text]}
+
+
+def windows_of(batches):
+    return [row.tolist() for b in batches for row in b.input_ids]
+
+
+def test_pack_windows_prefix_bos_and_keep_text_consecutive():
+    docs = ["abcdefghij" * 3, "klmnopqrst" * 4, "uvwxyz" * 5]
+    seq_len = 16
+    for bos in (1, None):
+        tok = CharTokenizer(bos)
+        stream = []
+        for d in docs:
+            stream += tok(d)["input_ids"] + [tok.eos_token_id]
+        batches = pack_windows(docs, tok, seq_len, max_windows=5, batch_size=2)
+        windows = windows_of(batches)
+        assert len(windows) == 5 and all(len(w) == seq_len for w in windows)
+        assert int(sum(b.attention_mask.sum() for b in batches)) == 5 * seq_len  # no padding
+        if bos is None:  # as before: seq_len consecutive stream tokens
+            assert [t for w in windows for t in w] == stream[: 5 * seq_len]
+        else:
+            assert all(w[0] == bos for w in windows)
+            text = [t for w in windows for t in w[1:]]
+            assert text == stream[: 5 * (seq_len - 1)]  # consecutive, non-overlapping
+
+
+def test_pack_windows_with_smollm2_start_with_its_bos(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    assert tok.bos_token_id is not None
+    docs = ["def f(x):\n    return x + 1\n" * 20, "The quick brown fox jumps over the lazy dog. " * 20]
+    stream = []
+    for d in docs:
+        stream += tok(d, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    windows = windows_of(pack_windows(docs, tok, 32, max_windows=4, batch_size=3))
+    assert len(windows) == 4 and all(len(w) == 32 and w[0] == tok.bos_token_id for w in windows)
+    assert [t for w in windows for t in w[1:]] == stream[: 4 * 31]
+

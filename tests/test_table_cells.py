@@ -1,0 +1,250 @@
+"""What a paper-table cell (and a figure point) averages: runs identical except for the seed; the
+paper's metric per task; the latest finished run per config; time/emissions from uncached runs.
+Synthetic runs only (no jobs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from replaceme_exp.results import ResultsStore
+from replaceme_exp.results.paper_figures import calibration_size, time_emissions
+from replaceme_exp.results.paper_tables import TABLES, TASK_COLUMNS, build_table, table_notes, to_latex, to_markdown
+from replaceme_exp.results.selection import choose_setting
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = {spec.name: spec for spec in TABLES}
+PERPLEXITY = ("perplexity", "word_perplexity")  # metrics recorded as ppl_<name>, not in avg_acc
+
+
+def run(i: int, **values) -> dict:
+    """A finished Llama 3 8B run of the paper's main setting (cosine, Adam, bfloat16)."""
+    row = dict(
+        run_id=f"r{i}",
+        config_hash=f"h{i}",
+        status="finished",
+        started_at=f"2026-01-01T00:00:{i:02d}",
+        seed=i,
+        model="llama3_8b_instruct",
+        dtype="bfloat16",
+        n_prune=8,
+        num_layers=32,
+        eval="paper",
+        calibration="slimorca",
+        n_calib_samples=8000,
+        objective="cosine",
+        solver="adam",
+        solver_schedule="minibatch",
+        selection_metric="cosine",
+        alpha=0.0,
+        regularizer="none",
+        structure="generic",
+        lt_placement="fused",
+        mask_ratio=0.0,
+        num_lts=1,
+        merge_consecutive=True,
+        healing="none",
+    )
+    row.update(values)
+    return row
+
+
+def frame(*rows: dict) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+def cells(table: pd.DataFrame, label: str, text: str | None = None) -> dict:
+    chosen = table[table["Setting"] == label]
+    if text is not None:
+        chosen = chosen[chosen["Linear transform"] == text]
+    assert len(chosen) == 1
+    return chosen.iloc[0].to_dict()
+
+
+MIXED = [
+    run(1, avg_acc=0.60, rp=0.85, ppl_lambada=20.0, setting_hash="adam"),
+    run(2, avg_acc=0.62, rp=0.87, ppl_lambada=22.0, setting_hash="adam"),
+    run(3, avg_acc=0.50, rp=0.70, solver="lbfgs", solver_schedule="full_batch", setting_hash="lbfgs"),
+    run(4, avg_acc=0.52, rp=0.72, solver="trust_ncg", solver_schedule="full_batch", setting_hash="tncg"),
+    run(5, avg_acc=0.70, rp=0.99, dtype="float32", setting_hash="fp32"),
+]
+
+
+@pytest.mark.parametrize("with_setting_hash", [True, False])
+def test_a_cell_shows_the_declared_setting_and_names_the_others(with_setting_hash):
+    runs = frame(*MIXED)
+    if not with_setting_hash:  # rows written before setting_hash: a signature over the setting columns
+        runs = runs.drop(columns="setting_hash")
+    spec = SPECS["llama3_main"]
+    table = build_table(spec, runs)
+    cosine = cells(table, "ReplaceMe", "Linear (Cosine)")
+    assert cosine["Runs"] == 2
+    assert cosine["Avg-acc"] == "0.61 ± 0.014 (n=2)" and cosine["RP"] == "0.86 ± 0.014 (n=2)"
+    assert cosine["Lambada OpenAI ppl"] == "21 ± 1.4 (n=2)"
+    note = (
+        "ReplaceMe, Linear (Cosine): not shown, 3 other settings matched: "
+        "dtype=float32 (n=1); solver=trust_ncg, solver_schedule=full_batch (n=1); "
+        "solver=lbfgs, solver_schedule=full_batch (n=1)"
+    )  # the others best first: most preferences met, then most runs, then latest
+    assert table_notes(table) == [note]
+    markdown = to_markdown(spec, table)
+    assert f"- {note}." in markdown and "most preferred settings (dtype=bfloat16, solver=adam" in markdown
+    latex = to_latex(spec, table)
+    assert r"solver=trust\_ncg, solver\_schedule=full\_batch (n=1)" in latex
+    # The LS row matches none of these runs: no note, no runs.
+    assert cells(table, "ReplaceMe", "Linear (LS)")["Runs"] == 0
+
+
+def test_the_solvers_table_still_shows_each_solver_in_its_own_row():
+    table = build_table(SPECS["solvers"], frame(*MIXED))
+    assert cells(table, "Cosine, lbfgs")["Avg-acc"] == "0.5" and cells(table, "Cosine, lbfgs")["Runs"] == 1
+    assert cells(table, "Cosine, adam")["Avg-acc"] == "0.61 ± 0.014 (n=2)"
+    assert table_notes(table) == ["Cosine, adam: not shown, 1 other setting matched: dtype=float32 (n=1)"]
+
+
+@pytest.mark.parametrize("with_setting_hash", [True, False])
+def test_runs_that_differ_only_in_the_seed_are_averaged(with_setting_hash):
+    runs = frame(
+        run(1, avg_acc=0.60, setting_hash="s", n_calib_tokens=100, git_sha="a"),
+        run(2, avg_acc=0.62, setting_hash="s", n_calib_tokens=101, git_sha="b"),
+        run(3, avg_acc=0.64, setting_hash="s", n_calib_tokens=102, git_sha="c"),
+    )
+    if not with_setting_hash:
+        runs = runs.drop(columns="setting_hash")
+    table = build_table(SPECS["llama3_main"], runs)
+    cosine = cells(table, "ReplaceMe", "Linear (Cosine)")
+    assert cosine["Runs"] == 3 and cosine["Avg-acc"] == "0.62 ± 0.02 (n=3)"
+    assert table_notes(table) == []
+    assert "not shown" not in to_markdown(SPECS["llama3_main"], table)
+
+
+def test_the_choice_is_deterministic_most_preferences_then_most_runs_then_latest():
+    # No preference tells these eval batch sizes apart: most runs wins.
+    runs = frame(
+        run(1, avg_acc=0.6, eval_batch_size=8, setting_hash="b8"),
+        run(2, avg_acc=0.6, eval_batch_size=8, setting_hash="b8"),
+        run(3, avg_acc=0.5, eval_batch_size=16, setting_hash="b16"),
+    )
+    for order in (runs, runs.iloc[::-1]):
+        choice = choose_setting(order)
+        assert choice.groups[0].key == "hash:b8" and [g.n for g in choice.groups] == [2, 1]
+    assert choice.note("x") == "x: not shown, 1 other setting matched: eval_batch_size=16 (n=1)"
+    # Equal runs: the latest wins; a preference beats both.
+    tie = frame(run(1, eval_batch_size=8, setting_hash="b8"), run(2, eval_batch_size=16, setting_hash="b16"))
+    assert choose_setting(tie).groups[0].key == "hash:b16"
+    assert choose_setting(tie, {"eval_batch_size": 8}).groups[0].key == "hash:b8"
+    # The row's declared preference (a float32 run over more bfloat16 runs).
+    spec = SPECS["llama3_main"]
+    rows = [
+        replace(r, prefer={"dtype": "float32"}) if r.text.get("Linear transform") == "Linear (Cosine)" else r
+        for r in spec.row_specs()
+    ]
+    table = build_table(replace(spec, rows=rows), frame(*MIXED))
+    assert cells(table, "ReplaceMe", "Linear (Cosine)")["Avg-acc"] == "0.7"
+    assert table_notes(table)[0].startswith("ReplaceMe, Linear (Cosine): not shown, 3 other settings matched: ")
+
+
+def test_column_conditions_choose_per_cell_and_runs_count_the_shown_runs():
+    ls = dict(objective="ls", solver=None, solver_schedule=None)
+    runs = frame(
+        run(1, **ls, avg_acc=0.65, n_prune=4, setting_hash="4"),
+        run(2, **ls, avg_acc=0.60, n_prune=8, setting_hash="8"),
+        run(3, **ls, avg_acc=0.61, n_prune=8, setting_hash="8"),
+        run(4, **ls, avg_acc=0.3, n_prune=8, dtype="float32", setting_hash="8f"),
+    )
+    table = build_table(SPECS["higher_compression"], runs)
+    ours = cells(table, "Ours")
+    assert ours["Runs"] == 3 and ours["12.5%"] == "0.65" and ours["25%"] == "0.605 ± 0.0071 (n=2)"
+    assert table_notes(table) == ["Ours [25%]: not shown, 1 other setting matched: dtype=float32 (n=1)"]
+
+
+def test_task_columns_read_the_papers_metric_per_task():
+    harness = yaml.safe_load((ROOT / "conf/eval/paper.yaml").read_text())["harness"]
+    accuracy = {t: m for t, m in (harness.get("metrics") or {}).items() if m not in PERPLEXITY}
+    assert [c.metric for c in TASK_COLUMNS] == [f"{metric}_{task}" for task, metric in accuracy.items()]
+    assert [c.metric for c in TASK_COLUMNS] == [
+        "acc_race",
+        "acc_winogrande",
+        "acc_norm_piqa",
+        "acc_boolq",
+        "acc_norm_openbookqa",
+        "acc_norm_sciq",
+    ]
+    sciq = yaml.safe_load((ROOT / "conf/eval/sciq.yaml").read_text())["harness"]["metrics"]
+    assert [c.metric for c in SPECS["task_specific"].column_specs()] == [f"{m}_{t}" for t, m in sciq.items()]
+    row = run(1, objective="ls", solver=None, solver_schedule=None, eval="sciq", acc_sciq=0.9, acc_norm_sciq=0.8)
+    table = build_table(SPECS["task_specific"], frame(row))
+    assert table[table["Calibration data"] == "SlimOrca (general)"]["SciQ accuracy"].item() == "0.8"
+
+
+def test_a_later_failed_rerun_does_not_hide_the_finished_run(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.write(run(1, config_hash="same", run_id="done", avg_acc=0.6))
+    store.write(run(2, config_hash="same", run_id="rerun", status="failed", error="OOM", avg_acc=None))
+    store.write(run(3, config_hash="broken", run_id="f1", status="failed", error="first"))
+    store.write(run(4, config_hash="broken", run_id="f2", status="failed", error="second"))
+    store.write(run(5, config_hash="twice", run_id="old", avg_acc=0.1))
+    store.write(run(6, config_hash="twice", run_id="new", avg_acc=0.2))
+    latest = store.load(latest_per_config=True).set_index("config_hash")
+    assert latest.loc["same", "run_id"] == "done" and latest.loc["same", "status"] == "finished"
+    assert latest.loc["broken", "run_id"] == "f2" and latest.loc["broken", "status"] == "failed"
+    assert latest.loc["twice", "run_id"] == "new" and len(latest) == 3
+    assert len(store.load()) == 6
+    assert store.finished_row("same")["run_id"] == "done" and store.finished_row("broken") is None
+    table = build_table(SPECS["llama3_main"], store.load(latest_per_config=True))
+    assert cells(table, "ReplaceMe", "Linear (Cosine)")["Runs"] == 2  # "same" and "twice"
+
+
+def llama2_cost(i: int, **values) -> dict:
+    base = dict(model="llama2_7b", eval="llama2_table", solver=None, solver_schedule=None, objective="ls")
+    return run(i, **{**base, **values})
+
+
+def test_time_emissions_uses_uncached_runs_only(tmp_path):
+    uidl = dict(objective="identity", selection_metric="angular_last")
+    runs = frame(
+        llama2_cost(1, cached_stages="[]", time_capture_s=10.0, time_estimate_s=2.0, co2_kg_capture=0.002, rp=0.9),
+        llama2_cost(2, cached_stages='["baseline_ppl"]', time_capture_s=12.0, time_estimate_s=2.0, rp=0.92),
+        # Its selection and statistics came from a cache: a fraction of the cost.
+        llama2_cost(3, cached_stages='["selection", "statistics"]', time_capture_s=0.5, time_estimate_s=0.1, rp=0.9),
+        llama2_cost(4, cached_stages=None, time_capture_s=1.0, rp=0.9),  # unrecorded: excluded
+        llama2_cost(5, **uidl, cached_stages="[]", time_capture_s=6.5, time_estimate_s=0.0, rp=0.8),
+        llama2_cost(6, **uidl, cached_stages='["statistics"]', time_capture_s=0.1, rp=0.8),
+    )
+    plotted = time_emissions(runs, tmp_path / "time_emissions.png")
+    values = plotted.set_index(["panel", "series"])
+    assert values.loc[("time_rel_ls", "Ours (LS)"), "n"] == 2
+    assert values.loc[("time_rel_ls", "UIDL"), "mean"] == pytest.approx(6.5 / 13.0)
+    assert values.loc[("excluded", "cached"), "n"] == 2 and values.loc[("excluded", "unrecorded"), "n"] == 1
+    assert "uncached runs only" in values.loc[("rp", "UIDL"), "note"]
+    assert values.loc[("excluded", "cached"), "note"] == (
+        "uncached runs only: excluded 2 with cached selection/statistics, 1 without a cached_stages record"
+    )
+    # Rows from before cached_stages existed: all excluded, and the figure says so.
+    old = time_emissions(runs.drop(columns="cached_stages"), tmp_path / "old.png").set_index(["panel", "series"])
+    assert old.loc[("excluded", "unrecorded"), "n"] == 6 and "rp" not in old.index.get_level_values(0)
+
+
+def test_figure_points_average_one_setting_and_note_the_others(tmp_path):
+    runs = frame(
+        run(1, objective="ls", solver=None, solver_schedule=None, n_calib_samples=1000, avg_acc=0.62, setting_hash="a"),
+        run(2, objective="ls", solver=None, solver_schedule=None, n_calib_samples=1000, avg_acc=0.63, setting_hash="a"),
+        run(
+            3,
+            objective="ls",
+            solver=None,
+            solver_schedule=None,
+            n_calib_samples=1000,
+            avg_acc=0.2,
+            dtype="float32",
+            setting_hash="b",
+        ),
+    )
+    plotted = calibration_size(runs, tmp_path / "calibration_size.png")
+    point = plotted[(plotted.panel == "avg_acc") & (plotted.series == "LS")].iloc[0]
+    assert point["n"] == 2 and point["mean"] == pytest.approx(0.625)
+    assert point["note"] == "n_calib_samples=1000: not shown, 1 other setting matched: dtype=float32 (n=1)"
