@@ -122,6 +122,8 @@ COSINE_CONFIGS = {
     "paper": dict(lr=1e-4, batch_tokens=1024, epochs=10),
     "fast": dict(lr=1e-3, batch_tokens=1024, epochs=1),
     "lbfgs": dict(solver="lbfgs", max_iter=25, chunk_tokens=32768),
+    # The official code's schedule: one L-BFGS step per shuffled 1024-token batch, 10 epochs.
+    "lbfgs_minibatch": dict(solver="lbfgs", schedule="minibatch", batch_tokens=1024, epochs=10),
 }
 
 

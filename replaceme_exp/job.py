@@ -7,6 +7,7 @@ logged, ``failed`` with its error), and a failed job does not stop a sweep.
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import logging
 import math
 import os
@@ -126,6 +127,34 @@ def cached_stages(*caches) -> list[str]:
     return sorted({CACHED_STAGE_NAMES.get(kind, kind) for cache in caches for kind in cache.hits})
 
 
+def library_versions() -> dict[str, str | None]:
+    """Versions of the libraries whose code computes the numbers (recorded in every row)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for package in ("torch", "transformers"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def effective_method_columns(cfg: DictConfig, estimator) -> dict:
+    """Row columns as they act, not as they were spelled (equivalent spellings share a config
+    hash, so the row of the first must describe the others too): identity has no structure and
+    fuses nothing; Adam is mini-batch whatever ``solver_schedule`` says; closed forms have no
+    schedule."""
+    columns = {"solver_schedule": None}
+    if getattr(estimator, "needs_tokens", False):
+        columns["solver_schedule"] = "minibatch" if estimator.solver == "adam" else estimator.schedule
+    if not estimator.needs_statistics and not estimator.uses_alpha:  # identity
+        columns.update(structure="generic")
+        if cfg.cuts is not None or cfg.selection.metric != "ls_residual":
+            columns.update(alpha=0.0, lt_placement="fused", plain_checkpoint=True)
+    return columns
+
+
 def base_row(cfg: DictConfig, chash: str, sweep_id: str | None, shash: str | None = None) -> dict:
     return {
         "run_id": new_run_id(),
@@ -150,6 +179,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None, shash: str | Non
         "calibration_order": cfg.calibration.get("order"),
         "calibration_chat_turns": cfg.calibration.get("chat_turns"),
         "cached_stages": [],
+        **{f"{package}_version": v for package, v in library_versions().items()},
         "lt_placement": cfg.lt_placement,
         "healing": cfg.healing.name,
         "multi_lt": cfg.multi_lt,
@@ -181,7 +211,7 @@ def heldout_distances(
         )
         return before, before, l2
     before, after, l2 = heldout_distances_pass(adapter, windows, transforms, placement)
-    baselines.get_or_compute({**key, "metric": "dist_before"}, lambda: [before, l2])
+    baselines.put({**key, "metric": "dist_before"}, [before, l2])
     return before, after, l2
 
 
@@ -224,8 +254,11 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         )
     check_nf4_capture(cfg.model)
     nf4 = bool(cfg.model.get("capture_4bit", False))
-    if nf4 and cfg.multi_lt == "sequential":
-        raise ConfigError("model.capture_4bit", True, "not with multi_lt=sequential (the 4-bit copy is not pruned)")
+    several_cuts = len(cfg.cuts) > 1 if cfg.cuts is not None else int(cfg.num_lts) > 1
+    if nf4 and cfg.multi_lt == "sequential" and several_cuts:
+        raise ConfigError(
+            "model.capture_4bit", True, "not with multi_lt=sequential and several cuts (the 4-bit copy is not pruned)"
+        )
     mask_ratio = float(cfg.mask_ratio)
     if not 0.0 <= mask_ratio < 1.0:
         raise ConfigError("mask_ratio", cfg.mask_ratio, "must be in [0, 1)")
@@ -235,21 +268,18 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     estimator = instantiate(cfg.objective)
     row["regularizer"] = effective_regularizer(cfg, estimator)
     row["alpha_scale"] = estimator.alpha_scale if estimator.uses_alpha else None
-    if getattr(estimator, "needs_tokens", False):
-        row["solver_schedule"] = estimator.schedule
-
-    with timer("load"):
-        loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"))
-        # The official use_4bit: activations from a 4-bit NF4 copy; surgery and evaluation on the full model.
-        capture_loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"), nf4=True) if nf4 else loaded
-    model, tokenizer = loaded.model, loaded.tokenizer
-    adapter = adapter_for(model)
-    capture_adapter = adapter_for(capture_loaded.model) if nf4 else adapter
-    device = input_device(adapter)
-    if device.type == "cuda":
+    row.update(effective_method_columns(cfg, estimator))
+    if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(i)
-    row.update(num_layers=adapter.num_layers, device=device_name(device), params_before=count_parameters(model))
+
+    with timer("load"):
+        # With model.capture_4bit (the official use_4bit) capture and estimation run on a 4-bit NF4
+        # copy, loaded first and freed before the full model is loaded for baselines, surgery and eval.
+        capture_loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"), nf4=nf4)
+    tokenizer = capture_loaded.tokenizer
+    capture_adapter = adapter_for(capture_loaded.model)
+    row["model_revision"] = capture_loaded.identity.get("commit")
 
     with timer("data"):
         calibration = build_calibration(cfg.calibration, tokenizer)
@@ -274,7 +304,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     needs_tokens = getattr(estimator, "needs_tokens", False)
     layer_matrix = cache.get_layer_distances() if cfg.record_layer_distances else None
     layer_distances = (
-        LayerDistances(adapter.num_layers) if cfg.record_layer_distances and layer_matrix is None else None
+        LayerDistances(capture_adapter.num_layers) if cfg.record_layer_distances and layer_matrix is None else None
     )
     cuts, distances, stats = capture_calibration(
         cfg,
@@ -307,6 +337,21 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             raise ConfigError(
                 "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
             )
+    sequential = cfg.multi_lt == "sequential" and len(cuts) > 1
+    if not sequential:
+        transforms = estimate(cfg, capture_adapter, estimation_data, estimator, cuts, stats, row, timer)
+    if nf4:
+        del capture_adapter, capture_loaded
+        gc.collect()
+        torch.cuda.empty_cache()
+        with timer("load"):
+            loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"))
+        adapter = adapter_for(loaded.model)
+    else:
+        loaded, adapter = capture_loaded, capture_adapter
+    model = loaded.model
+    device = input_device(adapter)
+    row.update(num_layers=adapter.num_layers, device=device_name(device), params_before=count_parameters(model))
     windows = heldout_windows(cfg.eval, tokenizer)
     baselines = BaselineCache(Path(results_dir) / "baselines", refresh=force)
     heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
@@ -323,6 +368,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
                 "metric": "harness",
                 "harness": OmegaConf.to_container(harness, resolve=True),
                 "settings": settings,
+                "libraries": library_versions(),
             }
             baseline_scores = baselines.get_or_compute(
                 harness_key, lambda: run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed))
@@ -330,18 +376,13 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             row["avg_acc_baseline"] = baseline_scores["avg_acc"]
             row.update({f"baseline_{name}": value for name, value in baseline_scores.items()})
     num_layers = adapter.num_layers
-    if cfg.multi_lt == "sequential" and len(cuts) > 1:
+    if sequential:
         transforms, distances_before_after = estimate_sequentially(
             cfg, adapter, estimation_data, windows, estimator, cuts, stats, row, timer
         )
         row["cos_dist_before"], row["cos_dist_after"] = distances_before_after
         kept = kept_blocks(num_layers, cuts)
     else:
-        transforms = estimate(cfg, capture_adapter, estimation_data, estimator, cuts, stats, row, timer)
-        if nf4:
-            del capture_adapter, capture_loaded
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
         with timer("eval"):
             row["cos_dist_before"], row["cos_dist_after"], row["l2_dist_before"] = heldout_distances(
                 adapter,
@@ -404,7 +445,7 @@ def run_recorded(
     store = ResultsStore(results_dir)
     try:
         weights = weights_fingerprint(cfg.model, to_absolute_path(cfg.cache_dir))
-    except ConfigError as err:  # e.g. the embedded model is missing: the job fails with this error when loading
+    except Exception as err:  # noqa: BLE001 - e.g. the embedded model is missing: loading fails with a clear error
         log.warning("model fingerprint unavailable: %s", err)
         weights = None
     chash = config_hash(cfg, weights)

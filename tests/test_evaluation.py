@@ -26,6 +26,10 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
     assert first["eval_task_versions"]["replaceme_capitals"] == 1.0
     assert first["rp"] == pytest.approx(first["avg_acc"] / first["avg_acc_baseline"])
     assert first["eval_batch_size"] == 8 and first["eval_add_bos_token"] is False
+    # Every setting that moves a score is in the row (max_length was passed but not recorded before).
+    assert first["eval_max_length"] == 512 and first["eval_fewshot_seed"] == 42 and first["lm_eval_version"]
+    assert first["eval_fewshot"] == {"replaceme_capitals": 0, "replaceme_opposites": 0, "replaceme_pydoc_ppl": 0}
+    assert first["torch_version"] and first["transformers_version"]
     # The unpruned model's scores travel with the row (the tables' baseline rows read them).
     assert first["baseline_avg_acc"] == first["avg_acc_baseline"] and first["dtype"] == "float32"
     assert 0.0 <= first["baseline_acc_replaceme_capitals"] <= 1.0 and first["baseline_ppl_pydoc"] > 1
@@ -36,6 +40,10 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
     assert sorted((tmp_path / "baselines").glob("*.json")) == baselines  # nothing recomputed
     harness_baseline = [json.loads(p.read_text()) for p in baselines if "harness" in p.read_text()]
     assert len(harness_baseline) == 1 and harness_baseline[0]["value"]["avg_acc"] == first["avg_acc_baseline"]
+    assert "baseline_harness" in second["cached_stages"]
+    # The few-shot seed moves few-shot prompts: another seed gets its own unpruned scores.
+    reseeded = run_recorded(job_config(tmp_path, *OFFLINE, "seed=7"))
+    assert "baseline_harness" not in reseeded["cached_stages"] and "baseline_ppl" in reseeded["cached_stages"]
 
 
 def test_offline_tasks_materialize_with_absolute_paths(tmp_path):

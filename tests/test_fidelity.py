@@ -39,9 +39,33 @@ def test_equivalent_spellings_hash_equal(spellings):
     assert len(hashes) == 1
 
 
-@pytest.mark.parametrize("other", [["alpha=1"], ["seed=1"], ["objective=identity"], ["mask_ratio=0.25"]])
-def test_different_settings_hash_apart(other):
-    assert config_hash(compose_config(TINY)) != config_hash(compose_config(TINY + other))
+@pytest.mark.parametrize(
+    "one, other",
+    [
+        ([], ["alpha=1"]),
+        ([], ["seed=1"]),
+        ([], ["objective=identity"]),
+        ([], ["mask_ratio=0.25"]),
+        # identity fuses nothing, but ls_residual selection solves ridge in the given placement
+        (["objective=identity", "selection=ls_residual"], ["objective=identity", "selection=ls_residual", "alpha=10"]),
+        (
+            ["objective=identity", "selection=ls_residual"],
+            ["objective=identity", "selection=ls_residual", "lt_placement=separate"],
+        ),
+    ],
+)
+def test_different_settings_hash_apart(one, other):
+    assert config_hash(compose_config(TINY + one)) != config_hash(compose_config(TINY + other))
+
+
+def test_a_local_data_file_enters_the_hash_by_content(tmp_path):
+    data = tmp_path / "calib.txt"
+    data.write_text("first version\n\nof the text")
+    overrides = ["calibration=text_file", f"calibration.path={data}", f"cache_dir={tmp_path}/c"]
+    cfg = lambda: compose_config(TINY + overrides)  # noqa: E731
+    before = config_hash(cfg())
+    data.write_text("second version\n\nof the text")
+    assert config_hash(cfg()) != before
 
 
 def test_setting_hash_ignores_only_the_seed():

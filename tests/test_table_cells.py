@@ -131,12 +131,12 @@ def test_the_choice_is_deterministic_most_preferences_then_most_runs_then_latest
     )
     for order in (runs, runs.iloc[::-1]):
         choice = choose_setting(order)
-        assert choice.groups[0].key == "hash:b8" and [g.n for g in choice.groups] == [2, 1]
+        assert choice.groups[0].key.split(":")[1] == "b8" and [g.n for g in choice.groups] == [2, 1]
     assert choice.note("x") == "x: not shown, 1 other setting matched: eval_batch_size=16 (n=1)"
     # Equal runs: the latest wins; a preference beats both.
     tie = frame(run(1, eval_batch_size=8, setting_hash="b8"), run(2, eval_batch_size=16, setting_hash="b16"))
-    assert choose_setting(tie).groups[0].key == "hash:b16"
-    assert choose_setting(tie, {"eval_batch_size": 8}).groups[0].key == "hash:b8"
+    assert choose_setting(tie).groups[0].key.split(":")[1] == "b16"
+    assert choose_setting(tie, {"eval_batch_size": 8}).groups[0].key.split(":")[1] == "b8"
     # The row's declared preference (a float32 run over more bfloat16 runs).
     spec = SPECS["llama3_main"]
     rows = [
@@ -248,3 +248,13 @@ def test_figure_points_average_one_setting_and_note_the_others(tmp_path):
     point = plotted[(plotted.panel == "avg_acc") & (plotted.series == "LS")].iloc[0]
     assert point["n"] == 2 and point["mean"] == pytest.approx(0.625)
     assert point["note"] == "n_calib_samples=1000: not shown, 1 other setting matched: dtype=float32 (n=1)"
+
+
+def test_runs_of_other_library_versions_are_not_averaged():
+    runs = frame(
+        run(1, avg_acc=0.6, setting_hash="s", torch_version="2.13.0"),
+        run(2, avg_acc=0.5, setting_hash="s", torch_version="2.14.0"),
+    )
+    choice = choose_setting(runs)
+    assert [g.n for g in choice.groups] == [1, 1]
+    assert "torch_version=2.13.0" in choice.note("x")

@@ -66,7 +66,7 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
         for store in stores.values():
             store.close()
     row["solver"] = estimator.solver
-    row["solver_schedule"] = estimator.schedule
+    row["solver_schedule"] = "minibatch" if estimator.solver == "adam" else estimator.schedule
     row.setdefault("solver_steps", {}).update(steps)
     row["store_location"] = next(iter(stores.values())).location
     row.setdefault("loss_curves", {}).update(curves)

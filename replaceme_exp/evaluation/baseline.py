@@ -23,15 +23,25 @@ class BaselineCache:
     def get_or_compute(self, key: dict, compute: Callable[[], Any]) -> Any:
         """The cached value for ``key`` (a float or a JSON-able dict of scores), computing and
         storing it (atomically) on a miss."""
-        key = {**key, "version": BASELINE_VERSION}
-        name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        path = self.root / f"{name}.json"
+        path, key = self._path(key)
         if path.is_file() and not self.refresh:
             self.hits.append(str(key.get("metric", "harness")))
             return json.loads(path.read_text())["value"]
         value = compute()
+        self._write(path, key, value)
+        return value
+
+    def _path(self, key: dict) -> tuple[Path, dict]:
+        key = {**key, "version": BASELINE_VERSION}
+        return self.root / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.json", key
+
+    def put(self, key: dict, value: Any) -> None:
+        """Store ``value`` for ``key`` (computed by the caller anyway), overwriting."""
+        path, key = self._path(key)
+        self._write(path, key, value)
+
+    def _write(self, path: Path, key: dict, value: Any) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"key": key, "value": value}))
         os.replace(tmp, path)
-        return value

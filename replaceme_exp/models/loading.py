@@ -193,6 +193,8 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     identity = {"weights": weights, "dtype": cfg.dtype}
+    if source == "embedded":  # how the cached conversion was made (a stale conversion must not be reused)
+        identity["converted"] = json.loads((path / "replaceme_source.json").read_text())
     if source == "hub" and getattr(model.config, "_commit_hash", None):
         identity["commit"] = model.config._commit_hash  # the resolved revision names the content
     if nf4:

@@ -12,7 +12,7 @@ vs ``l2`` at alpha 0. The hash is taken over the *effective* settings:
   alpha or alpha is 0; the structure and placement of ``identity``; selection when ``cuts`` are
   explicit; merging and ``multi_lt`` for a single selected cut; masking keys when ``mask_ratio`` is 0;
   solver settings of closed forms;
-- the model's weights enter by content (:mod:`replaceme_exp.models.fingerprint`), and
+- local data files (``calibration.path``, ``eval.path``) and the model's weights enter by content (:mod:`replaceme_exp.models.fingerprint`), and
   ``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
 
 ``setting_hash`` is the same without the seed: rows with one setting hash differ only in the seed,
@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.models.fingerprint import file_digest
 
 # Bump when the code changes what an unchanged configuration computes.
 SEMANTICS_VERSION = 3
@@ -71,9 +74,14 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
     if not uses_alpha or alpha == 0:
         data["alpha"] = 0
         data["regularizer"] = {"name": "none"}
+    selection = data.get("selection") or {}
+    selects_by_ls = data.get("cuts") is None and selection.get("metric") == "ls_residual"
+    if selects_by_ls:  # the selection itself solves ridge LS in the chosen placement
+        data["alpha"] = alpha
     if is_identity:
         data["structure"] = {"name": "generic"}
-        data["lt_placement"] = "fused"
+        if not selects_by_ls:
+            data["lt_placement"] = "fused"
     data.pop("solver_schedule", None)  # acts only through objective.schedule
     if objective.get("solver") == "adam":  # Adam is mini-batch under either schedule
         objective.pop("schedule", None)
@@ -83,6 +91,11 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
     elif data.get("num_lts") == 1:
         data.pop("merge_consecutive", None)
         data.pop("multi_lt", None)
+    for group in ("calibration", "eval"):  # a local data file enters by content, not by path
+        section = data.get(group) or {}
+        path = section.get("path")
+        if isinstance(path, str) and Path(path).expanduser().is_file():
+            section["path_sha256"] = file_digest(Path(path).expanduser(), Path(str(cfg.get("cache_dir", ".cache"))) / "fingerprints")
     if not float(data.get("mask_ratio") or 0):
         data["mask_ratio"] = 0
         data.pop("mask_passes", None)

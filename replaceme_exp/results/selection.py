@@ -67,6 +67,9 @@ SETTING_COLUMNS = (
     "eval_limit",
     "eval_metrics",
     "lm_eval_version",
+    "torch_version",
+    "transformers_version",
+    "model_revision",
 )
 
 # The paper's runs, where a table or row declares nothing else: bfloat16 weights, and the
@@ -124,16 +127,26 @@ def setting_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in SETTING_COLUMNS if c in frame.columns]
 
 
+# Recorded with each run and part of its setting key beside the setting hash: runs made with other
+# library versions or another resolved model revision are not averaged with it.
+VERSION_COLUMNS = ("torch_version", "transformers_version", "lm_eval_version", "eval_task_versions", "model_revision")
+
+
 def setting_keys(frame: pd.DataFrame) -> pd.Series:
-    """Per run, the key of its setting: ``hash:<setting_hash>``, or for a run without one
-    ``sig:<digest>`` of its values in :data:`SETTING_COLUMNS`."""
+    """Per run, the key of its setting: ``hash:<setting_hash>`` (with its recorded versions,
+    :data:`VERSION_COLUMNS`), or for a run without one ``sig:<digest>`` of its values in
+    :data:`SETTING_COLUMNS`."""
     columns = setting_columns(frame)
     hashes = frame["setting_hash"] if "setting_hash" in frame.columns else pd.Series(None, index=frame.index)
+
+    versions = [c for c in VERSION_COLUMNS if c in frame.columns]
 
     def key(index) -> str:
         value = hashes.loc[index]
         if not _missing(value):
-            return f"hash:{value}"
+            # The config alone does not pin the code that ran: library versions and the resolved model.
+            pinned = json.dumps({c: _plain(frame.at[index, c]) for c in versions}, sort_keys=True)
+            return f"hash:{value}:" + hashlib.sha256(pinned.encode()).hexdigest()[:8]
         signature = json.dumps({c: _plain(frame.at[index, c]) for c in columns}, sort_keys=True)
         return "sig:" + hashlib.sha256(signature.encode()).hexdigest()[:16]
 
