@@ -254,8 +254,9 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         )
     check_nf4_capture(cfg.model)
     nf4 = bool(cfg.model.get("capture_4bit", False))
-    several_cuts = len(cfg.cuts) > 1 if cfg.cuts is not None else int(cfg.num_lts) > 1
-    if nf4 and cfg.multi_lt == "sequential" and several_cuts:
+    if nf4 and cfg.multi_lt == "sequential" and (
+        len(cfg.cuts) > 1 if OmegaConf.is_list(cfg.cuts) else cfg.cuts is None and cfg.num_lts != 1
+    ):
         raise ConfigError(
             "model.capture_4bit", True, "not with multi_lt=sequential and several cuts (the 4-bit copy is not pruned)"
         )

@@ -40,8 +40,11 @@ def file_digest(path: str | os.PathLike, memo_dir: str | os.PathLike | None = No
             return memo.read_text().strip()
     if stat.st_size > 2**30:
         log.info("fingerprinting %s (%.1f GB) once", real, stat.st_size / 2**30)
+    h = hashlib.sha256()
     with open(real, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(2**24):
+            h.update(chunk)
+    digest = h.hexdigest()
     if memo is not None:
         try:
             memo.parent.mkdir(parents=True, exist_ok=True)
