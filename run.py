@@ -8,6 +8,7 @@ python run.py -m objective=ls,identity alpha=0,10
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import hydra
@@ -16,6 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from replaceme_exp.job import run_recorded
+from replaceme_exp.tracking.sweep_summary import write_job_status
 
 log = logging.getLogger("replaceme_exp")
 
@@ -29,10 +31,14 @@ def main(cfg: DictConfig) -> float | None:
     row = run_recorded(
         cfg,
         sweep_id=sweep_id,
-        raise_on_failure=not multirun,
+        raise_on_failure=False,
         job_dir=hc.runtime.output_dir,
         run_name=",".join(overrides) or "default",
     )
+    write_job_status(hc.runtime.output_dir, row, ",".join(overrides))
+    if row["status"] == "failed" and not multirun:
+        log.error("failed: %s", row["error"])
+        sys.exit(1)
     if row["status"] == "finished":
         log.info(
             "cuts=%s ppl_heldout=%.3f (unpruned %.3f) cos_dist %.4f -> %.4f",

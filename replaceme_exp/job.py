@@ -7,7 +7,10 @@ logged, ``failed`` with its error), and a failed job does not stop a sweep.
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import gc
+import hashlib
+import json
 import logging
 import math
 import os
@@ -40,9 +43,10 @@ from replaceme_exp.models.loading import check_nf4_capture
 from replaceme_exp.planning import capture_calibration, selection_metric_name
 from replaceme_exp.results import ResultsStore, config_hash, setting_hash
 from replaceme_exp.results.store import new_run_id
-from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
+from replaceme_exp.surgery import kept_blocks, prune, recover_checkpoint, save_checkpoint
 from replaceme_exp.tracking import StageEmissions, log_job_to_wandb
 from replaceme_exp.tracking.emissions import job_gpu_ids
+from replaceme_exp.validation import validate_config
 
 log = logging.getLogger(__name__)
 
@@ -431,6 +435,45 @@ def check_finite(stage: str, what: str, values) -> None:
         raise FloatingPointError(f"stage {stage}: {what} are not finite (NaN or inf)")
 
 
+@contextmanager
+def config_lock(results_dir: str | os.PathLike, chash: str):
+    """One job per config hash at a time (``results_dir/locks/<config_hash>.lock``, an exclusive
+    ``flock``): a second identical job waits, then finds the first one's finished row and skips."""
+    directory = Path(results_dir) / "locks"
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{chash}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("an identical job (config_hash=%s) is running; waiting for it", chash)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def invalid_row(cfg: DictConfig, err: Exception, sweep_id: str | None) -> dict:
+    """The failed row of a configuration refused before it ran (its config hash from the raw
+    config, since its effective settings cannot be derived)."""
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=False)
+    except Exception:  # noqa: BLE001
+        raw = str(cfg)
+    chash = "invalid-" + hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {
+        "run_id": new_run_id(),
+        "sweep_id": sweep_id,
+        "config_hash": chash,
+        "status": "failed",
+        "error": f"{type(err).__name__}: {err}",
+        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "git_sha": git_sha(),
+        "model": OmegaConf.select(cfg, "model.name", default=None),
+        "objective": OmegaConf.select(cfg, "objective.name", default=None),
+    }
+
+
 def run_recorded(
     cfg: DictConfig,
     sweep_id: str | None = None,
@@ -439,9 +482,23 @@ def run_recorded(
     run_name: str | None = None,
 ) -> dict:
     """Run one job unless its config hash already has a finished row (and ``force`` is off),
-    and always leave a row behind. Everything the job writes besides its row and model goes to
-    ``job_dir`` (the Hydra job directory; default ``results_dir/jobs/<run_id>``): the W&B run and
-    CodeCarbon's files. Returns the row (the existing one when skipped)."""
+    and always leave a row behind. The configuration is validated first (no model is loaded for a
+    bad value: the failed row names key, value and reason); identical jobs run one at a time.
+    Everything the job writes besides its row and model goes to ``job_dir`` (the Hydra job
+    directory; default ``results_dir/jobs/<run_id>``): the W&B run and CodeCarbon's files. Returns
+    the row (the existing one when skipped)."""
+    try:
+        validate_config(cfg)
+    except ConfigError as err:
+        row = invalid_row(cfg, err, sweep_id)
+        log.error("invalid configuration: %s", err)
+        try:
+            ResultsStore(to_absolute_path(cfg.results_dir)).write(row)
+        except Exception as write_err:  # noqa: BLE001 - results_dir itself may be the bad value
+            log.error("no row written: %s", write_err)
+        if raise_on_failure:
+            raise
+        return row
     results_dir = to_absolute_path(cfg.results_dir)
     store = ResultsStore(results_dir)
     try:
@@ -450,15 +507,28 @@ def run_recorded(
         log.warning("model fingerprint unavailable: %s", err)
         weights = None
     chash = config_hash(cfg, weights)
-    if not cfg.force and (done := store.finished_row(chash)) is not None:
-        log.info(
-            "skipping: a finished row exists for config_hash=%s (run_id=%s); force=true reruns", chash, done["run_id"]
-        )
-        done["status"] = "skipped"
-        return done
+    with config_lock(results_dir, chash):
+        model_dir = Path(results_dir) / "models" / chash
+        recover_checkpoint(model_dir)
+        done = store.finished_row(chash) if not cfg.force else None
+        if done is not None and cfg.save_model and not model_dir.is_dir():
+            log.warning("finished run %s lost its model %s: running again", done["run_id"], model_dir)
+            done = None
+        if done is not None:
+            log.info(
+                "skipping: a finished row exists for config_hash=%s (run_id=%s); force=true reruns",
+                chash,
+                done["run_id"],
+            )
+            done["status"] = "skipped"
+            return done
+        return _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name)
+
+
+def _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name) -> dict:
     row = base_row(cfg, chash, sweep_id, setting_hash(cfg, weights))
     row["model_fingerprint"] = weights
-    job_dir = Path(job_dir) if job_dir else Path(results_dir) / "jobs" / row["run_id"]
+    job_dir = Path(job_dir) if job_dir else store.root / "jobs" / row["run_id"]
     row["job_dir"] = str(job_dir)
     failure = None
     try:
@@ -466,7 +536,10 @@ def run_recorded(
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         failure = err
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
-        log.error("job failed: %s\n%s", row["error"], traceback.format_exc())
+        if isinstance(err, ConfigError):  # the line says it all: no traceback wall
+            log.error("job failed: %s", row["error"])
+        else:
+            log.error("job failed: %s\n%s", row["error"], traceback.format_exc())
     try:
         row["wandb_dir"] = log_job_to_wandb(cfg, row, job_dir, run_name)
     except Exception as err:  # noqa: BLE001 - tracking must not cost the row

@@ -112,7 +112,8 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict) -
     :func:`load_pruned` to apply them (it is not a plain checkpoint)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=target.parent))
+    recover_checkpoint(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".save-{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -122,9 +123,55 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict) -
 
             save_file({f"after_block.{i}": t.contiguous() for i, t in separate.items()}, tmp / SEPARATE_TRANSFORMS_FILE)
         (tmp / "replaceme.json").write_text(json.dumps(metadata, indent=2, default=str))
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(tmp, target)
+        _readable_by_others(tmp)
+        replace_directory(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _readable_by_others(directory: Path) -> None:
+    """``mkdtemp`` makes 0700 directories: give the saved model the process's usual permissions
+    (umask), so other users of a shared results folder can read it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+
+
+def replace_directory(new: Path, target: Path) -> None:
+    """Put ``new`` at ``target`` without ever deleting a finished ``target`` before ``new`` is in
+    place: the old one is renamed aside (``.old-<name>-*``), ``new`` renamed in, and only then the
+    old one removed. A kill between the renames leaves the old one aside, and
+    :func:`recover_checkpoint` puts it back. If another job put the same checkpoint in place first
+    (``target`` appeared meanwhile), that one is kept."""
+    aside = None
+    if target.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".old-{target.name}-", dir=target.parent))
+        try:
+            os.rename(target, aside / "model")
+        except FileNotFoundError:  # another save moved it aside first
+            pass
+    try:
+        os.rename(new, target)
+    except OSError:  # ENOTEMPTY / EEXIST: an identical job finished first; keep its checkpoint
+        if not target.exists() and aside is not None and (aside / "model").exists():
+            os.rename(aside / "model", target)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def recover_checkpoint(target: str | os.PathLike) -> bool:
+    """If ``target`` is missing but a killed save left the finished checkpoint aside, put it
+    back; remove leftovers of killed saves (``.save-<name>-*``; the caller holds the config's lock,
+    so no save of it is in progress). Returns whether one was restored."""
+    target = Path(target)
+    restored = False
+    if target.parent.is_dir():
+        for aside in sorted(target.parent.glob(f".old-{target.name}-*"), key=lambda p: p.stat().st_mtime):
+            if not target.exists() and (aside / "model" / "config.json").is_file():
+                os.rename(aside / "model", target)
+                restored = True
+            shutil.rmtree(aside, ignore_errors=True)
+        for partial in target.parent.glob(f".save-{target.name}-*"):  # callers hold the config's lock
+            shutil.rmtree(partial, ignore_errors=True)
+    return restored

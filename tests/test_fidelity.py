@@ -211,7 +211,8 @@ def test_official_slimorca_loader_takes_the_first_records_and_their_first_pair(t
     shuffled = compose_config(["calibration=jsonl", f"calibration.path={path}", "calibration.chat_field=conversations"])
     assert shuffled.calibration.order == "shuffled" and shuffled.calibration.chat_turns == "all"
     official = compose_config(["calibration=slimorca_official"]).calibration
-    assert (official.order, official.chat_turns, official.n_samples, official.seq_len) == ("first", "first_pair", 8000, 1024)
+    settings = (official.order, official.chat_turns, official.n_samples, official.seq_len)
+    assert settings == ("first", "first_pair", 8000, 1024)
 
 
 def test_replaceme_official_runs_with_last_token_angular_selection_and_minibatch_solver_steps(tmp_path):

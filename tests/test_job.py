@@ -198,12 +198,20 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
     assert second_s < first_s
 
 
-def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
-    proc, _ = run_cli(["-m", *TINY[:1], *TINY[2:], "n_prune=2,99"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    table = ResultsStore(tmp_path).load().set_index("n_prune")
-    assert table.loc[2, "status"] == "finished"
-    assert table.loc[99, "status"] == "failed" and "n_prune=99" in table.loc[99, "error"]
+def test_a_failed_job_does_not_stop_the_sweep_but_the_sweep_exits_non_zero_with_a_summary(tmp_path):
+    proc, _ = run_cli(["-m", *TINY[:1], *TINY[2:], "n_prune=2,99", "alpha=0.5,abc"], tmp_path)
+    assert proc.returncode != 0  # after all jobs ran
+    table = ResultsStore(tmp_path).load()
+    assert len(table) == 4 and sorted(table["status"]) == ["failed", "failed", "failed", "finished"]
+    finished = table[table["status"] == "finished"].iloc[0]
+    assert finished["n_prune"] == 2 and finished["alpha"] == 0.5
+    errors = " | ".join(table["error"].dropna())
+    assert "n_prune=99" in errors and "alpha='abc': must be a finite number >= 0" in errors
+    log = proc.stdout + proc.stderr
+    assert "sweep: 1 finished, 0 skipped, 3 failed" in log
+    line = next(line for line in log.splitlines() if "n_prune=99,alpha=abc" in line and "  failed " in line)
+    assert "ConfigError: alpha='abc'" in line
+    assert "Traceback" not in log  # configuration errors are one line each
 
 
 def test_explicit_cuts_from_the_command_line(tmp_path):
@@ -253,7 +261,7 @@ def test_ls_refuses_l1_and_a_mask_ratio_out_of_range(tmp_path):
     row = run_recorded(job_config(tmp_path, "regularizer=l1", "alpha=1"), raise_on_failure=False)
     assert row["status"] == "failed" and "regularizer='l1': objective=ls supports none, l2" in row["error"]
     row = run_recorded(job_config(tmp_path, "mask_ratio=1.5"), raise_on_failure=False)
-    assert row["status"] == "failed" and "mask_ratio=1.5: must be in [0, 1)" in row["error"]
+    assert row["status"] == "failed" and "mask_ratio=1.5: must be a number in [0, 1)" in row["error"]
 
 
 @pytest.mark.parametrize("objective", ["ls", "cosine"])

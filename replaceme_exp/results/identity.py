@@ -12,7 +12,8 @@ vs ``l2`` at alpha 0. The hash is taken over the *effective* settings:
   alpha or alpha is 0; the structure and placement of ``identity``; selection when ``cuts`` are
   explicit; merging and ``multi_lt`` for a single selected cut; masking keys when ``mask_ratio`` is 0;
   solver settings of closed forms;
-- local data files (``calibration.path``, ``eval.path``) and the model's weights enter by content (:mod:`replaceme_exp.models.fingerprint`), and
+- local data files (``calibration.path``, ``eval.path``) and the model's weights enter by content
+  (:mod:`replaceme_exp.models.fingerprint`), and
   ``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
 
 ``setting_hash`` is the same without the seed: rows with one setting hash differ only in the seed,
@@ -95,7 +96,8 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
         section = data.get(group) or {}
         path = section.get("path")
         if isinstance(path, str) and Path(path).expanduser().is_file():
-            section["path_sha256"] = file_digest(Path(path).expanduser(), Path(str(cfg.get("cache_dir", ".cache"))) / "fingerprints")
+            memo = Path(str(cfg.get("cache_dir", ".cache"))) / "fingerprints"
+            section["path_sha256"] = file_digest(Path(path).expanduser(), memo)
     if not float(data.get("mask_ratio") or 0):
         data["mask_ratio"] = 0
         data.pop("mask_passes", None)

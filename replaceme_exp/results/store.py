@@ -7,12 +7,15 @@ through a temporary file and an atomic rename, so no row is lost or half-written
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 
 def new_run_id() -> str:
@@ -37,13 +40,15 @@ class ResultsStore:
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / f"{row['run_id']}.parquet"
         tmp = directory / f".{row['run_id']}.parquet.tmp"
-        pd.DataFrame([{k: _cell(v) for k, v in row.items()}]).to_parquet(tmp, index=False)
-        os.replace(tmp, target)
+        try:
+            pd.DataFrame([{k: _cell(v) for k, v in row.items()}]).to_parquet(tmp, index=False)
+            os.replace(tmp, target)
+        finally:  # a full disk leaves no partial file behind
+            tmp.unlink(missing_ok=True)
         return target
 
     def rows_for(self, config_hash_: str) -> pd.DataFrame:
-        files = sorted((self.runs / config_hash_).glob("*.parquet"))
-        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+        return _read_rows(sorted((self.runs / config_hash_).glob("*.parquet")))
 
     def finished_row(self, config_hash_: str) -> dict | None:
         """The latest finished run of a configuration (a later failed rerun does not hide it),
@@ -58,13 +63,24 @@ class ResultsStore:
         """All rows as one table (columns are the union of the rows' columns). With
         ``latest_per_config``, one row per config hash: its latest finished run (a later failed
         or unfinished rerun never hides it), or its latest row when none finished."""
-        files = sorted(self.runs.glob("*/*.parquet"))
-        if not files:
-            return pd.DataFrame()
-        table = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        table = _read_rows(sorted(self.runs.glob("*/*.parquet")))
+        if table.empty:
+            return table
         if latest_per_config:
             table = latest_finished_per_config(table)
         return table.reset_index(drop=True)
+
+
+def _read_rows(files: list[Path]) -> pd.DataFrame:
+    """The rows of ``files`` as one table; an unreadable file (truncated, empty, not parquet) is
+    skipped with a warning naming it, so one broken file never hides the others."""
+    frames = []
+    for file in files:
+        try:
+            frames.append(pd.read_parquet(file))
+        except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a broken file
+            log.warning("skipping unreadable row file %s: %s", file, err)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _started(table: pd.DataFrame) -> pd.Series:

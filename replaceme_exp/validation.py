@@ -1,0 +1,239 @@
+"""The whole configuration checked before anything expensive runs: every key's type, range and
+allowed values, so a typo costs a second, not a 70B model load.
+
+``SCHEMA`` is the typed schema of the keys users type: one :class:`Key` per dotted key, with its
+type and its constraint. ``validate_config`` checks a composed config against it (and the few
+rules that involve several keys) and raises one :class:`ConfigError` naming the key, the value and
+the reason. Keys a group does not have are skipped (``objective.lr`` exists only for the numerical
+objectives); unknown keys are Hydra's to refuse.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.errors import ConfigError
+
+_MISSING = object()
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def positive_int(v) -> str | None:
+    return None if _is_int(v) and v > 0 else "must be a positive integer"
+
+
+def non_negative_int(v) -> str | None:
+    return None if _is_int(v) and v >= 0 else "must be an integer >= 0"
+
+
+def any_int(v) -> str | None:
+    return None if _is_int(v) else "must be an integer"
+
+
+def boolean(v) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def finite_non_negative(v) -> str | None:
+    if not _is_number(v) or not math.isfinite(v):
+        return "must be a finite number >= 0"
+    return None if v >= 0 else "must be a finite number >= 0"
+
+
+def finite_positive(v) -> str | None:
+    return None if _is_number(v) and math.isfinite(v) and v > 0 else "must be a finite number > 0"
+
+
+def unit_interval_open_right(v) -> str | None:
+    return None if _is_number(v) and 0 <= v < 1 else "must be a number in [0, 1)"
+
+
+def optional(check: Callable) -> Callable:
+    return lambda v: None if v is None else check(v)
+
+
+def choice(*options) -> Callable:
+    return lambda v: None if v in options else f"choose one of {', '.join(map(str, options))}"
+
+
+def n_prune_value(v) -> str | None:
+    if _is_int(v) and v >= 1:
+        return None
+    if isinstance(v, float) and 0 < v < 1:
+        return None
+    return "must be a positive integer (blocks) or a fraction in (0, 1) of them"
+
+
+def cuts_value(v) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v:
+        return "give a non-empty list of [start, end) pairs, e.g. cuts='[[20,28]]'"
+    for cut in v:
+        if not isinstance(cut, list) or len(cut) != 2 or not all(_is_int(x) for x in cut):
+            return f"{cut!r} is not a [start, end) pair of integers"
+        if not 1 <= cut[0] < cut[1]:
+            return f"[{cut[0]}, {cut[1]}) needs 1 <= start < end"
+    return None
+
+
+def device_value(v) -> str | None:
+    if v is None or v in ("auto", "cpu", "cuda", "mps") or (isinstance(v, str) and re.fullmatch(r"cuda:\d+", v)):
+        return None
+    return "choose auto, cpu, cuda, cuda:<index> or mps"
+
+
+def harness_limit(v) -> str | None:
+    if v is None or (_is_int(v) and v > 0) or (isinstance(v, float) and 0 < v <= 1):
+        return None
+    return "must be null, a positive number of documents or a fraction in (0, 1]"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One typed key of the schema: ``check(value)`` returns None or the reason it is refused."""
+
+    path: str
+    check: Callable[[Any], str | None]
+    required: bool = False
+
+
+SCHEMA: tuple[Key, ...] = (
+    # top level
+    Key("n_prune", n_prune_value, True),
+    Key("num_lts", positive_int, True),
+    Key("alpha", finite_non_negative, True),
+    Key("merge_consecutive", boolean, True),
+    Key("multi_lt", choice("independent", "sequential"), True),
+    Key("cuts", cuts_value),
+    Key("lt_placement", choice("fused", "separate"), True),
+    Key("mask_ratio", unit_interval_open_right, True),
+    Key("mask_passes", positive_int),
+    Key("solver_schedule", choice("full_batch", "minibatch")),
+    Key("seed", any_int, True),
+    Key("record_layer_distances", boolean),
+    Key("save_model", boolean),
+    Key("force", boolean),
+    # model
+    Key("model.source", choice("embedded", "hub", "local", "random", "hub_clip_vision"), True),
+    Key("model.dtype", choice("float32", "float16", "bfloat16"), True),
+    Key("model.device", device_value),
+    Key("model.capture_4bit", boolean),
+    # calibration
+    Key("calibration.source", choice("pydoc", "text_file", "hf_dataset", "mix"), True),
+    Key("calibration.n_samples", positive_int, True),
+    Key("calibration.seq_len", positive_int, True),
+    Key("calibration.batch_size", positive_int, True),
+    Key("calibration.seed", any_int),
+    Key("calibration.padding_side", choice("left", "right")),
+    Key("calibration.order", choice("shuffled", "first")),
+    Key("calibration.chat_turns", choice("all", "first_pair")),
+    Key("calibration.streaming", boolean),
+    # selection, objective, regulariser, structure, healing
+    Key("selection.metric", choice("cosine", "angular", "l2", "ls_residual"), True),
+    Key("selection.tokens", choice("all", "last"), True),
+    Key("objective.solver", choice("adam", "lbfgs", "nlcg", "trust_ncg")),
+    Key("objective.loss", choice("cosine", "cosine_exact", "mse")),
+    Key("objective.schedule", choice("full_batch", "minibatch")),
+    Key("objective.init", choice("identity", "ls")),
+    Key("objective.lr", finite_positive),
+    Key("objective.batch_tokens", positive_int),
+    Key("objective.epochs", positive_int),
+    Key("objective.max_iter", positive_int),
+    Key("objective.chunk_tokens", positive_int),
+    Key("objective.max_condition", finite_positive),
+    Key("regularizer.name", choice("none", "l1", "l2"), True),
+    Key("structure.name", choice("generic", "diagonal", "orthonormal"), True),
+    Key("healing.name", choice("none", "lt_only", "full_model", "lora"), True),
+    # evaluation
+    Key("eval.text", choice("pydoc_heldout", "text_file"), True),
+    Key("eval.seq_len", positive_int, True),
+    Key("eval.max_windows", positive_int, True),
+    Key("eval.batch_size", positive_int, True),
+    Key("eval.harness.batch_size", positive_int),
+    Key("eval.harness.add_bos_token", boolean),
+    Key("eval.harness.max_length", optional(positive_int)),
+    Key("eval.harness.limit", harness_limit),
+    Key("eval.harness.bootstrap_iters", non_negative_int),
+    Key("eval.harness.local_tasks", boolean),
+    # how a job runs
+    Key("capture.passes", choice("auto", "one", "two"), True),
+    Key("capture.max_stats_gb", finite_positive),
+    Key("capture.cache", boolean),
+    Key("store.location", choice("auto", "gpu", "cpu", "disk")),
+    Key("store.max_gpu_gb", optional(finite_positive)),
+    Key("store.max_cpu_gb", optional(finite_positive)),
+    Key("tracking.wandb.mode", choice("online", "offline", "disabled")),
+    Key("tracking.codecarbon.enabled", boolean),
+)
+
+
+def _value(container: dict, path: str):
+    node: Any = container
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def writable_directory(key: str, value) -> None:
+    """``value`` names a directory this process can create and write (checked before any model
+    load or conversion)."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, "must be a directory path")
+    path = Path(value).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(key, value, f"{existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(key, value, f"{existing} is not writable")
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check ``cfg`` against :data:`SCHEMA` and the rules that join keys; raises the first
+    :class:`ConfigError` (key, value, reason). Cheap: no model, no data."""
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as err:  # noqa: BLE001 - an interpolation that cannot resolve
+        raise ConfigError("config", "<interpolation>", f"cannot be resolved: {err}") from err
+    for key in SCHEMA:
+        value = _value(data, key.path)
+        if value is _MISSING:
+            if key.required:
+                raise ConfigError(key.path, None, "is missing")
+            continue
+        reason = key.check(value)
+        if reason:
+            raise ConfigError(key.path, value, reason)
+    if data.get("regularizer", {}).get("name") == "none" and data.get("alpha"):
+        objective = data.get("objective") or {}
+        if objective.get("name") not in ("identity",):
+            raise ConfigError("alpha", data["alpha"], "has no effect with regularizer=none; use regularizer=l2 (ridge)")
+    for key in ("results_dir", "cache_dir"):
+        writable_directory(key, data.get(key))
+    source = _value(data, "calibration.source")
+    if source == "text_file" or (source == "hf_dataset" and _value(data, "calibration.dataset") == "json"):
+        path = _value(data, "calibration.path")
+        if not isinstance(path, str) or not Path(path).expanduser().is_file():
+            raise ConfigError("calibration.path", path, "no such file")
+    if _value(data, "eval.text") == "text_file":
+        path = _value(data, "eval.path")
+        if not isinstance(path, str) or not Path(path).expanduser().is_file():
+            raise ConfigError("eval.path", path, "no such file")

@@ -1,0 +1,156 @@
+"""Nothing wrong, nothing lost: bad input refused before any model loads, rows and models that
+survive kills, full disks, concurrent identical jobs and broken row files."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pandas as pd
+import pytest
+from test_job import job_config
+
+import replaceme_exp.job as job_module
+from replaceme_exp.job import run_recorded
+from replaceme_exp.results import ResultsStore
+from replaceme_exp.surgery import recover_checkpoint, replace_directory
+
+BAD_INPUTS = [
+    ("calibration.padding_side=middle", "calibration.padding_side='middle'"),
+    ("merge_consecutive=abc", "merge_consecutive='abc'"),
+    ("cuts=[[true,3]]", "cuts=[[True, 3]]"),
+    ("cuts=5", "cuts=5"),
+    ("capture.passes=bogus", "capture.passes='bogus'"),
+    ("tracking.wandb.mode=bogus", "tracking.wandb.mode='bogus'"),
+    ("alpha=abc", "alpha='abc'"),
+    ("alpha=nan", "alpha=nan"),
+    ("alpha=inf", "alpha=inf"),
+    ("seed=abc", "seed='abc'"),
+    ("eval.batch_size=0", "eval.batch_size=0"),
+    ("eval.batch_size=-1", "eval.batch_size=-1"),
+    ("model.device=bogus", "model.device='bogus'"),
+    ("objective=cosine objective.epochs=0", "objective.epochs=0"),
+    ("objective=cosine objective.batch_tokens=0", "objective.batch_tokens=0"),
+    ("objective=cosine objective.chunk_tokens=0", "objective.chunk_tokens=0"),
+    ("objective=cosine objective.lr=-1", "objective.lr=-1"),
+    ("mask_ratio=2", "mask_ratio=2"),
+    ("num_lts=0", "num_lts=0"),
+]
+
+
+@pytest.mark.parametrize("override, named", BAD_INPUTS)
+def test_bad_input_is_refused_before_any_model_loads(tmp_path, monkeypatch, override, named):
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded for a bad configuration")
+
+    monkeypatch.setattr(job_module, "load_model", never)
+    monkeypatch.setattr(job_module, "weights_fingerprint", never)
+    row = run_recorded(job_config(tmp_path, *override.split()), raise_on_failure=False)
+    assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {named}:"), row["error"]
+    assert "\n" not in row["error"]
+    stored = ResultsStore(tmp_path).load()
+    assert len(stored) == 1 and stored.iloc[0]["status"] == "failed"
+
+
+@pytest.mark.parametrize("key", ["results_dir", "cache_dir"])
+def test_a_results_or_cache_dir_that_is_a_file_is_refused_first(tmp_path, key):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    row = run_recorded(job_config(tmp_path, f"{key}={blocker}/sub"), raise_on_failure=False)
+    assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {key}=") and "is a file" in row["error"]
+
+
+def test_an_unreadable_row_file_is_skipped_with_a_warning(tmp_path, caplog):
+    store = ResultsStore(tmp_path)
+    store.write({"run_id": "a", "config_hash": "h1", "status": "finished", "started_at": "1"})
+    broken = tmp_path / "runs" / "h2" / "b.parquet"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"PAR1 truncated")
+    (tmp_path / "runs" / "h2" / "c.parquet").write_bytes(b"")
+    with caplog.at_level("WARNING"):
+        table = store.load(latest_per_config=True)
+    assert list(table["run_id"]) == ["a"]
+    assert "b.parquet" in caplog.text and "c.parquet" in caplog.text
+
+
+def test_a_full_disk_while_writing_a_row_leaves_no_partial_file(tmp_path, monkeypatch):
+    def full_disk(self, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"PAR1")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        ResultsStore(tmp_path).write({"run_id": "a", "config_hash": "h", "status": "finished"})
+    assert list((tmp_path / "runs" / "h").iterdir()) == []
+
+
+def test_a_save_killed_between_renames_loses_no_model(tmp_path, monkeypatch):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "config.json").write_text('{"old": true}')
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "config.json").write_text('{"new": true}')
+    real_rename = os.rename
+
+    def killed(src, dst):  # the process dies right after the finished model was moved aside
+        real_rename(src, dst)
+        if str(src) == str(target):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "rename", killed)
+    with pytest.raises(KeyboardInterrupt):
+        replace_directory(new, target)
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert not target.exists()  # the moment a kill used to lose the model for good
+    assert recover_checkpoint(target) and (target / "config.json").read_text() == '{"old": true}'
+    assert not list(tmp_path.glob(".old-*"))
+
+
+def test_identical_saves_at_once_do_not_fail_and_keep_one_model(tmp_path):
+    target = tmp_path / "model"
+    errors = []
+
+    def save(i):
+        try:
+            new = tmp_path / f"new{i}"
+            new.mkdir()
+            (new / "config.json").write_text("{}")
+            replace_directory(new, target)
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and (target / "config.json").is_file()
+
+
+def test_identical_jobs_at_once_run_once_and_models_are_readable_by_others(tmp_path):
+    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    rows = []
+    threads = [threading.Thread(target=lambda: rows.append(run_recorded(cfg))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r["status"] for r in rows) == ["finished", "skipped"]
+    assert len(ResultsStore(tmp_path).load()) == 1
+    model_dir = next(r["pruned_model_path"] for r in rows if r["status"] == "finished")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(model_dir).st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_model_moved_aside_by_a_killed_rerun_is_restored_not_skipped_away(tmp_path):
+    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    first = run_recorded(cfg)
+    model_dir = first["pruned_model_path"]
+    aside = tmp_path / "models" / f".old-{first['config_hash']}-killed"
+    aside.mkdir()
+    os.rename(model_dir, aside / "model")  # what a forced rerun killed between its renames leaves
+    again = run_recorded(cfg)
+    assert again["status"] == "skipped" and os.path.isfile(os.path.join(model_dir, "config.json"))
