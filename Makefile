@@ -36,5 +36,10 @@ bench: setup
 paper-tables: setup
 	$(PY) -m replaceme_exp.results.paper_tables --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables
 
+# Capture statistics, fingerprint memos, and what killed jobs left: partial model saves and disk token stores.
+# (.old-* folders under results/models may hold a finished model that a killed save moved aside: the next
+# run of its configuration puts it back, so they are not deleted here.)
 clean-cache:
-	rm -rf .cache/stats
+	rm -rf .cache/stats .cache/fingerprints
+	find $${RESULTS:-results}/models -maxdepth 1 -name '.save-*' -exec rm -rf {} + 2>/dev/null || true
+	rm -rf $${TMPDIR:-/tmp}/token-store-*

@@ -15,3 +15,25 @@ class ConfigError(ValueError):
 
 class UnsupportedModelError(ConfigError):
     """A model family with no adapter, or one whose structure makes fusion inexact."""
+
+
+class NonFiniteError(FloatingPointError):
+    """NaN or inf where a number must be finite: names the stage and the quantity."""
+
+    def __init__(self, stage: str, what: str):
+        self.stage, self.what = stage, what
+        super().__init__(f"stage {stage}: {what} not finite (NaN or inf)")
+
+
+def check_finite(stage: str, what: str, values) -> None:
+    """Raise :class:`NonFiniteError` unless every value (numbers or tensors) is finite."""
+    import math
+
+    import torch
+
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if not bool(torch.isfinite(value).all()):
+                raise NonFiniteError(stage, what)
+        elif value is None or not math.isfinite(float(value)):
+            raise NonFiniteError(stage, what)

@@ -12,7 +12,6 @@ import gc
 import hashlib
 import json
 import logging
-import math
 import os
 import platform
 import resource
@@ -32,7 +31,7 @@ from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.data.augmentation import with_masked_copies
-from replaceme_exp.errors import ConfigError
+from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
 from replaceme_exp.estimation.fitting import estimate, estimate_sequentially
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
@@ -129,6 +128,13 @@ CACHED_STAGE_NAMES = {
 def cached_stages(*caches) -> list[str]:
     """The stages whose results came from a cache (``hits`` of the statistics and baseline caches)."""
     return sorted({CACHED_STAGE_NAMES.get(kind, kind) for cache in caches for kind in cache.hits})
+
+
+def check_weights_finite(model) -> None:
+    """NaN or inf in a weight fails the job at loading, naming the parameter."""
+    for name, parameter in model.named_parameters():
+        if parameter.dtype.is_floating_point and not bool(torch.isfinite(parameter).all()):
+            raise NonFiniteError("load", f"the weight {name} is")
 
 
 def library_versions() -> dict[str, str | None]:
@@ -283,6 +289,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         # copy, loaded first and freed before the full model is loaded for baselines, surgery and eval.
         capture_loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"), nf4=nf4)
     tokenizer = capture_loaded.tokenizer
+    check_weights_finite(capture_loaded.model)
     capture_adapter = adapter_for(capture_loaded.model)
     row["model_revision"] = capture_loaded.identity.get("commit")
 
@@ -325,7 +332,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     )
     row.update(cuts=[list(c) for c in cuts], num_lts=len(cuts), n_prune=sum(e - s for s, e in cuts))
     if distances is not None:
-        check_finite("selection", "candidate distances", distances.values())
+        check_finite("selection", "the candidate distances are", distances.values())
         row["candidate_distances"] = [[s, e, distances[(s, e)]] for s, e in sorted(distances)]
         chosen = [distances[c] for c in cuts if c in distances]
         row["selection_distance"] = float(min(chosen)) if chosen else None
@@ -338,10 +345,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     row["layer_distances"] = layer_matrix
 
     for cut, s in stats.items():
-        if not (torch.isfinite(s.mtm).all() and torch.isfinite(s.mtr).all()):
-            raise ConfigError(
-                "model.dtype", cfg.model.dtype, f"cut {list(cut)}: the calibration activations contain NaN or inf"
-            )
+        check_finite("capture", f"the statistics of cut {list(cut)} are", [s.mtm, s.mtr, s.r_sq])
     sequential = cfg.multi_lt == "sequential" and len(cuts) > 1
     if not sequential:
         transforms = estimate(cfg, capture_adapter, estimation_data, estimator, cuts, stats, row, timer)
@@ -351,6 +355,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         torch.cuda.empty_cache()
         with timer("load"):
             loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"))
+        check_weights_finite(loaded.model)
         adapter = adapter_for(loaded.model)
     else:
         loaded, adapter = capture_loaded, capture_adapter
@@ -365,6 +370,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         row["ppl_heldout_baseline"] = baselines.get_or_compute(
             {**heldout_key, "metric": "ppl_heldout"}, lambda: perplexity(model, windows)
         )
+        check_finite("eval", "the unpruned model's held-out perplexity is", [row["ppl_heldout_baseline"]])
         if harness:
             settings = harness_settings(harness, int(cfg.seed))
             row.update(settings)
@@ -378,6 +384,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             baseline_scores = baselines.get_or_compute(
                 harness_key, lambda: run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed))
             )
+            check_finite("eval", "the unpruned model's avg_acc is", [baseline_scores["avg_acc"]])
             row["avg_acc_baseline"] = baseline_scores["avg_acc"]
             row.update({f"baseline_{name}": value for name, value in baseline_scores.items()})
     num_layers = adapter.num_layers
@@ -399,14 +406,17 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             )
         with timer("surgery"):
             kept = prune(adapter, cuts, transforms, cfg.lt_placement)
+    check_finite("eval", "the held-out distances are", [row["cos_dist_before"], row["cos_dist_after"]])
     row["cached_stages"] = cached_stages(cache, stats_cache, baselines)
     row.update(params_after=count_parameters(model), kept_blocks=kept)
     row["compression_ratio"] = 1.0 - row["params_after"] / row["params_before"]
 
     with timer("eval"):
         row["ppl_heldout"] = perplexity(model, windows)
+        check_finite("eval", "the pruned model's held-out perplexity is", [row["ppl_heldout"]])
         if harness:
             row.update(run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed)))
+            check_finite("eval", "the pruned model's avg_acc is", [row["avg_acc"]])
             row["rp"] = row["avg_acc"] / row["avg_acc_baseline"]
 
     if cfg.save_model:
@@ -427,12 +437,6 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         status="finished",
     )
     return row
-
-
-def check_finite(stage: str, what: str, values) -> None:
-    values = [float(v) for v in values]
-    if not all(math.isfinite(v) for v in values):
-        raise FloatingPointError(f"stage {stage}: {what} are not finite (NaN or inf)")
 
 
 @contextmanager

@@ -155,7 +155,10 @@ def replace_directory(new: Path, target: Path) -> None:
         os.rename(new, target)
     except OSError:  # ENOTEMPTY / EEXIST: an identical job finished first; keep its checkpoint
         if not target.exists() and aside is not None and (aside / "model").exists():
-            os.rename(aside / "model", target)
+            try:
+                os.rename(aside / "model", target)
+            except OSError:  # yet another save got there first: its checkpoint stays
+                pass
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
 

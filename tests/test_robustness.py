@@ -3,6 +3,7 @@ survive kills, full disks, concurrent identical jobs and broken row files."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -126,7 +127,8 @@ def test_identical_saves_at_once_do_not_fail_and_keep_one_model(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and (target / "config.json").is_file()
+    assert not errors, [repr(e) for e in errors]
+    assert (target / "config.json").is_file()
 
 
 def test_identical_jobs_at_once_run_once_and_models_are_readable_by_others(tmp_path):
@@ -154,3 +156,115 @@ def test_a_model_moved_aside_by_a_killed_rerun_is_restored_not_skipped_away(tmp_
     os.rename(model_dir, aside / "model")  # what a forced rerun killed between its renames leaves
     again = run_recorded(cfg)
     assert again["status"] == "skipped" and os.path.isfile(os.path.join(model_dir, "config.json"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_corrupt_cache_entry_is_reported_removed_and_recomputed(tmp_path, caplog, damage):
+    run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_model=false"))
+    (entry,) = (tmp_path / "stats").glob("linear-*.pt")
+    data = bytearray(entry.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x10  # one bit, inside M^T M / M^T (L - Y)
+    else:
+        data = data[: len(data) // 3]
+    entry.write_bytes(bytes(data))
+    (baseline,) = [p for p in (tmp_path / "baselines").glob("*.json") if '"ppl_heldout"' in p.read_text()]
+    tampered = json.loads(baseline.read_text())
+    tampered["value"] *= 2  # a changed value under the old checksum
+    baseline.write_text(json.dumps(tampered))
+    with caplog.at_level("WARNING"):
+        row = run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_model=false", "alpha=1"))
+    assert row["status"] == "finished" and "statistics" not in row["cached_stages"]
+    assert str(entry) in caplog.text and str(baseline) in caplog.text
+    fresh = tmp_path / "fresh"
+    reference = run_recorded(
+        job_config(fresh, "cuts=[[2,4]]", "save_model=false", "alpha=1", f"capture.cache_dir={fresh}/stats")
+    )
+    assert row["ppl_heldout"] == pytest.approx(reference["ppl_heldout"], rel=1e-6)
+    assert row["ppl_heldout_baseline"] == pytest.approx(reference["ppl_heldout_baseline"], rel=1e-9)
+
+
+@pytest.mark.parametrize("objective", ["identity", "ls"])
+def test_a_nan_weight_fails_the_job_naming_the_stage_and_the_weight(tmp_path, smollm2_tokenizer, objective):
+    import torch
+    from conftest import tiny_model
+
+    model = tiny_model("llama", num_layers=6, vocab=len(smollm2_tokenizer))
+    with torch.no_grad():
+        model.model.layers[3].mlp.down_proj.weight[0, 0] = float("nan")
+    model.save_pretrained(tmp_path / "ckpt")
+    smollm2_tokenizer.save_pretrained(tmp_path / "ckpt")
+    local = ["model.source=local", f"+model.pretrained={tmp_path / 'ckpt'}", "model.tokenizer=local"]
+    row = run_recorded(job_config(tmp_path, *local, f"objective={objective}"), raise_on_failure=False)
+    assert row["status"] == "failed"
+    assert row["error"] == (
+        "NonFiniteError: stage load: the weight model.layers.3.mlp.down_proj.weight is not finite (NaN or inf)"
+    )
+
+
+def test_non_finite_values_name_their_stage():
+    from replaceme_exp.errors import NonFiniteError, check_finite
+
+    check_finite("eval", "x is", [1.0, 2])
+    with pytest.raises(NonFiniteError, match=r"^stage selection: the candidate distances are not finite"):
+        check_finite("selection", "the candidate distances are", [0.1, float("nan")])
+    with pytest.raises(NonFiniteError):
+        check_finite("eval", "x is", [None])
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00binary", "is not UTF-8 text"),
+        (b"plain text\n\nwith a \x00 byte in it", "holds NUL bytes"),
+    ],
+)
+def test_binary_calibration_text_is_refused(tmp_path, smollm2_tokenizer, content, named):
+    from replaceme_exp.data.sources import text_file_documents
+    from replaceme_exp.errors import ConfigError
+
+    path = tmp_path / "calib.txt"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"calibration.path='{path}': .*{named}"):
+        text_file_documents(str(path), 1000)
+
+
+@pytest.mark.parametrize(
+    "lines, reason",
+    [
+        (['{"text": "fine"}', '{"text": "broken'], "line 2 is not valid JSON"),
+        (['{"text": "fine"}', "[1, 2]"], "line 2 is not a JSON object"),
+        (['{"messages": "a string, not turns"}'], "calibration.chat_field='messages': must hold a list of turns"),
+        (['{"messages": [{"role": "wizard", "content": "hi"}]}'], "unknown role 'wizard'"),
+    ],
+)
+def test_malformed_jsonl_names_the_file_line_or_field(tmp_path, smollm2_tokenizer, lines, reason):
+    from conftest import compose_config
+
+    from replaceme_exp.data import build_calibration
+    from replaceme_exp.errors import ConfigError
+
+    path = tmp_path / "calib.jsonl"
+    path.write_text("\n".join(lines))
+    cfg = compose_config(["calibration=jsonl", f"calibration.path={path}", "calibration.n_samples=1"]).calibration
+    with pytest.raises(ConfigError, match=reason):
+        build_calibration(cfg, smollm2_tokenizer)
+
+
+def test_binary_jsonl_names_the_line(tmp_path, smollm2_tokenizer):
+    from replaceme_exp.data.sources import check_jsonl
+    from replaceme_exp.errors import ConfigError
+
+    path = tmp_path / "calib.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n\xff\xfe\x00binary\n')
+    with pytest.raises(ConfigError, match="line 2 is not UTF-8 text"):
+        check_jsonl(path)
+
+
+def test_an_unreachable_hub_model_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    row = run_recorded(
+        job_config(tmp_path, "model=llama3_8b_instruct", "model.dtype=float32", "cuts=[[2,4]]"), raise_on_failure=False
+    )
+    assert row["status"] == "failed"
+    assert row["error"].startswith("ConfigError: model.pretrained='meta-llama/Meta-Llama-3-8B-Instruct': cannot be loaded")

@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 import torch
 
+log = logging.getLogger(__name__)
+
 from replaceme_exp.capture.statistics import Cut, LinearStats
+
+
+def payload_digest(payload: dict) -> str:
+    """SHA-256 over an entry's tensors (names, dtypes, shapes and bytes), verified on read."""
+    h = hashlib.sha256()
+    for name in sorted(payload):
+        tensor = payload[name].detach().cpu().contiguous()
+        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return h.hexdigest()
 
 
 # Semantics version per kind of entry: bump when the code changes what an entry holds.
@@ -36,9 +49,19 @@ class StatisticsCache:
         return self.root / f"{kind}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.pt"
 
     def _load(self, path: Path):
+        """The entry at ``path`` if it exists and its checksum holds; a corrupt or truncated entry
+        is reported with its path, removed and recomputed by the caller (None), never used."""
         if not self.enabled or self.refresh or not path.is_file():
             return None
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+            stored = payload.pop("_sha256", None)
+            if stored != payload_digest(payload):
+                raise ValueError("checksum mismatch")
+        except Exception as err:  # noqa: BLE001 - unpickling errors of a truncated file vary
+            log.warning("corrupt cache entry %s (%s): removed, recomputing", path, err)
+            path.unlink(missing_ok=True)
+            return None
         self.hits.append(path.name.split("-")[0])
         return payload
 
@@ -47,8 +70,11 @@ class StatisticsCache:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
+        try:
+            torch.save({**payload, "_sha256": payload_digest(payload)}, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def get_distances(self, length: int, criterion: str) -> dict[Cut, float] | None:
         """Distances of every candidate cut of ``length`` blocks under ``criterion`` (e.g.

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -72,7 +73,15 @@ def text_file_documents(path: str | None, max_chars: int, key: str = "calibratio
     file = Path(path).expanduser()
     if not file.is_file():
         raise ConfigError(key, path, "no such file")
-    documents = pack_paragraphs(file.read_text(encoding="utf-8", errors="replace"), max_chars)
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(key, path, f"is not UTF-8 text (line {line}, byte {err.start}): a binary file?") from err
+    if "\x00" in text:
+        raise ConfigError(key, path, "holds NUL bytes: a binary file, not text")
+    documents = pack_paragraphs(text, max_chars)
     if not documents:
         raise ConfigError(key, path, "the file holds no text")
     return documents
@@ -91,6 +100,24 @@ def first_pair(messages: list[dict]) -> list[dict]:
         {"role": "user", "content": messages[i]["content"]},
         {"role": "assistant", "content": messages[i + 1]["content"]},
     ]
+
+
+def check_jsonl(file: Path) -> None:
+    """Every non-empty line of ``file`` is a UTF-8 JSON object; otherwise one error naming the
+    file and the line (before ``datasets`` reads it with a less helpful message)."""
+    with open(file, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise ConfigError("calibration.path", str(file), f"line {number} is not UTF-8 text") from err
+            except json.JSONDecodeError as err:
+                reason = f"line {number} is not valid JSON ({err.msg})"
+                raise ConfigError("calibration.path", str(file), reason) from err
+            if not isinstance(record, dict):
+                raise ConfigError("calibration.path", str(file), f"line {number} is not a JSON object")
 
 
 def render_record(
@@ -117,12 +144,22 @@ def render_record(
             ) from err
     if chat_field and record.get(chat_field):
         messages = []
-        for turn in record[chat_field]:
+        turns = record[chat_field]
+        if not isinstance(turns, list):
+            reason = f"must hold a list of turns, not {type(turns).__name__}: {turns!r:.80}"
+            raise ConfigError("calibration.chat_field", chat_field, reason)
+        for turn in turns:
+            if not isinstance(turn, dict):
+                raise ConfigError("calibration.chat_field", chat_field, f"a turn is not a mapping: {turn!r:.80}")
             role = turn.get("role", turn.get("from"))
             content = turn.get("content", turn.get("value"))
             if role is None or content is None:
                 raise ConfigError("calibration.chat_field", chat_field, f"a turn without role/content: {turn}")
-            messages.append({"role": _ROLE_ALIASES.get(role, role), "content": content})
+            if role not in _ROLE_ALIASES:
+                raise ConfigError(
+                    "calibration.chat_field", chat_field, f"unknown role {role!r}; known: {sorted(_ROLE_ALIASES)}"
+                )
+            messages.append({"role": _ROLE_ALIASES[role], "content": content})
         if chat_turns == "first_pair":
             messages = first_pair(messages)
         if getattr(tokenizer, "chat_template", None):
@@ -169,6 +206,8 @@ def hf_dataset_documents(
         for file in files:
             if not Path(str(file)).expanduser().is_file():
                 raise ConfigError("calibration.path", str(file), "no such file")
+            if path == "json":
+                check_jsonl(Path(str(file)).expanduser())
         kwargs["data_files"] = [str(Path(str(f)).expanduser()) for f in files]
     dataset = datasets.load_dataset(path, **kwargs)
     if order == "first":

@@ -9,7 +9,7 @@ from replaceme_exp.capture import LinearStatistics, TransformDistances, run_capt
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.statistics import TokenCollector
 from replaceme_exp.capture.token_store import TokenStore
-from replaceme_exp.errors import ConfigError
+from replaceme_exp.errors import NonFiniteError
 from replaceme_exp.estimation.least_squares import residual_sq, ridge_solve
 from replaceme_exp.surgery import prune
 
@@ -86,9 +86,9 @@ def estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> d
             losses = row.setdefault("cut_train_losses", {})
             losses.update({f"{c[0]}-{c[1]}": residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()})
             row["train_loss"] = sum(losses.values()) / len(losses)
-    for transform in transforms.values():
+    for cut, transform in transforms.items():
         if transform is not None and not torch.isfinite(transform).all():
-            raise ConfigError("alpha", cfg.alpha, "the estimated transform has NaN or inf entries; set alpha>0")
+            raise NonFiniteError("estimate", f"the transform of cut {list(cut)} is")
     return transforms
 
 

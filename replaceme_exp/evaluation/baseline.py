@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 
 BASELINE_VERSION = 2
+log = logging.getLogger(__name__)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 class BaselineCache:
@@ -25,8 +31,16 @@ class BaselineCache:
         storing it (atomically) on a miss."""
         path, key = self._path(key)
         if path.is_file() and not self.refresh:
-            self.hits.append(str(key.get("metric", "harness")))
-            return json.loads(path.read_text())["value"]
+            try:
+                entry = json.loads(path.read_text())
+                if entry.get("sha256") != _digest(entry["value"]):
+                    raise ValueError("checksum mismatch")
+            except Exception as err:  # noqa: BLE001 - truncated JSON, a flipped bit, a missing field
+                log.warning("corrupt baseline cache entry %s (%s): removed, recomputing", path, err)
+                path.unlink(missing_ok=True)
+            else:
+                self.hits.append(str(key.get("metric", "harness")))
+                return entry["value"]
         value = compute()
         self._write(path, key, value)
         return value
@@ -43,5 +57,8 @@ class BaselineCache:
     def _write(self, path: Path, key: dict, value: Any) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "value": value}))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps({"key": key, "value": value, "sha256": _digest(value)}))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)

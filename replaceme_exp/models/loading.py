@@ -177,9 +177,14 @@ def load_model(
         if source == "local" and not Path(cfg.pretrained).is_dir():
             raise ConfigError("model.pretrained", cfg.pretrained, "no such local checkpoint directory")
         extra = {"quantization_config": nf4_config(), "device_map": device_map or str(device)} if nf4 else {}
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.pretrained, revision=cfg.get("revision"), dtype=dtype, **({"device_map": device_map} | extra)
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                cfg.pretrained, revision=cfg.get("revision"), dtype=dtype, **({"device_map": device_map} | extra)
+            )
+        except OSError as err:  # not cached offline, no such repository, gated without a login
+            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+            hint = "not in the local cache and HF_HUB_OFFLINE=1" if offline else "not found or not accessible"
+            raise ConfigError("model.pretrained", cfg.pretrained, f"cannot be loaded: {hint} ({err})") from err
     elif source == "random":
         config_kwargs = OmegaConf.to_container(cfg.config, resolve=True)
         config = AutoConfig.for_model(**config_kwargs)

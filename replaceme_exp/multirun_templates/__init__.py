@@ -1,0 +1,3 @@
+"""The paper's sweeps (``paper/<table>.yaml``), found by Hydra through ``pkg://replaceme_exp.multirun_templates``:
+``+paper=<name>`` resolves from the installed package from any working directory, and a
+``multirun_templates/`` folder in the working directory cannot replace a template."""
