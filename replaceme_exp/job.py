@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.runner import input_device
+from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.data.augmentation import with_masked_copies
@@ -514,6 +515,8 @@ def run_recorded(
     with config_lock(results_dir, chash):
         model_dir = Path(results_dir) / "models" / chash
         recover_checkpoint(model_dir)
+        if removed := TokenStore.remove_leftovers(chash, cfg.store.get("directory")):
+            log.info("removed %d token store(s) a killed run of this configuration left", removed)
         done = store.finished_row(chash) if not cfg.force else None
         if done is not None and cfg.save_model and not model_dir.is_dir():
             log.warning("finished run %s lost its model %s: running again", done["run_id"], model_dir)

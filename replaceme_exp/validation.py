@@ -10,13 +10,16 @@ objectives); unknown keys are Hydra's to refuse.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.errors import ConfigError
@@ -237,3 +240,23 @@ def validate_config(cfg: DictConfig) -> None:
         path = _value(data, "eval.path")
         if not isinstance(path, str) or not Path(path).expanduser().is_file():
             raise ConfigError("eval.path", path, "no such file")
+
+
+class DirectoryCheck(Callback):
+    """Hydra callback (``hydra.callbacks.directory_check``): ``results_dir`` and ``cache_dir`` are
+    checked before Hydra creates its run directory under ``results_dir`` (which would otherwise
+    fail first, with a traceback): one line and exit code 2."""
+
+    def _check(self, config: DictConfig) -> None:
+        try:
+            for key in ("results_dir", "cache_dir"):
+                writable_directory(key, OmegaConf.select(config, key))
+        except ConfigError as err:
+            logging.getLogger("replaceme_exp").error("invalid configuration: %s", err)
+            sys.exit(2)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config)

@@ -268,3 +268,36 @@ def test_an_unreachable_hub_model_is_named(tmp_path, monkeypatch):
     )
     assert row["status"] == "failed"
     assert row["error"].startswith("ConfigError: model.pretrained='meta-llama/Meta-Llama-3-8B-Instruct': cannot be loaded")
+
+
+def test_the_next_run_of_a_configuration_removes_its_leftover_token_stores(tmp_path):
+    from replaceme_exp.models.fingerprint import weights_fingerprint
+    from replaceme_exp.results import config_hash
+
+    stores = tmp_path / "stores"
+    overrides = ["cuts=[[2,4]]", "save_model=false", "objective=cosine", "objective.epochs=1"]
+    overrides += ["store.location=disk", f"store.directory={stores}"]
+    cfg = job_config(tmp_path, *overrides)
+    chash = config_hash(cfg, weights_fingerprint(cfg.model, cfg.cache_dir))
+    (stores / f"token-store-{chash}-killed").mkdir(parents=True)  # what a killed run leaves
+    (stores / "token-store-otherconfig-x").mkdir()
+    row = run_recorded(cfg)
+    assert row["status"] == "finished" and row["store_location"] == "disk"
+    assert sorted(p.name for p in stores.iterdir()) == ["token-store-otherconfig-x"]
+
+
+def test_a_results_dir_that_is_a_file_stops_the_cli_with_one_line_before_hydra_writes(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    for args in ([f"results_dir={blocker}/sub"], ["-m", f"cache_dir={blocker}", "alpha=1,2", f"results_dir={tmp_path}"]):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "is a file, not a directory" in out and "Traceback" not in out

@@ -49,10 +49,12 @@ class TokenStore:
         max_cpu_gb: float | None = None,
         directory: str | os.PathLike | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        owner: str = "",
     ):
         if location not in LOCATIONS:
             raise ValueError(f"store.location={location!r}: choose one of {LOCATIONS}")
         self.names, self.n_tokens, self.hidden, self.dtype = tuple(names), n_tokens, hidden, dtype
+        self.owner = owner  # the config hash whose job made it: its next run removes leftovers
         self.compute_device = compute_device
         self.nbytes = len(self.names) * n_tokens * hidden * torch.tensor([], dtype=dtype).element_size()
         self.location = self._choose(location, max_gpu_gb, max_cpu_gb)
@@ -88,7 +90,7 @@ class TokenStore:
         if self.location == "cpu":
             return torch.empty(shape, dtype=self.dtype, pin_memory=torch.cuda.is_available())
         if self._tmpdir is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="token-store-", dir=directory)
+            self._tmpdir = tempfile.TemporaryDirectory(prefix=f"token-store-{self.owner}-", dir=directory)
         path = Path(self._tmpdir.name) / f"{name}.bin"
         return torch.from_file(str(path), shared=True, size=self.n_tokens * self.hidden, dtype=self.dtype).view(shape)
 
@@ -104,6 +106,18 @@ class TokenStore:
             idx = indices.to(tensor.device)
             out[name] = tensor.index_select(0, idx).to(self.compute_device, non_blocking=True).float()
         return out
+
+    @staticmethod
+    def remove_leftovers(owner: str, directory: str | os.PathLike | None = None) -> int:
+        """Remove the disk stores a killed job of ``owner`` left (the caller holds its lock).
+        Returns how many were removed."""
+        import shutil
+
+        root = Path(directory) if directory else Path(tempfile.gettempdir())
+        leftovers = list(root.glob(f"token-store-{owner}-*")) if owner and root.is_dir() else []
+        for leftover in leftovers:
+            shutil.rmtree(leftover, ignore_errors=True)
+        return len(leftovers)
 
     def close(self) -> None:
         self.tensors.clear()

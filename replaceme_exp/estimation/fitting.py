@@ -31,6 +31,7 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
             max_gpu_gb=cfg.store.max_gpu_gb,
             max_cpu_gb=cfg.store.max_cpu_gb,
             directory=cfg.store.directory,
+            owner=row.get("config_hash", ""),
         )
         for cut in cuts
     }
