@@ -551,7 +551,11 @@ def _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_
         row["wandb_dir"] = log_job_to_wandb(cfg, row, job_dir, run_name)
     except Exception as err:  # noqa: BLE001 - tracking must not cost the row
         log.warning("W&B logging failed: %s", err)
-    path = store.write(row)
+    try:
+        path = store.write(row)
+    except OSError as err:  # e.g. a full disk: say so in one line; no partial row file is left
+        log.error("row of run %s not written under %s: %s", row["run_id"], store.runs, err)
+        raise
     if failure is not None:
         log.info("failed row written to %s", path)
         if raise_on_failure:

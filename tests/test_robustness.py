@@ -267,7 +267,8 @@ def test_an_unreachable_hub_model_is_named(tmp_path, monkeypatch):
         job_config(tmp_path, "model=llama3_8b_instruct", "model.dtype=float32", "cuts=[[2,4]]"), raise_on_failure=False
     )
     assert row["status"] == "failed"
-    assert row["error"].startswith("ConfigError: model.pretrained='meta-llama/Meta-Llama-3-8B-Instruct': cannot be loaded")
+    named = "ConfigError: model.pretrained='meta-llama/Meta-Llama-3-8B-Instruct': cannot be loaded"
+    assert row["error"].startswith(named)
 
 
 def test_the_next_run_of_a_configuration_removes_its_leftover_token_stores(tmp_path):
@@ -295,7 +296,8 @@ def test_a_results_dir_that_is_a_file_stops_the_cli_with_one_line_before_hydra_w
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    for args in ([f"results_dir={blocker}/sub"], ["-m", f"cache_dir={blocker}", "alpha=1,2", f"results_dir={tmp_path}"]):
+    sweep = ["-m", f"cache_dir={blocker}", "alpha=1,2", f"results_dir={tmp_path}"]
+    for args in ([f"results_dir={blocker}/sub"], sweep):
         proc = subprocess.run(
             [sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True
         )
