@@ -131,6 +131,13 @@ def cached_stages(*caches) -> list[str]:
     return sorted({CACHED_STAGE_NAMES.get(kind, kind) for cache in caches for kind in cache.hits})
 
 
+def finite_baseline_perplexity(model, windows) -> float:
+    """The unpruned model's held-out perplexity, refused (and so never cached) when not finite."""
+    value = perplexity(model, windows)
+    check_finite("eval", "the unpruned model's held-out perplexity is", [value])
+    return value
+
+
 def check_weights_finite(model) -> None:
     """NaN or inf in a weight fails the job at loading, naming the parameter."""
     for name, parameter in model.named_parameters():
@@ -369,9 +376,8 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     harness = cfg.eval.get("harness")
     with timer("eval"):
         row["ppl_heldout_baseline"] = baselines.get_or_compute(
-            {**heldout_key, "metric": "ppl_heldout"}, lambda: perplexity(model, windows)
+            {**heldout_key, "metric": "ppl_heldout"}, lambda: finite_baseline_perplexity(model, windows)
         )
-        check_finite("eval", "the unpruned model's held-out perplexity is", [row["ppl_heldout_baseline"]])
         if harness:
             settings = harness_settings(harness, int(cfg.seed))
             row.update(settings)
@@ -447,15 +453,20 @@ def config_lock(results_dir: str | os.PathLike, chash: str):
     directory = Path(results_dir) / "locks"
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"{chash}.lock", "a+") as handle:
+        locked = True
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             log.info("an identical job (config_hash=%s) is running; waiting for it", chash)
             fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as err:  # a filesystem without flock (Lustre noflock, some NFS/FUSE mounts)
+            log.warning("no lock on %s (%s): identical jobs started at once may both run", directory, err)
+            locked = False
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def invalid_row(cfg: DictConfig, err: Exception, sweep_id: str | None) -> dict:
@@ -474,8 +485,8 @@ def invalid_row(cfg: DictConfig, err: Exception, sweep_id: str | None) -> dict:
         "error": f"{type(err).__name__}: {err}",
         "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "git_sha": git_sha(),
-        "model": OmegaConf.select(cfg, "model.name", default=None),
-        "objective": OmegaConf.select(cfg, "objective.name", default=None),
+        "model": OmegaConf.select(cfg, "model.name", default=None, throw_on_resolution_failure=False),
+        "objective": OmegaConf.select(cfg, "objective.name", default=None, throw_on_resolution_failure=False),
     }
 
 

@@ -3,6 +3,7 @@ re-index what remains, and save a standard checkpoint."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -133,9 +134,18 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict) -
 def _readable_by_others(directory: Path) -> None:
     """``mkdtemp`` makes 0700 directories: give the saved model the process's usual permissions
     (umask), so other users of a shared results folder can read it."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(directory, 0o777 & ~umask)
+    os.chmod(directory, 0o777 & ~process_umask())
+
+
+def process_umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` would, for every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def replace_directory(new: Path, target: Path) -> None:
@@ -153,12 +163,15 @@ def replace_directory(new: Path, target: Path) -> None:
             pass
     try:
         os.rename(new, target)
-    except OSError:  # ENOTEMPTY / EEXIST: an identical job finished first; keep its checkpoint
+    except OSError as err:
+        identical_first = err.errno in (errno.ENOTEMPTY, errno.EEXIST) and target.is_dir()
         if not target.exists() and aside is not None and (aside / "model").exists():
             try:
-                os.rename(aside / "model", target)
+                os.rename(aside / "model", target)  # put the finished model back
             except OSError:  # yet another save got there first: its checkpoint stays
                 pass
+        if not identical_first:  # a real failure (EACCES, EIO, ...): the new model is not in place
+            raise
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
 

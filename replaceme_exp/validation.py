@@ -215,7 +215,8 @@ def validate_config(cfg: DictConfig) -> None:
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # noqa: BLE001 - an interpolation that cannot resolve
-        raise ConfigError("config", "<interpolation>", f"cannot be resolved: {err}") from err
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError("config", "<interpolation>", f"cannot be resolved: {first_line}") from err
     for key in SCHEMA:
         value = _value(data, key.path)
         if value is _MISSING:
@@ -234,8 +235,10 @@ def validate_config(cfg: DictConfig) -> None:
     source = _value(data, "calibration.source")
     if source == "text_file" or (source == "hf_dataset" and _value(data, "calibration.dataset") == "json"):
         path = _value(data, "calibration.path")
-        if not isinstance(path, str) or not Path(path).expanduser().is_file():
-            raise ConfigError("calibration.path", path, "no such file")
+        paths = path if isinstance(path, list) and path else [path]
+        for one in paths:
+            if not isinstance(one, str) or not Path(one).expanduser().is_file():
+                raise ConfigError("calibration.path", path, "no such file")
     if _value(data, "eval.text") == "text_file":
         path = _value(data, "eval.path")
         if not isinstance(path, str) or not Path(path).expanduser().is_file():
@@ -251,8 +254,8 @@ class DirectoryCheck(Callback):
         try:
             for key in ("results_dir", "cache_dir"):
                 writable_directory(key, OmegaConf.select(config, key))
-        except ConfigError as err:
-            logging.getLogger("replaceme_exp").error("invalid configuration: %s", err)
+        except Exception as err:  # noqa: BLE001 - ConfigError, or an interpolation that cannot resolve
+            logging.getLogger("replaceme_exp").error("invalid configuration: %s", str(err).splitlines()[0])
             sys.exit(2)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:

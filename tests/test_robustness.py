@@ -263,11 +263,10 @@ def test_binary_jsonl_names_the_line(tmp_path, smollm2_tokenizer):
 
 def test_an_unreachable_hub_model_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    row = run_recorded(
-        job_config(tmp_path, "model=llama3_8b_instruct", "model.dtype=float32", "cuts=[[2,4]]"), raise_on_failure=False
-    )
+    hub = ["model=llama3_8b_instruct", "model.pretrained=replaceme-tests/no-such-model", "model.dtype=float32"]
+    row = run_recorded(job_config(tmp_path, *hub, "cuts=[[2,4]]"), raise_on_failure=False)
     assert row["status"] == "failed"
-    named = "ConfigError: model.pretrained='meta-llama/Meta-Llama-3-8B-Instruct': cannot be loaded"
+    named = "ConfigError: model.pretrained='replaceme-tests/no-such-model': cannot be loaded"
     assert row["error"].startswith(named)
 
 
@@ -280,11 +279,13 @@ def test_the_next_run_of_a_configuration_removes_its_leftover_token_stores(tmp_p
     overrides += ["store.location=disk", f"store.directory={stores}"]
     cfg = job_config(tmp_path, *overrides)
     chash = config_hash(cfg, weights_fingerprint(cfg.model, cfg.cache_dir))
-    (stores / f"token-store-{chash}-killed").mkdir(parents=True)  # what a killed run leaves
-    (stores / "token-store-otherconfig-x").mkdir()
+    (stores / f"token-store-{chash}-999999999-abc").mkdir(parents=True)  # a killed run's (no such pid)
+    (stores / f"token-store-{chash}-{os.getpid()}-live").mkdir()  # a running job's store stays
+    (stores / "token-store-otherconfig-1-x").mkdir()
     row = run_recorded(cfg)
     assert row["status"] == "finished" and row["store_location"] == "disk"
-    assert sorted(p.name for p in stores.iterdir()) == ["token-store-otherconfig-x"]
+    left = sorted(p.name for p in stores.iterdir())
+    assert left == sorted([f"token-store-{chash}-{os.getpid()}-live", "token-store-otherconfig-1-x"])
 
 
 def test_a_results_dir_that_is_a_file_stops_the_cli_with_one_line_before_hydra_writes(tmp_path):
@@ -303,3 +304,80 @@ def test_a_results_dir_that_is_a_file_stops_the_cli_with_one_line_before_hydra_w
         )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 2 and "is a file, not a directory" in out and "Traceback" not in out
+
+
+GROUP_OPTIONS = [
+    (group, path.stem)
+    for group in ("model", "calibration", "selection", "objective", "regularizer", "structure", "eval", "experiment")
+    for path in sorted((__import__("conftest").CONF / group).glob("*.yaml"))
+]
+
+
+@pytest.mark.parametrize("group, option", GROUP_OPTIONS)
+def test_every_shipped_option_passes_validation_and_resolves(group, option):
+    from conftest import ROOT, compose_config
+
+    from replaceme_exp.results import config_hash
+    from replaceme_exp.validation import validate_config
+
+    overrides = [f"{group}={option}"]
+    if group == "calibration" and option in ("text_file", "jsonl"):
+        overrides.append(f"calibration.path={ROOT / 'README.md'}")
+    if option == "jsonl":
+        path = ROOT / "tests" / "test_robustness.py"  # any existing file: only validation runs here
+        overrides[-1] = f"calibration.path={path}"
+    cfg = compose_config(overrides)
+    validate_config(cfg)
+    assert config_hash(cfg)
+
+
+def test_a_failed_rename_that_is_not_a_concurrent_save_is_raised_and_the_old_model_kept(tmp_path, monkeypatch):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "config.json").write_text("old")
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "config.json").write_text("new")
+    real_rename = os.rename
+
+    def denied(src, dst):
+        if str(src) == str(new):
+            raise PermissionError(13, "Permission denied")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", denied)
+    with pytest.raises(PermissionError):
+        replace_directory(new, target)
+    assert (target / "config.json").read_text() == "old"
+
+
+def test_a_sweep_counts_a_job_that_left_no_status_as_failed(tmp_path):
+    from replaceme_exp.tracking.sweep_summary import read_statuses, summary_lines, write_job_status
+
+    for i in range(3):
+        (tmp_path / str(i) / ".hydra").mkdir(parents=True)
+    write_job_status(tmp_path / "0", {"status": "finished", "cuts": [[2, 4]], "ppl_heldout": 3.0}, "alpha=1")
+    write_job_status(tmp_path / "1", {"status": "skipped", "cuts": [[2, 4]]}, "alpha=2")
+    (tmp_path / "2" / "replaceme_status.json").write_text('{"status": "fin')  # killed mid-write
+    statuses = read_statuses(tmp_path)
+    assert [s["status"] for s in statuses] == ["finished", "skipped", "failed"]
+    assert summary_lines(statuses)[0] == "sweep: 1 finished, 1 skipped, 1 failed"
+
+
+def test_calibration_accepts_json_arrays_lists_of_files_and_tool_roles(tmp_path, smollm2_tokenizer):
+    from conftest import compose_config
+
+    from replaceme_exp.data import build_calibration
+    from replaceme_exp.validation import validate_config
+
+    array = tmp_path / "a.json"
+    array.write_text('[{"text": "first record of an array"}, {"text": "second record"}]')
+    lines = tmp_path / "b.jsonl"
+    lines.write_text('{"text": "a record of a JSON lines file"}')
+    cfg = compose_config(["calibration=jsonl", f"calibration.path=[{array},{lines}]", "calibration.n_samples=3"])
+    validate_config(cfg)
+    assert build_calibration(cfg.calibration, smollm2_tokenizer).n_sequences == 3
+    from replaceme_exp.data.sources import render_record
+
+    turns = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]
+    assert "42" in render_record({"messages": turns}, None, "messages", smollm2_tokenizer)

@@ -51,6 +51,18 @@ def compose_config_with_hydra(template: str):
         return compose("config", overrides=[f"+paper={template}"], return_hydra_config=True)
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_template_jobs_pass_validation(template):
+    from omegaconf import open_dict
+
+    from replaceme_exp.validation import validate_config
+
+    cfg = compose_config_with_hydra(template)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    validate_config(cfg)
+
+
 def test_every_template_is_counted():
     assert TEMPLATES == sorted(EXPECTED_JOBS)
 

@@ -19,6 +19,16 @@ log = logging.getLogger(__name__)
 LOCATIONS = ("auto", "gpu", "cpu", "disk")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def available_cpu_bytes() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -90,7 +100,8 @@ class TokenStore:
         if self.location == "cpu":
             return torch.empty(shape, dtype=self.dtype, pin_memory=torch.cuda.is_available())
         if self._tmpdir is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix=f"token-store-{self.owner}-", dir=directory)
+            prefix = f"token-store-{self.owner}-{os.getpid()}-"
+            self._tmpdir = tempfile.TemporaryDirectory(prefix=prefix, dir=directory)
         path = Path(self._tmpdir.name) / f"{name}.bin"
         return torch.from_file(str(path), shared=True, size=self.n_tokens * self.hidden, dtype=self.dtype).view(shape)
 
@@ -109,15 +120,19 @@ class TokenStore:
 
     @staticmethod
     def remove_leftovers(owner: str, directory: str | os.PathLike | None = None) -> int:
-        """Remove the disk stores a killed job of ``owner`` left (the caller holds its lock).
-        Returns how many were removed."""
+        """Remove the disk stores killed jobs of ``owner`` (a config hash) left: those whose process
+        is gone (stores are named ``token-store-<owner>-<pid>-*``). Returns how many were removed."""
         import shutil
 
         root = Path(directory) if directory else Path(tempfile.gettempdir())
-        leftovers = list(root.glob(f"token-store-{owner}-*")) if owner and root.is_dir() else []
-        for leftover in leftovers:
+        removed = 0
+        for leftover in root.glob(f"token-store-{owner}-*") if owner and root.is_dir() else []:
+            pid = leftover.name[len(f"token-store-{owner}-") :].split("-")[0]
+            if pid.isdigit() and _alive(int(pid)):  # a job of this config still running elsewhere
+                continue
             shutil.rmtree(leftover, ignore_errors=True)
-        return len(leftovers)
+            removed += 1
+        return removed
 
     def close(self) -> None:
         self.tensors.clear()

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 HELDOUT_FRACTION = 0.2
 ORDERS = ("shuffled", "first")
 _ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
+_ROLE_ALIASES |= {role: role for role in ("tool", "ipython", "developer", "function")}  # newer chat templates
 
 
 def pack_paragraphs(text: str, max_chars: int) -> list[str]:
@@ -106,6 +107,9 @@ def check_jsonl(file: Path) -> None:
     """Every non-empty line of ``file`` is a UTF-8 JSON object; otherwise one error naming the
     file and the line (before ``datasets`` reads it with a less helpful message)."""
     with open(file, "rb") as f:
+        if f.read(4096).lstrip()[:1] == b"[":  # one JSON array, not JSON lines: datasets reads it
+            return
+        f.seek(0)
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue

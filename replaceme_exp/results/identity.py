@@ -94,10 +94,12 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
         data.pop("multi_lt", None)
     for group in ("calibration", "eval"):  # a local data file enters by content, not by path
         section = data.get(group) or {}
-        path = section.get("path")
-        if isinstance(path, str) and Path(path).expanduser().is_file():
+        paths = section.get("path")
+        paths = paths if isinstance(paths, list) else [paths]
+        files = [Path(p).expanduser() for p in paths if isinstance(p, str) and Path(p).expanduser().is_file()]
+        if files:
             memo = Path(str(cfg.get("cache_dir", ".cache"))) / "fingerprints"
-            section["path_sha256"] = file_digest(Path(path).expanduser(), memo)
+            section["path_sha256"] = [file_digest(f, memo) for f in files]
     if not float(data.get("mask_ratio") or 0):
         data["mask_ratio"] = 0
         data.pop("mask_passes", None)

@@ -35,15 +35,26 @@ def write_job_status(job_dir: str | Path, row: dict, overrides: str) -> None:
     }
     path = Path(job_dir) / STATUS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(status, default=str))
+    tmp = path.with_name(f".{STATUS_FILE}.tmp")
+    tmp.write_text(json.dumps(status, default=str))
+    tmp.replace(path)
 
 
 def read_statuses(sweep_dir: str | Path) -> list[dict]:
-    def job_number(p: Path) -> tuple:
-        return (0, int(p.parent.name)) if p.parent.name.isdigit() else (1, p.parent.name)
+    """One status per job directory of the sweep (a folder with Hydra's ``.hydra``): a job that
+    left no readable status counts as failed."""
 
-    files = sorted(Path(sweep_dir).glob(f"*/{STATUS_FILE}"), key=job_number)
-    return [json.loads(p.read_text()) for p in files]
+    def job_number(p: Path) -> tuple:
+        return (0, int(p.name)) if p.name.isdigit() else (1, str(p))
+
+    job_dirs = sorted({p.parent for p in Path(sweep_dir).rglob(".hydra")}, key=job_number)
+    statuses = []
+    for job_dir in job_dirs:
+        try:
+            statuses.append(json.loads((job_dir / STATUS_FILE).read_text()))
+        except (OSError, ValueError) as err:
+            statuses.append({"overrides": str(job_dir), "status": "failed", "error": f"no job status ({err})"})
+    return statuses
 
 
 def summary_lines(statuses: list[dict], n_jobs: int | None = None) -> list[str]:
