@@ -279,8 +279,6 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             "model.capture_4bit", True, "not with multi_lt=sequential and several cuts (the 4-bit copy is not pruned)"
         )
     mask_ratio = float(cfg.mask_ratio)
-    if not 0.0 <= mask_ratio < 1.0:
-        raise ConfigError("mask_ratio", cfg.mask_ratio, "must be in [0, 1)")
     cache_dir = to_absolute_path(cfg.cache_dir)
     results_dir = to_absolute_path(cfg.results_dir)
     force = bool(cfg.force)

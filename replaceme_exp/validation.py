@@ -226,10 +226,10 @@ def validate_config(cfg: DictConfig) -> None:
         reason = key.check(value)
         if reason:
             raise ConfigError(key.path, value, reason)
-    if data.get("regularizer", {}).get("name") == "none" and data.get("alpha"):
-        objective = data.get("objective") or {}
-        if objective.get("name") not in ("identity",):
-            raise ConfigError("alpha", data["alpha"], "has no effect with regularizer=none; use regularizer=l2 (ridge)")
+    if (harness := OmegaConf.select(cfg, "eval.harness")) is not None:
+        from replaceme_exp.evaluation.harness import declared_metrics
+
+        declared_metrics(harness)  # one metric per task, before any model loads
     for key in ("results_dir", "cache_dir"):
         writable_directory(key, data.get(key))
     source = _value(data, "calibration.source")

@@ -381,3 +381,13 @@ def test_calibration_accepts_json_arrays_lists_of_files_and_tool_roles(tmp_path,
 
     turns = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]
     assert "42" in render_record({"messages": turns}, None, "messages", smollm2_tokenizer)
+
+
+def test_a_suite_without_a_metric_per_task_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded for a bad configuration")
+
+    monkeypatch.setattr(job_module, "load_model", never)
+    undeclared = job_config(tmp_path, "eval=offline", "~eval.harness.metrics.replaceme_opposites")
+    row = run_recorded(undeclared, raise_on_failure=False)
+    assert row["status"] == "failed" and row["error"].startswith("ConfigError: eval.harness.metrics=")

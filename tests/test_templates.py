@@ -113,22 +113,13 @@ def test_templates_resolve_from_the_package_from_any_directory_and_cannot_be_hij
     fake.mkdir(parents=True)
     (fake / "regularization.yaml").write_text("# @package _global_\nn_prune: 1\nhijacked: true\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), "--cfg", "job", "+paper=regularization"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def composed(template: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(ROOT / "run.py"), "--cfg", "job", f"+paper={template}"]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    proc = composed("regularization")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "hijacked" not in proc.stdout and "name: llama3_8b_instruct" in proc.stdout
-    unknown = subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), "--cfg", "job", "+paper=no_such_table"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    unknown = composed("no_such_table")
     assert unknown.returncode != 0 and "no_such_table" in unknown.stderr

@@ -60,13 +60,6 @@ def stderr_column(task: str, metric: str, ppl_names: dict[str, str] | None = Non
     return f"{metric}_stderr_{task}"
 
 
-def accuracy_column(entry: str) -> str:
-    """``task`` -> ``acc_task``; ``task:metric`` -> ``metric_task`` (kept for old callers; the
-    suites now declare ``metrics: {task: metric}``, see :func:`declared_metrics`)."""
-    task, _, metric = entry.partition(":")
-    return metric_column(task, metric or "acc")
-
-
 def declared_metrics(cfg: DictConfig) -> dict[str, str]:
     """``eval.harness.metrics`` as a plain dict, checked to name exactly the suite's tasks."""
     metrics = OmegaConf.to_container(cfg.get("metrics") or {}, resolve=True)
