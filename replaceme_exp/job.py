@@ -30,6 +30,7 @@ from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.capture.statistics import PLACEMENTS
+from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.data.augmentation import with_masked_copies
 from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
@@ -173,6 +174,18 @@ def effective_method_columns(cfg: DictConfig, estimator) -> dict:
     return columns
 
 
+def token_rule_columns(rule: TokenRule, estimator, cfg: DictConfig) -> dict:
+    """``estimation_tokens`` as it acts (``all`` when nothing is fitted from calibration tokens),
+    ``estimation_first`` for skip_first, and the threshold of skip_massive and of the sink split."""
+    fits = estimator.needs_statistics or (cfg.cuts is None and cfg.selection.metric == "ls_residual")
+    kind = rule.kind if fits else "all"
+    return {
+        "estimation_tokens": kind,
+        "estimation_first": rule.first if kind == "skip_first" else None,
+        "massive_threshold": float(rule.massive_threshold),
+    }
+
+
 def base_row(cfg: DictConfig, chash: str, sweep_id: str | None, shash: str | None = None) -> dict:
     return {
         "run_id": new_run_id(),
@@ -218,25 +231,44 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None, shash: str | Non
 
 
 def heldout_distances(
-    adapter, windows, transforms, baselines: BaselineCache, key: dict, placement: str = "fused"
-) -> tuple[float, float, float]:
-    """(cos_dist_before, cos_dist_after, l2_dist_before) on held-out windows. The distances
-    without T depend only on model, text and cuts and are cached; jobs without any transform
-    need no pass."""
+    adapter,
+    windows,
+    transforms,
+    baselines: BaselineCache,
+    key: dict,
+    placement: str = "fused",
+    sink_threshold: float = 20.0,
+) -> tuple[float, float, float, dict]:
+    """(cos_dist_before, cos_dist_after, l2_dist_before, sink/rest split columns) on held-out
+    windows. The distances without T depend only on model, text, cuts and the sink threshold and
+    are cached; jobs without any transform need no pass."""
+    key = {**key, "metric": "dist_before", "sink_threshold": float(sink_threshold)}
     if all(t is None for t in transforms.values()):
-        before, l2 = baselines.get_or_compute(
-            {**key, "metric": "dist_before"}, lambda: heldout_distances_pass(adapter, windows, transforms)[::2]
+        before, l2, splits = baselines.get_or_compute(
+            key, lambda: _no_transform_distances(adapter, windows, transforms, sink_threshold)
         )
-        return before, before, l2
-    before, after, l2 = heldout_distances_pass(adapter, windows, transforms, placement)
-    baselines.put({**key, "metric": "dist_before"}, [before, l2])
-    return before, after, l2
+        return before, before, l2, splits
+    before, after, l2, splits = heldout_distances_pass(adapter, windows, transforms, placement, sink_threshold)
+    unchanged = {k: v for k, v in splits.items() if "_after_" not in k}
+    baselines.put(key, [before, l2, {**unchanged, **_after_is_before(unchanged)}])
+    return before, after, l2, splits
 
 
-def heldout_distances_pass(adapter, windows, transforms, placement: str = "fused") -> tuple[float, float, float]:
-    check = TransformDistances(transforms, placement)
+def _after_is_before(splits: dict) -> dict:
+    return {k.replace("_before_", "_after_"): v for k, v in splits.items() if "_before_" in k}
+
+
+def _no_transform_distances(adapter, windows, transforms, sink_threshold) -> list:
+    before, _, l2, splits = heldout_distances_pass(adapter, windows, transforms, "fused", sink_threshold)
+    return [before, l2, splits]
+
+
+def heldout_distances_pass(
+    adapter, windows, transforms, placement: str = "fused", sink_threshold: float = 20.0
+) -> tuple[float, float, float, dict]:
+    check = TransformDistances(transforms, placement, sink_threshold)
     run_capture(adapter, windows, [check], desc="held-out distances")
-    return (*check.result(), check.l2_result())
+    return (*check.result(), check.l2_result(), check.split_result())
 
 
 def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike) -> dict:
@@ -283,6 +315,8 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     results_dir = to_absolute_path(cfg.results_dir)
     force = bool(cfg.force)
     estimator = instantiate(cfg.objective)
+    token_rule = TokenRule.from_config(cfg.get("estimation"))
+    row.update(token_rule_columns(token_rule, estimator, cfg))
     row["regularizer"] = effective_regularizer(cfg, estimator)
     row["alpha_scale"] = estimator.alpha_scale if estimator.uses_alpha else None
     row.update(effective_method_columns(cfg, estimator))
@@ -394,21 +428,24 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             row.update({f"baseline_{name}": value for name, value in baseline_scores.items()})
     num_layers = adapter.num_layers
     if sequential:
-        transforms, distances_before_after = estimate_sequentially(
+        transforms, distances_before_after, splits = estimate_sequentially(
             cfg, adapter, estimation_data, windows, estimator, cuts, stats, row, timer
         )
         row["cos_dist_before"], row["cos_dist_after"] = distances_before_after
+        row.update(splits)
         kept = kept_blocks(num_layers, cuts)
     else:
         with timer("eval"):
-            row["cos_dist_before"], row["cos_dist_after"], row["l2_dist_before"] = heldout_distances(
+            row["cos_dist_before"], row["cos_dist_after"], row["l2_dist_before"], splits = heldout_distances(
                 adapter,
                 windows,
                 transforms,
                 baselines,
                 {**heldout_key, "cuts": [list(c) for c in cuts]},
                 cfg.lt_placement,
+                token_rule.massive_threshold,
             )
+        row.update(splits)
         with timer("surgery"):
             kept = prune(adapter, cuts, transforms, cfg.lt_placement)
     check_finite("eval", "the held-out distances are", [row["cos_dist_before"], row["cos_dist_after"]])

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
 from replaceme_exp.capture.runner import input_device
+from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.least_squares import ls_residuals
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts, validate_cuts
@@ -35,19 +36,20 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     gathered them, the LS statistics of every candidate. ``extra_statistics`` ride along when a
     pass runs. Returns (distances, {cut: stats})."""
     metric = cfg.selection.metric
+    rule = TokenRule.from_config(cfg.get("estimation"))
     length = candidates[0][1] - candidates[0][0]
     criterion = selection_metric_name(cfg.selection)
     if metric == "ls_residual":
-        criterion += f"/alpha={float(cfg.alpha)}/{cfg.lt_placement}"
+        criterion += f"/alpha={float(cfg.alpha)}/{cfg.lt_placement}/tokens={rule.key()}"
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
     cut_distances = CutDistances(candidates, metric, cfg.selection.tokens) if metric != "ls_residual" else None
     all_stats = metric == "ls_residual" or (
-        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
+        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates), rule.per_cut)
     )
     linear = (
-        LinearStatistics(candidates, adapter.hidden_size, input_device(adapter), cfg.lt_placement)
+        LinearStatistics(candidates, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule)
         if all_stats
         else None
     )
@@ -93,6 +95,7 @@ def capture_calibration(
     separate_data = stats_batches is not None and stats_batches is not calibration
     stats_batches = calibration if stats_batches is None else stats_batches
     stats_cache = cache if stats_cache is None else stats_cache
+    rule = TokenRule.from_config(cfg.get("estimation"))
     if cfg.cuts is not None:
         cuts = validate_cuts(OmegaConf.to_container(cfg.cuts), num_layers, bool(cfg.merge_consecutive))
     else:
@@ -110,24 +113,25 @@ def capture_calibration(
     for cut in cuts:
         if cut in stats:
             found[cut] = stats[cut]
-            stats_cache.put_stats(stats[cut], cfg.lt_placement)
-        elif (cached := stats_cache.get_stats(cut, cfg.lt_placement)) is not None:
+            stats_cache.put_stats(stats[cut], cfg.lt_placement, rule.key())
+        elif (cached := stats_cache.get_stats(cut, cfg.lt_placement, rule.key())) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
     missing = [cut for cut in cuts if cut not in found]
     if missing and compute_missing:
-        accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement)
+        accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule)
         with timer("capture"):
             run_capture(adapter, stats_batches, [accumulator], desc="capture (statistics)")
         for cut, s in accumulator.result().items():
-            stats_cache.put_stats(s, cfg.lt_placement)
+            stats_cache.put_stats(s, cfg.lt_placement, rule.key())
             found[cut] = s
     return cuts, distances, found
 
 
-def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) -> bool:
+def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int, per_cut: bool = False) -> bool:
     """Whether one pass may accumulate the statistics of every candidate cut (two d x d float64
-    matrices each) within ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
+    matrices each, three when the token rule gives each cut its own ``M^T M``) within
+    ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
     mode = capture_cfg.passes
     if mode == "one":
         return True
@@ -135,4 +139,5 @@ def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) 
         return False
     if mode != "auto":
         raise ConfigError("capture.passes", mode, "choose auto, one or two")
-    return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
+    matrices = 3 if per_cut else 2
+    return matrices * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)

@@ -65,6 +65,12 @@ def unit_interval_open_right(v) -> str | None:
     return None if _is_number(v) and 0 <= v < 1 else "must be a number in [0, 1)"
 
 
+def above_one(v) -> str | None:
+    if not _is_number(v) or not math.isfinite(v) or v <= 1:
+        return "must be a finite number > 1"
+    return None
+
+
 def optional(check: Callable) -> Callable:
     return lambda v: None if v is None else check(v)
 
@@ -137,7 +143,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("model.device", device_value),
     Key("model.capture_4bit", boolean),
     # calibration
-    Key("calibration.source", choice("pydoc", "text_file", "hf_dataset", "mix"), True),
+    Key("calibration.source", choice("pydoc", "pydoc_chat", "text_file", "hf_dataset", "mix"), True),
     Key("calibration.n_samples", positive_int, True),
     Key("calibration.seq_len", positive_int, True),
     Key("calibration.batch_size", positive_int, True),
@@ -159,6 +165,9 @@ SCHEMA: tuple[Key, ...] = (
     Key("objective.max_iter", positive_int),
     Key("objective.chunk_tokens", positive_int),
     Key("objective.max_condition", finite_positive),
+    Key("estimation.tokens", choice("all", "skip_first", "skip_massive", "rescale_massive")),
+    Key("estimation.first", positive_int),
+    Key("estimation.massive_threshold", above_one),
     Key("regularizer.name", choice("none", "l1", "l2"), True),
     Key("structure.name", choice("generic", "diagonal", "orthonormal"), True),
     Key("healing.name", choice("none", "lt_only", "full_model", "lora"), True),

@@ -1,14 +1,17 @@
-"""Calibration sources: pydoc split, user text files, JSONL with text or chat records."""
+"""Calibration sources: pydoc split, pydoc as chats, user text files, JSONL with text or chat records."""
 
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
 
 from replaceme_exp.data import build_calibration, heldout_windows
-from replaceme_exp.data.sources import pydoc_text
+from replaceme_exp.data.calibration import calibration_documents
+from replaceme_exp.data.sources import CHAT_PROMPT, document_as_chat, pydoc_text
 from replaceme_exp.errors import ConfigError
 
 
@@ -144,3 +147,52 @@ def test_text_template_renders_sciq_style_records_and_names_a_missing_field(tmp_
     bad = calib_cfg(source="hf_dataset", dataset="json", path=str(path), text_template="{solution}", n_samples=1)
     with pytest.raises(ConfigError, match="calibration.text_template='\\{solution\\}'.*'solution'"):
         build_calibration(bad, smollm2_tokenizer)
+
+
+def test_pydoc_chat_documents_are_the_pydoc_documents_rendered_as_chats(smollm2_tokenizer):
+    plain = calibration_documents(calib_cfg(n_samples=24), smollm2_tokenizer, 24, seed=0)
+    chats = calibration_documents(calib_cfg(source="pydoc_chat", n_samples=24), smollm2_tokenizer, 24, seed=0)
+    assert len(chats) == len(plain) == 24
+    kinds = set()
+    for document, chat in zip(plain, chats):
+        parts = re.split(r"\n\s*\n", document, maxsplit=1)
+        user, assistant = parts if len(parts) == 2 else (CHAT_PROMPT, parts[0])
+        kinds.add(len(parts))
+        assert chat.index(f"<|im_start|>user\n{user}<|im_end|>") < chat.index(f"<|im_start|>assistant\n{assistant}")
+    assert kinds == {1, 2}  # both documents of several paragraphs and single paragraphs were drawn
+    # Without a chat template: the "role: content" fallback of render_record.
+    no_template = SimpleNamespace(chat_template=None)
+    assert document_as_chat("Title\n\nBody one.\n\nBody two.", no_template) == (
+        "user: Title\n\nassistant: Body one.\n\nBody two."
+    )
+    assert document_as_chat("Alone.", no_template) == f"user: {CHAT_PROMPT}\n\nassistant: Alone."
+
+
+def test_pydoc_chat_is_seeded_and_respects_n_samples(smollm2_tokenizer):
+    def draw(n, seed):
+        return calibration_documents(calib_cfg(source="pydoc_chat", n_samples=n), smollm2_tokenizer, n, seed)
+
+    assert draw(10, 0) == draw(10, 0) != draw(10, 1)
+    assert len(draw(3, 0)) == 3 and draw(3, 0) == draw(10, 0)[:3]
+    with pytest.raises(ConfigError, match="pydoc_chat source holds only") as err:
+        draw(10**6, 0)
+    assert err.value.key == "calibration.n_samples"
+    with pytest.raises(ConfigError, match="choose pydoc, pydoc_chat, text_file") as err:
+        calibration_documents(calib_cfg(source="chat"), smollm2_tokenizer, 1, 0)
+    assert err.value.key == "calibration.source"
+
+
+def test_pydoc_chat_config_composes_and_batches_start_with_the_template(smollm2_tokenizer):
+    from conftest import compose_config
+
+    sizes = ["calibration.n_samples=6", "calibration.seq_len=64", "calibration.batch_size=4"]
+    cfg = compose_config(["calibration=pydoc_chat", *sizes]).calibration
+    assert cfg.name == "pydoc_chat" and cfg.source == "pydoc_chat"
+    batches = build_calibration(cfg, smollm2_tokenizer)
+    assert batches.n_sequences == 6 and len(batches) == 2
+    rendered = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+    first = smollm2_tokenizer(rendered, add_special_tokens=True)["input_ids"][0]
+    assert first == smollm2_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    for batch in batches:
+        for ids, mask in zip(batch.input_ids, batch.attention_mask):
+            assert ids[mask.bool()][0] == first

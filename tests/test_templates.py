@@ -6,29 +6,31 @@ import pytest
 from conftest import CONF, ROOT, compose_config
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-TEMPLATES = sorted(p.stem for p in (ROOT / "multirun_templates" / "paper").glob("*.yaml"))
+GROUPS = ("paper", "study")  # the paper's tables and figures; studies beyond the paper
+TEMPLATES = sorted(f"{p.parent.name}/{p.stem}" for g in GROUPS for p in (ROOT / "multirun_templates" / g).glob("*.yaml"))
 EXPECTED_JOBS = {
-    "block_selection": 72,
-    "calibration_size": 10,
-    "calibration_types": 6,
-    "clip": 4,
-    "cosine_approximation": 2,
-    "fused_vs_separate": 2,
-    "healing": 3,
-    "higher_compression": 8,
-    "layer_distances": 1,
-    "llama2_comparison": 2,
-    "llama3_main": 12,
-    "masking": 4,
-    "model_scales": 2,
-    "multi_lt_count": 8,
-    "pruned_layers": 30,
-    "regularization": 7,
-    "regularization_cosine": 4,
-    "solvers": 4,
-    "structured_lts": 3,
-    "task_specific": 4,
-    "time_emissions": 3,
+    "paper/block_selection": 72,
+    "paper/calibration_size": 10,
+    "paper/calibration_types": 6,
+    "paper/clip": 4,
+    "paper/cosine_approximation": 2,
+    "paper/fused_vs_separate": 2,
+    "paper/healing": 3,
+    "paper/higher_compression": 8,
+    "paper/layer_distances": 1,
+    "paper/llama2_comparison": 2,
+    "paper/llama3_main": 12,
+    "paper/masking": 4,
+    "paper/model_scales": 2,
+    "paper/multi_lt_count": 8,
+    "paper/pruned_layers": 30,
+    "paper/regularization": 7,
+    "paper/regularization_cosine": 4,
+    "paper/solvers": 4,
+    "paper/structured_lts": 3,
+    "paper/task_specific": 4,
+    "paper/time_emissions": 3,
+    "study/sink_tokens": 384,
 }
 
 
@@ -44,11 +46,17 @@ def expand(template: str) -> tuple[object, list[dict]]:
     return cfg, jobs
 
 
+def template_override(template: str) -> str:
+    """``paper/regularization`` -> ``+paper=regularization``."""
+    group, name = template.split("/")
+    return f"+{group}={name}"
+
+
 def compose_config_with_hydra(template: str):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[f"+paper={template}"], return_hydra_config=True)
+        return compose("config", overrides=[template_override(template)], return_hydra_config=True)
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
@@ -71,12 +79,12 @@ def test_every_template_is_counted():
 def test_template_composes_and_expands(template):
     cfg, jobs = expand(template)
     assert len(jobs) == EXPECTED_JOBS[template]
-    text = (ROOT / "multirun_templates" / "paper" / f"{template}.yaml").read_text()
-    assert text.startswith("# @package _global_\n# ") and f"python run.py -m +paper={template}" in text
-    assert "GPU hours" in text
+    text = (ROOT / "multirun_templates" / f"{template}.yaml").read_text()
+    assert text.startswith("# @package _global_\n# ") and f"python run.py -m {template_override(template)}" in text
+    assert "GPU hours" in text or "CPU time" in text
     # Each job's overrides compose too (e.g. cuts and model names are valid).
     for job in jobs[:: max(1, len(jobs) // 6)]:
-        overrides = [f"+paper={template}"] + [f"{k}={_value(v)}" for k, v in job.items()]
+        overrides = [template_override(template)] + [f"{k}={_value(v)}" for k, v in job.items()]
         composed = compose_config(overrides)
         assert composed.model.name and composed.eval.name
 

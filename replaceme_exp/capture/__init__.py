@@ -13,12 +13,15 @@ from replaceme_exp.capture.statistics import (
     LinearStats,
     TransformDistances,
 )
+from replaceme_exp.capture.token_rules import TOKEN_RULES, TokenRule
 
 __all__ = [
     "CutDistances",
     "LayerDistances",
     "LinearStatistics",
     "LinearStats",
+    "TOKEN_RULES",
+    "TokenRule",
     "TransformDistances",
     "plain_forward",
     "run_capture",

@@ -101,15 +101,17 @@ class StatisticsCache:
     def put_layer_distances(self, distances: list[list[float]]) -> None:
         self._save(self._path("layer_distances"), {"distances": torch.tensor(distances, dtype=torch.float64)})
 
-    def get_stats(self, cut: Cut, placement: str = "fused") -> LinearStats | None:
-        p = self._load(self._path("linear", cut=list(cut), placement=placement))
+    def get_stats(self, cut: Cut, placement: str = "fused", tokens: str = "all") -> LinearStats | None:
+        """The statistics of ``cut`` in ``placement`` over the tokens ``tokens`` selects
+        (:meth:`TokenRule.key`)."""
+        p = self._load(self._path("linear", cut=list(cut), placement=placement, tokens=tokens))
         if p is None:
             return None
         return LinearStats(cut, p["mtm"], p["mtr"], float(p["r_sq"]), int(p["n_tokens"]))
 
-    def put_stats(self, stats: LinearStats, placement: str = "fused") -> None:
+    def put_stats(self, stats: LinearStats, placement: str = "fused", tokens: str = "all") -> None:
         self._save(
-            self._path("linear", cut=list(stats.cut), placement=placement),
+            self._path("linear", cut=list(stats.cut), placement=placement, tokens=tokens),
             {
                 "mtm": stats.mtm.cpu(),
                 "mtr": stats.mtr.cpu(),

@@ -109,13 +109,14 @@ def run_capture(adapter: DecoderAdapter, batches: TokenBatches, statistics: list
         for batch in tqdm(batches, desc=desc, leave=False, disable=None):
             mask = batch.attention_mask.bool().to(input_device(adapter))
             lengths = mask.sum(-1)
+            positions = batch.position_ids.to(mask.device) if batch.position_ids is not None else position_ids_for(mask)
             state.update(
                 mask=mask,
                 acts={},
                 available=set(),
                 pending=set(range(len(requests))),
                 remaining=dict(needed),
-                tokens=BatchTokens(int(lengths.sum()), lengths.cumsum(0) - 1),
+                tokens=BatchTokens(int(lengths.sum()), lengths.cumsum(0) - 1, positions[mask]),
             )
             try:
                 _backbone_forward(adapter, batch)

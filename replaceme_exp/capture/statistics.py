@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from replaceme_exp.capture.token_rules import TokenRule, kept, massive_tokens
+
 Cut = tuple[int, int]
 PLACEMENTS = ("fused", "separate")
 ActKey = tuple[str, int]
@@ -28,10 +30,12 @@ Request = tuple[tuple[ActKey, ...], Callable[[dict, "BatchTokens"], None]]
 @dataclass
 class BatchTokens:
     """Token bookkeeping of one batch: ``last_rows`` (batch,) are the row indices, in the
-    flattened (n_tokens, hidden) activations, of each sequence's last non-padding token."""
+    flattened (n_tokens, hidden) activations, of each sequence's last non-padding token;
+    ``positions`` (n_tokens,) each token's position in its sequence (0 = first)."""
 
     n_tokens: int
     last_rows: torch.Tensor
+    positions: torch.Tensor | None = None
 
 
 def cut_keys(cut: Cut, with_mlp: bool) -> tuple[ActKey, ...]:
@@ -150,25 +154,38 @@ class LinearStats:
 
 class LinearStatistics:
     """Accumulates :class:`LinearStats` in float64 for every requested cut. Cuts sharing a start
-    share one ``M^T M``; each batch's input is converted to float64 once per start.
+    share one ``M^T M`` (unless the token rule depends on the cut's end); each batch's input is
+    converted to float64 once per start.
 
     ``placement="fused"``: input ``M_{start-1}``, target ``L_{end-1} - Y_{start-1}`` (T fused into
     the down-projection). ``placement="separate"``: input ``L_{start-1}``, target ``L_{end-1}``
-    (T as its own module on the full block output).
+    (T as its own module on the full block output). ``rule``: which tokens enter
+    (:class:`~replaceme_exp.capture.token_rules.TokenRule`; default all).
     """
 
-    def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device, placement: str = "fused"):
+    def __init__(
+        self,
+        cuts: list[Cut],
+        hidden_size: int,
+        device: torch.device,
+        placement: str = "fused",
+        rule: TokenRule | None = None,
+    ):
         if placement not in PLACEMENTS:
             raise ValueError(f"lt_placement={placement!r}: choose one of {PLACEMENTS}")
-        self.cuts, self.placement = list(cuts), placement
+        self.cuts, self.placement, self.rule = list(cuts), placement, rule or TokenRule()
         self.by_start: dict[int, list[Cut]] = {}
         for cut in self.cuts:
             self.by_start.setdefault(cut[0], []).append(cut)
         zeros = lambda: torch.zeros(hidden_size, hidden_size, dtype=torch.float64, device=device)  # noqa: E731
-        self.mtm = {start: zeros() for start in self.by_start}
+        groups = self.cuts if self.rule.per_cut else list(self.by_start)
+        self.mtm = {group: zeros() for group in groups}
+        self.n_tokens = {group: 0 for group in groups}
         self.mtr = {cut: zeros() for cut in self.cuts}
         self.r_sq = {cut: 0.0 for cut in self.cuts}
-        self.n_tokens = {start: 0 for start in self.by_start}
+
+    def _group(self, cut: Cut):
+        return cut if self.rule.per_cut else cut[0]
 
     def requests(self) -> list[Request]:
         out = []
@@ -179,44 +196,61 @@ class LinearStatistics:
             out.append((tuple(sorted(keys)), self._updater(start, cuts)))
         return out
 
+    def _accumulate_input(self, group, x: torch.Tensor) -> None:
+        self.mtm[group].addmm_(x.T, x)
+        self.n_tokens[group] += x.shape[0]
+
     def _updater(self, start: int, cuts: list[Cut]):
         def update(acts: dict, tokens: BatchTokens) -> None:
-            prev = acts[("L", start - 1)].double()
-            if self.placement == "fused":
-                x = acts[("M", start - 1)].double()
-                base = prev - x  # Y_{start-1}
-            else:
-                x, base = prev, None
-            self.mtm[start].addmm_(x.T, x)
-            self.n_tokens[start] += x.shape[0]
+            prev = acts[("L", start - 1)]
+            shared = None if self.rule.per_cut else self.rule.keep(tokens.positions, prev)
+            inputs = {}  # (M or L_{start-1}, Y_{start-1} or None) in float64, by mask
             for cut in cuts:
-                r = acts[("L", cut[1] - 1)].double()
-                if base is not None:
-                    r = r - base
-                self.mtr[cut].addmm_(x.T, r)
+                after = acts[("L", cut[1] - 1)]
+                mask = self.rule.keep(tokens.positions, prev, after) if self.rule.per_cut else shared
+                if self.rule.per_cut or not inputs:
+                    p = kept(prev, mask).double()
+                    if self.placement == "fused":
+                        x = kept(acts[("M", start - 1)], mask).double()
+                        inputs = {"x": x, "base": p - x}  # Y_{start-1}
+                    else:
+                        inputs = {"x": p, "base": None}
+                    self._accumulate_input(self._group(cut), inputs["x"])
+                r = kept(after, mask).double()
+                if inputs["base"] is not None:
+                    r = r - inputs["base"]
+                self.mtr[cut].addmm_(inputs["x"].T, r)
                 self.r_sq[cut] += float(r.pow(2).sum())
 
         return update
 
     def result(self) -> dict[Cut, LinearStats]:
-        return {
-            cut: LinearStats(cut, self.mtm[cut[0]], self.mtr[cut], self.r_sq[cut], self.n_tokens[cut[0]])
-            for cut in self.cuts
-        }
+        out = {}
+        for cut in self.cuts:
+            group = self._group(cut)
+            out[cut] = LinearStats(cut, self.mtm[group], self.mtr[cut], self.r_sq[cut], self.n_tokens[group])
+        return out
+
+
+SPLITS = ("sink", "rest")
 
 
 class TransformDistances:
     """Held-out check of estimated transforms: for each cut, the mean cosine distance between
     the target ``L_{end-1}`` and what block ``end`` now receives, without T (``L_{start-1}``)
     and with T (``Y_{start-1} + M_{start-1} T`` fused, ``L_{start-1} T`` separate); and the mean
-    Euclidean distance without T (the block-selection figure's L2 axis)."""
+    Euclidean distance without T (the block-selection figure's L2 axis). The same distances are
+    kept apart for the sink tokens (massive at ``L_{start-1}`` or ``L_{end-1}``: norm above
+    ``sink_threshold`` times the batch median, :func:`massive_tokens`) and the rest."""
 
-    def __init__(self, transforms: dict[Cut, torch.Tensor | None], placement: str = "fused"):
-        self.transforms, self.placement = dict(transforms), placement
+    def __init__(self, transforms: dict[Cut, torch.Tensor | None], placement: str = "fused", sink_threshold=20.0):
+        self.transforms, self.placement, self.sink_threshold = dict(transforms), placement, float(sink_threshold)
         self.before = {cut: 0.0 for cut in self.transforms}
         self.l2_before = {cut: 0.0 for cut in self.transforms}
         self.after = {cut: 0.0 for cut in self.transforms}
         self.counts = {cut: 0 for cut in self.transforms}
+        # split -> [sum before, sum after, count] over all cuts
+        self.splits = {split: [0.0, 0.0, 0] for split in SPLITS}
 
     def requests(self) -> list[Request]:
         return [(cut_keys(cut, with_mlp=True), self._updater(cut)) for cut in self.transforms]
@@ -233,10 +267,18 @@ class TransformDistances:
                 received = prev @ transform.to(device=m.device, dtype=torch.float32)
             else:
                 received = prev - m + m @ transform.to(device=m.device, dtype=torch.float32)
-            self.before[cut] += float(cosine_distance(prev, target).double().sum())
+            before = cosine_distance(prev, target).double()
+            after = cosine_distance(received, target).double()
+            self.before[cut] += float(before.sum())
             self.l2_before[cut] += float((prev - target).norm(dim=-1).double().sum())
-            self.after[cut] += float(cosine_distance(received, target).double().sum())
+            self.after[cut] += float(after.sum())
             self.counts[cut] += m.shape[0]
+            sink = massive_tokens((prev, target), self.sink_threshold)
+            for split, mask in (("sink", sink), ("rest", ~sink)):
+                totals = self.splits[split]
+                totals[0] += float(before[mask].sum())
+                totals[1] += float(after[mask].sum())
+                totals[2] += int(mask.sum())
 
         return update
 
@@ -249,21 +291,44 @@ class TransformDistances:
         """Token-weighted mean over all cuts of ||L_{end-1} - L_{start-1}|| (without T)."""
         return sum(self.l2_before.values()) / sum(self.counts.values())
 
+    def split_result(self) -> dict[str, float | None]:
+        """Row columns: ``cos_dist_{before,after}_{sink,rest}`` (None when no token of the split)
+        and ``heldout_sink_fraction``, the share of the checked tokens that are sinks."""
+        return split_columns([self])
+
+
+def split_columns(checks: list[TransformDistances]) -> dict[str, float | None]:
+    """:meth:`TransformDistances.split_result` over several checks (the stages of a sequential job)."""
+    out: dict[str, float | None] = {}
+    counts = {}
+    for split in SPLITS:
+        before = sum(c.splits[split][0] for c in checks)
+        after = sum(c.splits[split][1] for c in checks)
+        counts[split] = n = sum(c.splits[split][2] for c in checks)
+        out[f"cos_dist_before_{split}"] = before / n if n else None
+        out[f"cos_dist_after_{split}"] = after / n if n else None
+    total = sum(counts.values())
+    out["heldout_sink_fraction"] = counts["sink"] / total if total else None
+    return out
+
 
 class TokenCollector:
     """Writes what one cut's numerical objective needs into a :class:`TokenStore`, token by
     token: ``M`` = M_{start-1} and ``R`` = L_{end-1} - Y_{start-1}, plus ``Y`` = Y_{start-1}
     when the store has it (the exact cosine objective). For the separate placement ``M`` is
-    L_{start-1}, ``R`` is L_{end-1} and ``Y`` is 0."""
+    L_{start-1}, ``R`` is L_{end-1} and ``Y`` is 0. Only the tokens ``rule`` keeps are written;
+    ``offset`` ends as the number written."""
 
-    def __init__(self, cut: Cut, store, placement: str = "fused"):
+    def __init__(self, cut: Cut, store, placement: str = "fused", rule: TokenRule | None = None):
         self.cut, self.store, self.offset, self.placement = cut, store, 0, placement
+        self.rule = rule or TokenRule()
 
     def requests(self) -> list[Request]:
         m_key, prev_key, target_key = cut_keys(self.cut, with_mlp=True)
 
         def update(acts: dict, tokens: BatchTokens) -> None:
-            m, prev, target = acts[m_key], acts[prev_key], acts[target_key]
+            mask = self.rule.keep(tokens.positions, acts[prev_key], acts[target_key])
+            m, prev, target = kept(acts[m_key], mask), kept(acts[prev_key], mask), kept(acts[target_key], mask)
             if self.placement == "separate":  # T maps the whole block output: "M" = L_{start-1}
                 m, y = prev, torch.zeros_like(prev)
             else:

@@ -110,6 +110,13 @@ class TokenStore:
         target = self.tensors[name]
         target[offset : offset + rows.shape[0]].copy_(rows.to(device=target.device, dtype=self.dtype))
 
+    def truncate(self, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` rows (a token rule wrote fewer than were allocated)."""
+        if not 0 <= n_tokens <= self.n_tokens:
+            raise ValueError(f"cannot truncate a store of {self.n_tokens} tokens to {n_tokens}")
+        self.n_tokens = n_tokens
+        self.tensors = {name: tensor[:n_tokens] for name, tensor in self.tensors.items()}
+
     def rows(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
         """The stored rows at ``indices`` (batch,), as float32 on the compute device."""
         out = {}

@@ -7,7 +7,7 @@ import random
 from omegaconf import DictConfig
 
 from replaceme_exp.data.batching import TokenBatches, pack_windows, tokenize_documents
-from replaceme_exp.data.sources import hf_dataset_documents, pydoc_documents, text_file_documents
+from replaceme_exp.data.sources import document_as_chat, hf_dataset_documents, pydoc_documents, text_file_documents
 from replaceme_exp.errors import ConfigError
 
 # Documents are packed to about this many characters per calibration token, so that most of them
@@ -23,14 +23,15 @@ def _positive(cfg: DictConfig, key: str, prefix: str) -> int:
 
 
 def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int) -> list[str]:
-    """``n_samples`` documents drawn reproducibly from the configured source."""
+    """``n_samples`` documents drawn reproducibly from the configured source; ``pydoc_chat`` returns
+    the documents that ``pydoc`` draws with the same seed, each rendered as a chat."""
     source = cfg.source
     max_chars = cfg.seq_len * CHARS_PER_TOKEN
-    if source in ("pydoc", "text_file"):
+    if source in ("pydoc", "pydoc_chat", "text_file"):
         documents = (
-            pydoc_documents("calibration", max_chars)
-            if source == "pydoc"
-            else text_file_documents(cfg.get("path"), max_chars)
+            text_file_documents(cfg.get("path"), max_chars)
+            if source == "text_file"
+            else pydoc_documents("calibration", max_chars)
         )
         if len(documents) < n_samples:
             raise ConfigError(
@@ -41,7 +42,8 @@ def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int)
             )
         order = list(range(len(documents)))
         random.Random(seed).shuffle(order)
-        return [documents[i] for i in order[:n_samples]]
+        chosen = [documents[i] for i in order[:n_samples]]
+        return [document_as_chat(d, tokenizer) for d in chosen] if source == "pydoc_chat" else chosen
     if source == "hf_dataset":
         data_files = cfg.get("path") if cfg.get("dataset") == "json" else cfg.get("data_files")
         if cfg.get("dataset") == "json" and not data_files:
@@ -70,7 +72,7 @@ def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int)
             documents.extend(calibration_documents(part, tokenizer, share, seed + i))
         random.Random(seed).shuffle(documents)
         return documents
-    raise ConfigError("calibration.source", source, "choose pydoc, text_file, hf_dataset or mix")
+    raise ConfigError("calibration.source", source, "choose pydoc, pydoc_chat, text_file, hf_dataset or mix")
 
 
 def build_calibration(cfg: DictConfig, tokenizer) -> TokenBatches:

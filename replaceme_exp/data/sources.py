@@ -2,6 +2,8 @@
 
 - ``pydoc``: real English prose that ships with Python (``pydoc_data.topics``), split into a
   calibration part and a disjoint held-out part.
+- ``pydoc_chat``: the same calibration documents, each rendered as a user/assistant chat with the
+  model's chat template (:func:`document_as_chat`).
 - ``text_file``: a user's plain text; paragraphs packed into documents.
 - ``hf_dataset``: any ``datasets`` loader (hub ids such as SlimOrca or FineWeb, or ``json`` with
   local files); a record becomes text through its text field, or its chat field rendered with the
@@ -176,6 +178,19 @@ def render_record(
         text_field,
         f"record has neither text field {text_field!r} nor chat field {chat_field!r}; its keys: {sorted(record)}",
     )
+
+
+CHAT_PROMPT = "Explain this part of the Python documentation."
+
+
+def document_as_chat(document: str, tokenizer, prompt: str = CHAT_PROMPT) -> str:
+    """``document`` as a two-turn chat rendered by :func:`render_record`: the first paragraph (up to
+    the first blank line) is the user turn and the rest the assistant's; a single paragraph answers
+    ``prompt``. Returns the rendered text ("role: content" turns without a chat template)."""
+    parts = re.split(r"\n\s*\n", document.strip(), maxsplit=1)
+    user, assistant = parts if len(parts) == 2 else (prompt, parts[0])
+    record = {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
+    return render_record(record, None, "messages", tokenizer)
 
 
 def hf_dataset_documents(

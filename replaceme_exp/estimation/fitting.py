@@ -7,20 +7,27 @@ import torch
 
 from replaceme_exp.capture import LinearStatistics, TransformDistances, run_capture
 from replaceme_exp.capture.runner import input_device
-from replaceme_exp.capture.statistics import TokenCollector
+from replaceme_exp.capture.statistics import TokenCollector, split_columns
+from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.capture.token_store import TokenStore
-from replaceme_exp.errors import NonFiniteError
+from replaceme_exp.errors import ConfigError, NonFiniteError
 from replaceme_exp.estimation.least_squares import residual_sq, ridge_solve
 from replaceme_exp.surgery import prune
 
 
+def fit_token_counts(row: dict, counts: dict) -> None:
+    """Record how many tokens entered each cut's fit (``fit_tokens``, by ``"start-end"``)."""
+    row.setdefault("fit_tokens", {}).update({f"{c[0]}-{c[1]}": int(n) for c, n in counts.items()})
+
+
 def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
-    """Numerical objectives: one capture pass fills a token store per cut (only non-padding
-    tokens, bfloat16) and, for ``init=ls``, the statistics not already in ``stats``; then each T
-    is fitted on its store. Every transform is estimated from the
-    unpruned model's activations. Records the solver, the final training loss (mean over cuts)
-    and each cut's per-epoch loss curve."""
+    """Numerical objectives: one capture pass fills a token store per cut (the non-padding
+    tokens that ``estimation.tokens`` keeps, bfloat16) and, for ``init=ls``, the statistics not
+    already in ``stats``; then each T is fitted on its store. Every transform is estimated from
+    the unpruned model's activations. Records the solver, the final training loss (mean over
+    cuts) and each cut's per-epoch loss curve."""
     device = input_device(adapter)
+    rule = TokenRule.from_config(cfg.get("estimation"))
     stores = {
         cut: TokenStore(
             estimator.store_names(),
@@ -37,15 +44,21 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
     }
     # An LS start point needs the statistics of its cut: gathered in the same pass when missing.
     missing = [cut for cut in cuts if estimator.init == "ls" and cut not in stats]
-    extra = [LinearStatistics(missing, adapter.hidden_size, device, cfg.lt_placement)] if missing else []
+    extra = [LinearStatistics(missing, adapter.hidden_size, device, cfg.lt_placement, rule)] if missing else []
+    collectors = {cut: TokenCollector(cut, store, cfg.lt_placement, rule) for cut, store in stores.items()}
     try:
         with timer("capture"):
             run_capture(
                 adapter,
                 calibration,
-                [TokenCollector(c, s, cfg.lt_placement) for c, s in stores.items()] + extra,
+                list(collectors.values()) + extra,
                 desc="capture (tokens)",
             )
+        for cut, collector in collectors.items():
+            if collector.offset == 0:
+                raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cut {list(cut)}")
+            stores[cut].truncate(collector.offset)
+        fit_token_counts(row, {cut: collector.offset for cut, collector in collectors.items()})
         stats = {**stats, **(extra[0].result() if extra else {})}
         transforms, curves, steps = {}, {}, {}
         with timer("estimate"):
@@ -80,6 +93,11 @@ def estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> d
     if getattr(estimator, "needs_tokens", False):
         transforms = estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
     else:
+        for cut in cuts:
+            if cut in stats and stats[cut].n_tokens == 0 and estimator.needs_statistics:
+                rule = TokenRule.from_config(cfg.get("estimation")).key()
+                raise ConfigError("estimation.tokens", rule, f"leaves no calibration token for cut {list(cut)}")
+        fit_token_counts(row, {cut: stats[cut].n_tokens for cut in cuts if cut in stats and estimator.needs_statistics})
         with timer("estimate"):
             transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), cfg.structure.name) for cut in cuts}
         fitted = {cut: t for cut, t in transforms.items() if t is not None and cut in stats}
@@ -99,9 +117,10 @@ def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, s
     check of each transform is made in the same context. Prunes the model in place.
 
     Returns (transforms by original cut, (cos_dist_before, cos_dist_after) token-weighted over
-    the stages).
+    the stages, the sink/rest split columns of :func:`split_columns` over the stages).
     """
-    transforms, removed = {}, 0
+    rule = TokenRule.from_config(cfg.get("estimation"))
+    transforms, removed, checks = {}, 0, []
     sums, total = [0.0, 0.0], 0
     for cut in cuts:
         shifted = (cut[0] - removed, cut[1] - removed)
@@ -110,17 +129,20 @@ def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, s
             if removed == 0 and cut in stats:
                 stage_stats = {shifted: stats[cut]}
             else:
-                accumulator = LinearStatistics([shifted], adapter.hidden_size, input_device(adapter), cfg.lt_placement)
+                accumulator = LinearStatistics(
+                    [shifted], adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule
+                )
                 with timer("capture"):
                     run_capture(adapter, calibration, [accumulator], desc=f"capture (stage {list(cut)})")
                 stage_stats = accumulator.result()
         transform = estimate(cfg, adapter, calibration, estimator, [shifted], stage_stats, row, timer)[shifted]
-        for column in ("cut_train_losses", "loss_curves"):  # label per-cut results by the original cut
+        for column in ("cut_train_losses", "loss_curves", "fit_tokens"):  # label per-cut results by the original cut
             if shifted != cut and f"{shifted[0]}-{shifted[1]}" in row.get(column, {}):
                 row[column][f"{cut[0]}-{cut[1]}"] = row[column].pop(f"{shifted[0]}-{shifted[1]}")
         with timer("eval"):
-            check = TransformDistances({shifted: transform}, cfg.lt_placement)
+            check = TransformDistances({shifted: transform}, cfg.lt_placement, rule.massive_threshold)
             run_capture(adapter, windows, [check], desc="held-out distances")
+        checks.append(check)
         n = sum(check.counts.values())
         before, after = check.result()
         sums, total = [sums[0] + before * n, sums[1] + after * n], total + n
@@ -128,4 +150,4 @@ def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, s
             prune(adapter, [shifted], {shifted: transform}, cfg.lt_placement)
         transforms[cut] = transform
         removed += cut[1] - cut[0]
-    return transforms, (sums[0] / total, sums[1] / total)
+    return transforms, (sums[0] / total, sums[1] / total), split_columns(checks)

@@ -11,7 +11,8 @@ vs ``l2`` at alpha 0. The hash is taken over the *effective* settings:
 - settings that cannot act are dropped: the regulariser and alpha when the objective takes no
   alpha or alpha is 0; the structure and placement of ``identity``; selection when ``cuts`` are
   explicit; merging and ``multi_lt`` for a single selected cut; masking keys when ``mask_ratio`` is 0;
-  solver settings of closed forms;
+  solver settings of closed forms; ``estimation.first`` unless ``estimation.tokens=skip_first``, and
+  the token rule when nothing is fitted (the threshold stays: it splits the held-out distances);
 - local data files (``calibration.path``, ``eval.path``) and the model's weights enter by content
   (:mod:`replaceme_exp.models.fingerprint`), and
   ``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
@@ -83,6 +84,13 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
         data["structure"] = {"name": "generic"}
         if not selects_by_ls:
             data["lt_placement"] = "fused"
+    estimation = data.get("estimation")
+    if isinstance(estimation, dict):  # which tokens a fit uses: nothing when nothing is fitted
+        fits = getattr(estimator, "needs_statistics", True) or getattr(estimator, "needs_tokens", False)
+        if not (fits or selects_by_ls):
+            estimation["tokens"] = "all"
+        if estimation.get("tokens") != "skip_first":
+            estimation.pop("first", None)
     data.pop("solver_schedule", None)  # acts only through objective.schedule
     if objective.get("solver") == "adam":  # Adam is mini-batch under either schedule
         objective.pop("schedule", None)

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 # A row written before a key existed matches that key's default value (e.g. healing=none).
-DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none"}
+DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none", "estimation_tokens": "all"}
 
 # The columns that define a setting, for rows without ``setting_hash`` (the signature uses those
 # present in the frame). Not the seed, run ids, timestamps, code versions, devices or metrics, and
@@ -52,6 +52,9 @@ SETTING_COLUMNS = (
     "alpha",
     "mask_ratio",
     "mask_passes",
+    "estimation_tokens",
+    "estimation_first",
+    "massive_threshold",
     "lt_placement",
     "healing",
     "multi_lt",
@@ -74,9 +77,9 @@ SETTING_COLUMNS = (
 
 # The paper's runs, where a table or row declares nothing else: bfloat16 weights, and the
 # numerical objectives trained with mini-batch Adam, other solvers with the official code's
-# one-step-per-batch schedule. A preference that no candidate setting records (a closed form
-# has solver=None; an absent column) does not discriminate.
-PREFERRED_SETTINGS = {"dtype": "bfloat16", "solver": "adam", "solver_schedule": "minibatch"}
+# one-step-per-batch schedule, fitted on every calibration token. A preference that no candidate
+# setting records (a closed form has solver=None; an absent column) does not discriminate.
+PREFERRED_SETTINGS = {"dtype": "bfloat16", "solver": "adam", "solver_schedule": "minibatch", "estimation_tokens": "all"}
 
 
 def matches(table: pd.DataFrame, conditions: dict) -> pd.Series:
