@@ -177,7 +177,11 @@ def effective_method_columns(cfg: DictConfig, estimator) -> dict:
 def token_rule_columns(rule: TokenRule, estimator, cfg: DictConfig) -> dict:
     """``estimation_tokens`` as it acts (``all`` when nothing is fitted from calibration tokens),
     ``estimation_first`` for skip_first, and the threshold of skip_massive and of the sink split."""
-    fits = estimator.needs_statistics or (cfg.cuts is None and cfg.selection.metric == "ls_residual")
+    fits = (
+        estimator.needs_statistics
+        or getattr(estimator, "needs_tokens", False)
+        or (cfg.cuts is None and cfg.selection.metric == "ls_residual")
+    )
     kind = rule.kind if fits else "all"
     return {
         "estimation_tokens": kind,
@@ -242,7 +246,7 @@ def heldout_distances(
     """(cos_dist_before, cos_dist_after, l2_dist_before, sink/rest split columns) on held-out
     windows. The distances without T depend only on model, text, cuts and the sink threshold and
     are cached; jobs without any transform need no pass."""
-    key = {**key, "metric": "dist_before", "sink_threshold": float(sink_threshold)}
+    key = {**key, "metric": "dist_before", "sink_threshold": float(sink_threshold), "sink_median": "sequence"}
     if all(t is None for t in transforms.values()):
         before, l2, splits = baselines.get_or_compute(
             key, lambda: _no_transform_distances(adapter, windows, transforms, sink_threshold)

@@ -46,7 +46,7 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
         return distances, {}
     cut_distances = CutDistances(candidates, metric, cfg.selection.tokens) if metric != "ls_residual" else None
     all_stats = metric == "ls_residual" or (
-        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates), rule.per_cut)
+        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
     )
     linear = (
         LinearStatistics(candidates, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule)
@@ -57,6 +57,8 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     with timer("capture"):
         run_capture(adapter, calibration, statistics, desc="capture (selection)")
     stats = linear.result() if linear is not None else {}
+    if empty := [list(cut) for cut, s in stats.items() if s.n_tokens == 0]:
+        raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
     if metric == "ls_residual":
         with timer("estimate"):
             distances = ls_residuals(stats, float(cfg.alpha))
@@ -122,16 +124,18 @@ def capture_calibration(
         accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule)
         with timer("capture"):
             run_capture(adapter, stats_batches, [accumulator], desc="capture (statistics)")
+        if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
+            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
         for cut, s in accumulator.result().items():
             stats_cache.put_stats(s, cfg.lt_placement, rule.key())
             found[cut] = s
     return cuts, distances, found
 
 
-def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int, per_cut: bool = False) -> bool:
+def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) -> bool:
     """Whether one pass may accumulate the statistics of every candidate cut (two d x d float64
-    matrices each, three when the token rule gives each cut its own ``M^T M``) within
-    ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
+    matrices each: candidates of one length have distinct starts, so each has its own ``M^T M``
+    whatever the token rule) within ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
     mode = capture_cfg.passes
     if mode == "one":
         return True
@@ -139,5 +143,4 @@ def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int, 
         return False
     if mode != "auto":
         raise ConfigError("capture.passes", mode, "choose auto, one or two")
-    matrices = 3 if per_cut else 2
-    return matrices * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
+    return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)

@@ -241,6 +241,9 @@ def validate_config(cfg: DictConfig) -> None:
         declared_metrics(harness)  # one metric per task, before any model loads
     for key in ("results_dir", "cache_dir"):
         writable_directory(key, data.get(key))
+    first, seq_len = _value(data, "estimation.first"), _value(data, "calibration.seq_len")
+    if _value(data, "estimation.tokens") == "skip_first" and _is_int(first) and _is_int(seq_len) and first >= seq_len:
+        raise ConfigError("estimation.first", first, f"leaves no token of sequences of calibration.seq_len={seq_len}")
     source = _value(data, "calibration.source")
     if source == "text_file" or (source == "hf_dataset" and _value(data, "calibration.dataset") == "json"):
         path = _value(data, "calibration.path")

@@ -42,3 +42,38 @@ def test_least_squares_beats_plain_removal_on_the_same_cut(tmp_path):
     assert torch.equal(
         reloaded.generate(ids, use_cache=True, **kwargs), reloaded.generate(ids, use_cache=False, **kwargs)
     )
+
+
+def test_the_first_token_is_the_attention_sink_that_dominates_the_least_squares_target():
+    """The premise of ``estimation.tokens``, on the real model: at cut [11, 19) position 0 is the
+    only token above 20x the median norm of L_18, it holds most of ||L_18 - Y_10||^2, and
+    ``skip_massive`` leaves out exactly the first token of each sequence."""
+    from replaceme_exp.capture import LinearStatistics, TokenRule, run_capture
+    from replaceme_exp.capture.token_rules import massive_tokens
+    from replaceme_exp.data import build_calibration
+    from replaceme_exp.models import adapter_for, load_model
+    from conftest import CACHE
+
+    cfg = compose_config(["calibration.n_samples=8", "calibration.seq_len=64"])
+    loaded = load_model(cfg.model, str(CACHE))
+    adapter = adapter_for(loaded.model)
+    calibration = build_calibration(cfg.calibration, loaded.tokenizer)
+    seen = []
+
+    class Sinks:
+        def requests(self):
+            def update(acts, tokens):
+                target = (acts[("L", 18)] - acts[("L", 10)] + acts[("M", 10)]).float()
+                flagged = massive_tokens((acts[("L", 10)], acts[("L", 18)]), tokens.last_rows, 20.0)
+                seen.append((tokens.positions, flagged, target.pow(2).sum(-1)))
+
+            return [((("M", 10), ("L", 10), ("L", 18)), update)]
+
+    skip = LinearStatistics([(11, 19)], adapter.hidden_size, torch.device("cpu"), rule=TokenRule("skip_massive"))
+    run_capture(adapter, calibration, [Sinks(), skip])
+    positions = torch.cat([s[0] for s in seen])
+    flagged = torch.cat([s[1] for s in seen])
+    energy = torch.cat([s[2] for s in seen])
+    assert torch.equal(flagged, positions == 0) and int(flagged.sum()) == 8
+    assert float(energy[flagged].sum() / energy.sum()) > 0.9
+    assert skip.result()[(11, 19)].n_tokens == calibration.n_tokens - 8

@@ -7,7 +7,9 @@ from conftest import CONF, ROOT, compose_config
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 GROUPS = ("paper", "study")  # the paper's tables and figures; studies beyond the paper
-TEMPLATES = sorted(f"{p.parent.name}/{p.stem}" for g in GROUPS for p in (ROOT / "multirun_templates" / g).glob("*.yaml"))
+TEMPLATES = sorted(
+    f"{p.parent.name}/{p.stem}" for group in GROUPS for p in (ROOT / "multirun_templates" / group).glob("*.yaml")
+)
 EXPECTED_JOBS = {
     "paper/block_selection": 72,
     "paper/calibration_size": 10,

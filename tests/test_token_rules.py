@@ -98,14 +98,26 @@ def test_skip_massive_picks_exactly_the_tokens_above_the_threshold_on_a_hand_bui
     before[0] *= 25.0  # ratio 25 at the input: massive at 20
     after[5] *= 19.0  # ratio 19 at the target: not massive at 20
     after[6] *= 21.0  # ratio 21 at the target: massive
-    positions = torch.arange(8)
-    keep = TokenRule("skip_massive", massive_threshold=20.0).keep(positions, before, after)
+    tokens = BatchTokens(8, torch.tensor([7]), torch.arange(8))  # one sequence of 8 tokens
+    keep = TokenRule("skip_massive", massive_threshold=20.0).keep(tokens, before, after)
     assert keep.tolist() == [False, True, True, True, True, True, False, True]
-    assert massive_tokens((before, after), 20.0).tolist() == [not k for k in keep.tolist()]
-    lower = TokenRule("skip_massive", massive_threshold=10.0).keep(positions, before, after)
+    assert massive_tokens((before, after), tokens.last_rows, 20.0).tolist() == [not k for k in keep.tolist()]
+    lower = TokenRule("skip_massive", massive_threshold=10.0).keep(tokens, before, after)
     assert lower.tolist() == [False, True, True, True, True, False, False, True]
-    scale = TokenRule("rescale_massive", massive_threshold=20.0).keep(positions, before, after)
+    scale = TokenRule("rescale_massive", massive_threshold=20.0).keep(tokens, before, after)
     torch.testing.assert_close(scale, torch.tensor([20 / 25, 1, 1, 1, 1, 1, 20 / 21, 1]))
+
+
+def test_massive_tokens_are_judged_against_their_own_sequence_so_batching_cannot_move_them():
+    """Two sequences of very different scale: a token 5x its own sequence's median is massive at
+    threshold 4, whether the sequences share a batch or not."""
+    quiet = torch.ones(4, 2)
+    loud = torch.ones(4, 2) * 100.0
+    quiet[2] *= 5.0
+    loud[1] *= 5.0
+    together = massive_tokens((torch.cat([quiet, loud]),), torch.tensor([3, 7]), 4.0)
+    apart = torch.cat([massive_tokens((x,), torch.tensor([3]), 4.0) for x in (quiet, loud)])
+    assert together.tolist() == apart.tolist() == [False, False, True, False, False, True, False, False]
 
 
 def test_skip_massive_gives_each_cut_its_own_tokens(model):
@@ -135,20 +147,14 @@ def test_rescale_massive_statistics_equal_an_explicitly_weighted_sum(model):
     threshold = 1.05  # random weights have no sinks: a low threshold makes some tokens "massive"
     rule = TokenRule("rescale_massive", massive_threshold=threshold)
     accumulator = LinearStatistics(CUTS, 32, torch.device("cpu"), rule=rule)
-    batches = batches_of(sequences, 6)
-    run_capture(adapter_for(model), batches, [accumulator])
+    run_capture(adapter_for(model), batches_of(sequences, 4), [accumulator])
 
-    # Medians are per batch: one batch of all six sequences, so the reference takes the median
-    # norm over all their tokens.
+    # Medians are per sequence: the reference sees one sequence at a time.
     blocks = [explicit_blocks(model, torch.tensor(s)) for s in sequences]
-    medians = {
-        k: torch.cat([b[k]["L"].norm(dim=-1) for b in blocks]).median() for k in range(NUM_LAYERS)
-    }
 
     def scale(positions, seq_blocks, cut):
         ratio = torch.maximum(
-            seq_blocks[cut[0] - 1]["L"].norm(dim=-1) / medians[cut[0] - 1],
-            seq_blocks[cut[1] - 1]["L"].norm(dim=-1) / medians[cut[1] - 1],
+            *(seq_blocks[k - 1]["L"].norm(dim=-1) / seq_blocks[k - 1]["L"].norm(dim=-1).median() for k in cut)
         )
         return torch.where(ratio > threshold, threshold / ratio, torch.ones_like(ratio))
 
@@ -275,14 +281,15 @@ def test_numerical_objectives_fit_on_the_kept_tokens_only(tmp_path):
     row = run_recorded(compose_config(overrides + ["estimation.first=4"]))
     n_sequences = 16
     assert row["status"] == "finished" and row["solver"] == "adam"
+    assert row["estimation_tokens"] == "skip_first" and row["estimation_first"] == 4
     assert 0 < row["fit_tokens"]["2-4"] <= row["n_calib_tokens"] - n_sequences
 
 
-def test_a_rule_that_leaves_no_token_fails_with_one_line(tmp_path):
-    overrides = TINY + [f"results_dir={tmp_path}", "estimation=skip_first", "estimation.first=1000"]
+def test_a_rule_that_leaves_no_token_fails_with_one_line_before_any_work(tmp_path):
+    overrides = TINY + [f"results_dir={tmp_path}", "estimation=skip_first", "estimation.first=32"]
     row = run_recorded(compose_config(overrides), raise_on_failure=False)
-    assert row["status"] == "failed"
-    assert "estimation.tokens" in row["error"] and "no calibration token" in row["error"]
+    assert row["status"] == "failed" and row["config_hash"].startswith("invalid-")  # refused before loading
+    assert row["error"] == "ConfigError: estimation.first=32: leaves no token of sequences of calibration.seq_len=32"
 
 
 def test_paper_table_cells_show_the_all_tokens_runs_and_name_the_others():

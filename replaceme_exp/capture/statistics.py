@@ -203,20 +203,20 @@ class LinearStatistics:
     def _updater(self, start: int, cuts: list[Cut]):
         def update(acts: dict, tokens: BatchTokens) -> None:
             prev = acts[("L", start - 1)]
-            shared = None if self.rule.per_cut else self.rule.keep(tokens.positions, prev)
+            shared = None if self.rule.per_cut else self.rule.keep(tokens, prev)
             inputs = {}  # (M or L_{start-1}, Y_{start-1} or None) in float64, by mask
             for cut in cuts:
                 after = acts[("L", cut[1] - 1)]
-                mask = self.rule.keep(tokens.positions, prev, after) if self.rule.per_cut else shared
+                mask = self.rule.keep(tokens, prev, after) if self.rule.per_cut else shared
                 if self.rule.per_cut or not inputs:
-                    p = kept(prev, mask).double()
+                    p = kept(prev.double(), mask)
                     if self.placement == "fused":
-                        x = kept(acts[("M", start - 1)], mask).double()
+                        x = kept(acts[("M", start - 1)].double(), mask)
                         inputs = {"x": x, "base": p - x}  # Y_{start-1}
                     else:
                         inputs = {"x": p, "base": None}
                     self._accumulate_input(self._group(cut), inputs["x"])
-                r = kept(after, mask).double()
+                r = kept(after.double(), mask)
                 if inputs["base"] is not None:
                     r = r - inputs["base"]
                 self.mtr[cut].addmm_(inputs["x"].T, r)
@@ -241,7 +241,7 @@ class TransformDistances:
     and with T (``Y_{start-1} + M_{start-1} T`` fused, ``L_{start-1} T`` separate); and the mean
     Euclidean distance without T (the block-selection figure's L2 axis). The same distances are
     kept apart for the sink tokens (massive at ``L_{start-1}`` or ``L_{end-1}``: norm above
-    ``sink_threshold`` times the batch median, :func:`massive_tokens`) and the rest."""
+    ``sink_threshold`` times the median of its sequence, :func:`massive_tokens`) and the rest."""
 
     def __init__(self, transforms: dict[Cut, torch.Tensor | None], placement: str = "fused", sink_threshold=20.0):
         self.transforms, self.placement, self.sink_threshold = dict(transforms), placement, float(sink_threshold)
@@ -273,7 +273,7 @@ class TransformDistances:
             self.l2_before[cut] += float((prev - target).norm(dim=-1).double().sum())
             self.after[cut] += float(after.sum())
             self.counts[cut] += m.shape[0]
-            sink = massive_tokens((prev, target), self.sink_threshold)
+            sink = massive_tokens((prev, target), tokens.last_rows, self.sink_threshold)
             for split, mask in (("sink", sink), ("rest", ~sink)):
                 totals = self.splits[split]
                 totals[0] += float(before[mask].sum())
@@ -293,7 +293,7 @@ class TransformDistances:
 
     def split_result(self) -> dict[str, float | None]:
         """Row columns: ``cos_dist_{before,after}_{sink,rest}`` (None when no token of the split)
-        and ``heldout_sink_fraction``, the share of the checked tokens that are sinks."""
+        and ``heldout_sink_fraction``, the sinks' share of the checked (cut, token) pairs."""
         return split_columns([self])
 
 
@@ -327,8 +327,11 @@ class TokenCollector:
         m_key, prev_key, target_key = cut_keys(self.cut, with_mlp=True)
 
         def update(acts: dict, tokens: BatchTokens) -> None:
-            mask = self.rule.keep(tokens.positions, acts[prev_key], acts[target_key])
-            m, prev, target = kept(acts[m_key], mask), kept(acts[prev_key], mask), kept(acts[target_key], mask)
+            mask = self.rule.keep(tokens, acts[prev_key], acts[target_key])
+            scaled = mask is not None and mask.dtype != torch.bool  # scale in float32, then store
+            m, prev, target = (
+                kept(acts[key].float() if scaled else acts[key], mask) for key in (m_key, prev_key, target_key)
+            )
             if self.placement == "separate":  # T maps the whole block output: "M" = L_{start-1}
                 m, y = prev, torch.zeros_like(prev)
             else:

@@ -11,7 +11,7 @@ reproducing that one token. The rules:
   masked copy's hidden tokens do not shift them);
 - ``skip_massive``: leave out the tokens whose residual norm, at the cut's input ``L_{start-1}``
   or at its target ``L_{end-1}``, exceeds ``massive_threshold`` times the median norm of that
-  activation over the batch's non-padding tokens (decided per batch);
+  activation over the token's own sequence (so batching and padding never change the choice);
 - ``rescale_massive``: keep those tokens but scale their rows (input and target alike) by
   ``massive_threshold`` x median / norm: their norm is clipped to the threshold, so a sink weighs
   in the least squares like ``threshold^2`` ordinary tokens instead of dominating it, and T still
@@ -34,21 +34,29 @@ from replaceme_exp.errors import ConfigError
 TOKEN_RULES = ("all", "skip_first", "skip_massive", "rescale_massive")
 
 
-def norm_ratios(activations: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Per token, the largest ratio of its norm to the median norm over the n_tokens, across
-    ``activations`` (each (n_tokens, hidden)). Returns a float32 (n_tokens,) tensor."""
+def norm_ratios(activations: tuple[torch.Tensor, ...], last_rows: torch.Tensor) -> torch.Tensor:
+    """Per token, the largest ratio of its norm to the median norm of its own sequence, across
+    ``activations`` (each (n_tokens, hidden), sequences concatenated; ``last_rows`` (batch,) the
+    row of each sequence's last token). Per sequence, so batching never changes it. Returns a
+    float32 (n_tokens,) tensor."""
+    ends = last_rows.tolist()
+    starts = [0] + [end + 1 for end in ends[:-1]]
     ratios = None
     for acts in activations:
         norms = acts.float().norm(dim=-1)
-        ratio = norms / norms.median().clamp_min(torch.finfo(torch.float32).tiny)
+        medians = torch.empty_like(norms)
+        for start, end in zip(starts, ends):
+            medians[start : end + 1] = norms[start : end + 1].median()
+        ratio = norms / medians.clamp_min(torch.finfo(torch.float32).tiny)
         ratios = ratio if ratios is None else torch.maximum(ratios, ratio)
     return ratios
 
 
-def massive_tokens(activations: tuple[torch.Tensor, ...], threshold: float) -> torch.Tensor:
-    """Tokens whose norm in any of ``activations`` (each (n_tokens, hidden)) exceeds ``threshold``
-    times that activation's median norm over the n_tokens. Returns a bool (n_tokens,) mask."""
-    return norm_ratios(activations) > threshold
+def massive_tokens(activations: tuple[torch.Tensor, ...], last_rows: torch.Tensor, threshold: float):
+    """Tokens whose norm in any of ``activations`` exceeds ``threshold`` times that activation's
+    median norm over the token's sequence (see :func:`norm_ratios`). Returns a bool (n_tokens,)
+    mask."""
+    return norm_ratios(activations, last_rows) > threshold
 
 
 @dataclass(frozen=True)
@@ -94,18 +102,19 @@ class TokenRule:
         if self.kind == "skip_first":
             return f"skip_first={self.first}"
         if self.kind in ("skip_massive", "rescale_massive"):
-            return f"{self.kind}={float(self.massive_threshold):g}"
+            return f"{self.kind}={float(self.massive_threshold)!r}/sequence-median"
         return "all"
 
-    def keep(self, positions: torch.Tensor, before: torch.Tensor, after: torch.Tensor | None = None):
+    def keep(self, tokens, before: torch.Tensor, after: torch.Tensor | None = None):
         """How the tokens enter the statistics: None (all, as they are), a bool (n_tokens,) mask
-        of the tokens kept, or a float32 (n_tokens,) scale of each token's rows. ``positions``
-        (n_tokens,) are positions in their sequences; ``before`` = L_{start-1} and ``after`` =
-        L_{end-1} are (n_tokens, hidden)."""
+        of the tokens kept, or a float32 (n_tokens,) scale of each token's rows. ``tokens``: the
+        batch's :class:`~replaceme_exp.capture.statistics.BatchTokens` (``positions`` (n_tokens,)
+        in their sequences, ``last_rows`` the sequence ends); ``before`` = L_{start-1} and
+        ``after`` = L_{end-1} are (n_tokens, hidden)."""
         if self.kind == "skip_first":
-            return positions.to(before.device) >= self.first
+            return tokens.positions.to(before.device) >= self.first
         if self.kind in ("skip_massive", "rescale_massive"):
-            ratios = norm_ratios((before,) if after is None else (before, after))
+            ratios = norm_ratios((before,) if after is None else (before, after), tokens.last_rows)
             if self.kind == "skip_massive":
                 return ratios <= self.massive_threshold
             clipped = self.massive_threshold / ratios

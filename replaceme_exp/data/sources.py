@@ -186,7 +186,7 @@ CHAT_PROMPT = "Explain this part of the Python documentation."
 def document_as_chat(document: str, tokenizer, prompt: str = CHAT_PROMPT) -> str:
     """``document`` as a two-turn chat rendered by :func:`render_record`: the first paragraph (up to
     the first blank line) is the user turn and the rest the assistant's; a single paragraph answers
-    ``prompt``. Returns the rendered text ("role: content" turns without a chat template)."""
+    ``prompt``. Returns the text in the model's chat template ("role: content" turns without one)."""
     parts = re.split(r"\n\s*\n", document.strip(), maxsplit=1)
     user, assistant = parts if len(parts) == 2 else (prompt, parts[0])
     record = {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
