@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import functools
 import gc
 import hashlib
 import json
@@ -72,7 +73,10 @@ class Timer:
             log.info("stage %s done in %.1f s", stage, elapsed)
 
 
+@functools.cache
 def git_sha() -> str | None:
+    """The commit of the code this process imported (read once, at import: a long sweep records the
+    code it runs, not a commit made while it ran)."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -84,6 +88,9 @@ def git_sha() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+git_sha()
 
 
 def device_name(device: torch.device) -> str:

@@ -417,3 +417,12 @@ def test_layer_distances_ride_on_the_selection_pass_and_are_cached(tmp_path, mon
     run_capture(adapter_for(loaded.model), build_calibration(cfg.calibration, loaded.tokenizer), [reference])
     for matrix in (first["layer_distances"], explicit["layer_distances"]):
         assert torch.allclose(torch.tensor(matrix), torch.tensor(reference.result()), atol=1e-6)
+
+
+def test_the_git_sha_is_read_once_at_import_so_a_long_sweep_records_the_code_it_runs():
+    from replaceme_exp import job
+
+    assert job.git_sha.cache_info().currsize == 1  # read when the module was imported
+    before = job.git_sha.cache_info().hits
+    assert job.git_sha() == job.git_sha()
+    assert job.git_sha.cache_info().hits == before + 2 and job.git_sha.cache_info().misses == 1
