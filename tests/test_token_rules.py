@@ -220,12 +220,14 @@ def test_the_rule_reaches_the_statistics_cache_key_and_the_config_hash(tmp_path)
     }
     assert len(set(hashes.values())) == 4
     # first acts only with skip_first; nothing is fitted for plain removal
-    assert config_hash(compose_config(["estimation.first=3"])) == hashes["all"]
+    assert config_hash(compose_config(["estimation=all", "estimation.first=3"])) == hashes["all"]
     assert config_hash(compose_config(["estimation=skip_first", "estimation.first=3"])) != hashes["skip_first"]
     removal = ["objective=identity", "selection=cosine"]
-    assert config_hash(compose_config(removal + ["estimation=skip_first"])) == config_hash(compose_config(removal))
+    assert config_hash(compose_config(removal + ["estimation=skip_first"])) == (
+        config_hash(compose_config(removal + ["estimation=all"]))
+    )
     assert config_hash(compose_config(["objective=identity", "selection=ls_residual", "estimation=skip_first"])) != (
-        config_hash(compose_config(["objective=identity", "selection=ls_residual"]))
+        config_hash(compose_config(["objective=identity", "selection=ls_residual", "estimation=all"]))
     )
 
 
@@ -261,7 +263,9 @@ TINY = [
 @pytest.mark.parametrize("rule", ["skip_first", "skip_massive", "rescale_massive"])
 def test_jobs_record_the_rule_the_tokens_fitted_and_the_split(tmp_path, rule):
     overrides = TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", f"estimation={rule}"]
-    base = run_recorded(compose_config(TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]))
+    base = run_recorded(
+        compose_config(TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", "estimation=all"])
+    )
     row = run_recorded(compose_config(overrides + ["estimation.massive_threshold=1.5"]))
     assert base["estimation_tokens"] == "all" and row["estimation_tokens"] == rule
     assert base["fit_tokens"]["2-4"] == base["n_calib_tokens"]
