@@ -86,13 +86,19 @@ def test_a_full_disk_while_writing_a_row_leaves_no_partial_file(tmp_path, monkey
     assert list((tmp_path / "runs" / "h").iterdir()) == []
 
 
+def finished_and_new_model(tmp_path, old: str, new: str):
+    """A finished model directory ``model`` and a new one ``new`` to replace it (config.json each)."""
+    directories = []
+    for name, text in (("model", old), ("new", new)):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "config.json").write_text(text)
+        directories.append(directory)
+    return tuple(directories)
+
+
 def test_a_save_killed_between_renames_loses_no_model(tmp_path, monkeypatch):
-    target = tmp_path / "model"
-    target.mkdir()
-    (target / "config.json").write_text('{"old": true}')
-    new = tmp_path / "new"
-    new.mkdir()
-    (new / "config.json").write_text('{"new": true}')
+    target, new = finished_and_new_model(tmp_path, '{"old": true}', '{"new": true}')
     real_rename = os.rename
 
     def killed(src, dst):  # the process dies right after the finished model was moved aside
@@ -332,12 +338,7 @@ def test_every_shipped_option_passes_validation_and_resolves(group, option):
 
 
 def test_a_failed_rename_that_is_not_a_concurrent_save_is_raised_and_the_old_model_kept(tmp_path, monkeypatch):
-    target = tmp_path / "model"
-    target.mkdir()
-    (target / "config.json").write_text("old")
-    new = tmp_path / "new"
-    new.mkdir()
-    (new / "config.json").write_text("new")
+    target, new = finished_and_new_model(tmp_path, "old", "new")
     real_rename = os.rename
 
     def denied(src, dst):
