@@ -1,6 +1,7 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
 # make test  : set up what is missing and run the test suite offline
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
+# make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 
 PYTHON ?= python3
@@ -11,7 +12,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup run test bench paper-tables clean-cache
+.PHONY: setup run test bench paper-tables wandb-sync clean-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,13 @@ bench: setup
 
 paper-tables: setup
 	$(PY) -m replaceme_exp.results.paper_tables --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables
+
+# Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online.
+wandb-sync: setup
+	@runs=$$(find $${SWEEP:-$${RESULTS:-results}/hydra} -type d -name 'offline-run-*' 2>/dev/null); \
+	if [ -z "$$runs" ]; then echo "no offline W&B runs under $${SWEEP:-$${RESULTS:-results}/hydra}"; exit 1; fi; \
+	echo "$$runs" | wc -l | xargs echo "offline runs to sync:"; \
+	$(VENV)/bin/wandb sync $(ARGS) $$runs
 
 # Capture statistics, fingerprint memos, and what killed jobs left: partial model saves and disk token stores.
 # (.old-* folders under results/models may hold a finished model that a killed save moved aside: the next

@@ -8,6 +8,7 @@ python run.py -m objective=ls,identity alpha=0,10
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -16,10 +17,20 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from replaceme_exp.job import run_recorded
+from replaceme_exp.job import JobInterrupted, run_recorded
+from replaceme_exp.tracking.job_summary import sample_lines, summary_line
 from replaceme_exp.tracking.sweep_summary import write_job_status
 
 log = logging.getLogger("replaceme_exp")
+
+
+def sweep_name(choices: dict, multirun: bool) -> str:
+    """What the job belongs to, for W&B's group and the row: the template (``paper/<name>``,
+    ``study/<name>``), else the method preset (``experiment/<name>``), else ``sweep`` / ``single``."""
+    for group in ("paper", "study", "experiment"):
+        if choices.get(group):
+            return f"{group}/{choices[group]}"
+    return "sweep" if multirun else "single"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -28,26 +39,24 @@ def main(cfg: DictConfig) -> float | None:
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_id = Path(hc.sweep.dir).name if multirun else Path(hc.run.dir).name
     overrides = [o for o in hc.overrides.task if not o.startswith(("results_dir=", "hydra"))]
-    row = run_recorded(
-        cfg,
-        sweep_id=sweep_id,
-        raise_on_failure=False,
-        job_dir=hc.runtime.output_dir,
-        run_name=",".join(overrides) or "default",
-    )
-    write_job_status(hc.runtime.output_dir, row, ",".join(overrides))
-    if row["status"] == "failed" and not multirun:
-        log.error("failed: %s", row["error"])
-        sys.exit(1)
-    if row["status"] == "finished":
-        log.info(
-            "cuts=%s ppl_heldout=%.3f (unpruned %.3f) cos_dist %.4f -> %.4f",
-            row["cuts"],
-            row["ppl_heldout"],
-            row["ppl_heldout_baseline"],
-            row["cos_dist_before"],
-            row["cos_dist_after"],
+    try:
+        row = run_recorded(
+            cfg,
+            sweep_id=sweep_id,
+            raise_on_failure=False,
+            job_dir=hc.runtime.output_dir,
+            run_name=",".join(overrides) or "default",
+            sweep_name=sweep_name(dict(hc.runtime.choices), multirun),
         )
+    except JobInterrupted as stopped:  # SIGTERM / SIGINT: the row is written; the sweep stops here
+        write_job_status(hc.runtime.output_dir, stopped.row, ",".join(overrides))
+        log.error(summary_line(stopped.row))
+        sys.exit(128 + (signal.SIGINT if "SIGINT" in str(stopped) else signal.SIGTERM))
+    write_job_status(hc.runtime.output_dir, row, ",".join(overrides))
+    for line in [summary_line(row), *sample_lines(row)]:
+        (log.error if row["status"] == "failed" else log.info)(line)
+    if row["status"] == "failed" and not multirun:
+        sys.exit(1)
     return row.get("ppl_heldout")
 
 

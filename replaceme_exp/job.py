@@ -1,7 +1,8 @@
 """One job: data -> capture -> selection -> estimation -> surgery -> evaluation -> results row.
 
-``run_recorded`` wraps a job so that it always writes a row (``finished``, ``skipped`` is only
-logged, ``failed`` with its error), and a failed job does not stop a sweep.
+``run_recorded`` wraps a job so that it always writes a row (``finished``, or ``failed`` with its
+error and the stage that failed; a skipped job returns its finished row), opens the job's W&B run
+when the job starts, and a failed job does not stop a sweep (a stop signal does, after its row).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import logging
 import os
 import platform
 import resource
+import signal
 import subprocess
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -33,12 +36,14 @@ from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.data import build_calibration, heldout_windows
+from replaceme_exp.data.calibration import Answerer
 from replaceme_exp.data.augmentation import with_masked_copies
 from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
 from replaceme_exp.estimation.fitting import estimate, estimate_sequentially
 from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.harness import harness_settings, run_harness
+from replaceme_exp.evaluation.samples import greedy_answers, side_by_side
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.fingerprint import weights_fingerprint
 from replaceme_exp.models.loading import check_nf4_capture
@@ -46,7 +51,7 @@ from replaceme_exp.planning import capture_calibration, selection_metric_name
 from replaceme_exp.results import ResultsStore, config_hash, setting_hash
 from replaceme_exp.results.store import new_run_id
 from replaceme_exp.surgery import kept_blocks, prune, recover_checkpoint, save_checkpoint
-from replaceme_exp.tracking import StageEmissions, log_job_to_wandb
+from replaceme_exp.tracking import StageEmissions, WandbRun
 from replaceme_exp.tracking.emissions import job_gpu_ids
 from replaceme_exp.validation import validate_config
 
@@ -54,23 +59,36 @@ log = logging.getLogger(__name__)
 
 
 class Timer:
-    """Wall time per stage (summed over repeats), logged, and CodeCarbon's task per stage."""
+    """Wall time per stage (summed over repeats), logged under a name that says what runs
+    (``baseline perplexity``, ``held-out distances``, ...), CodeCarbon's task per stage, and the
+    W&B run's stage log. Row columns and energy are accounted per stage kind (``eval`` sums the
+    evaluation passes); ``labelled`` holds the seconds per name."""
 
-    def __init__(self, emissions: StageEmissions | None = None):
+    def __init__(self, emissions: StageEmissions | None = None, on_stage=None):
         self.seconds: dict[str, float] = {}
+        self.labelled: dict[str, float] = {}
         self.emissions = emissions or StageEmissions(enabled=False)
+        self.on_stage = on_stage
+        self.failed: str | None = None
 
     @contextmanager
-    def __call__(self, stage: str):
-        log.info("stage %s ...", stage)
+    def __call__(self, stage: str, label: str | None = None):
+        name = label or stage
+        log.info("stage %s ...", name)
         start = time.perf_counter()
         try:
             with self.emissions.stage(stage):
                 yield
+        except BaseException:
+            self.failed = self.failed or name  # the innermost stage that failed
+            raise
         finally:
             elapsed = time.perf_counter() - start
             self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
-            log.info("stage %s done in %.1f s", stage, elapsed)
+            self.labelled[name] = self.labelled.get(name, 0.0) + elapsed
+            log.info("stage %s done in %.1f s", name, elapsed)
+            if self.on_stage is not None:
+                self.on_stage(name, elapsed)
 
 
 @functools.cache
@@ -282,17 +300,22 @@ def heldout_distances_pass(
     return (*check.result(), check.l2_result(), check.split_result())
 
 
-def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike) -> dict:
-    """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured),
-    with the energy and emissions of each stage measured so far."""
+def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike, on_stage=None) -> dict:
+    """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured, and
+    ``failed_stage`` names the stage that failed), with the energy and emissions of each stage
+    measured so far. ``on_stage(name, seconds)`` hears of each finished stage."""
     tracking = cfg.tracking.codecarbon
     gpu_ids = job_gpu_ids(
         cfg.model.get("device"), cfg.model.get("device_map"), torch.cuda.is_available(), torch.cuda.device_count()
     )
     row["codecarbon_gpu_ids"] = gpu_ids
     emissions = StageEmissions(tracking.enabled, tracking.country_iso_code, Path(job_dir) / "codecarbon", gpu_ids)
+    timer = Timer(emissions, on_stage)
     try:
-        return prune_and_evaluate(cfg, row, Timer(emissions))
+        return prune_and_evaluate(cfg, row, timer)
+    except BaseException:
+        row["failed_stage"] = timer.failed
+        raise
     finally:
         row.update(emissions.columns())
         emissions.close()
@@ -345,7 +368,8 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     row["model_revision"] = capture_loaded.identity.get("commit")
 
     with timer("data"):
-        calibration = build_calibration(cfg.calibration, tokenizer)
+        answerer = Answerer(capture_loaded.model, capture_loaded.identity_hash, cache_dir)
+        calibration = build_calibration(cfg.calibration, tokenizer, answerer)
         # Masking is augmentation of the estimation data: the plain sequences plus masked copies.
         estimation_data = (
             with_masked_copies(calibration, mask_ratio, cfg.get("mask_passes", 1), int(cfg.seed))
@@ -417,11 +441,12 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     baselines = BaselineCache(Path(results_dir) / "baselines", refresh=force)
     heldout_key = {"model": loaded.identity_hash, "windows": windows.content_hash()}
     harness = cfg.eval.get("harness")
-    with timer("eval"):
+    with timer("eval", "baseline perplexity"):
         row["ppl_heldout_baseline"] = baselines.get_or_compute(
             {**heldout_key, "metric": "ppl_heldout"}, lambda: finite_baseline_perplexity(model, windows)
         )
-        if harness:
+    if harness:
+        with timer("eval", "baseline lm-eval"):
             settings = harness_settings(harness, int(cfg.seed))
             row.update(settings)
             harness_key = {
@@ -437,6 +462,10 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             check_finite("eval", "the unpruned model's avg_acc is", [baseline_scores["avg_acc"]])
             row["avg_acc_baseline"] = baseline_scores["avg_acc"]
             row.update({f"baseline_{name}": value for name, value in baseline_scores.items()})
+    samples = cfg.eval.get("samples")
+    if samples:
+        with timer("eval", "generation samples (unpruned)"):
+            unpruned_answers = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
     num_layers = adapter.num_layers
     if sequential:
         transforms, distances_before_after, splits = estimate_sequentially(
@@ -446,7 +475,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         row.update(splits)
         kept = kept_blocks(num_layers, cuts)
     else:
-        with timer("eval"):
+        with timer("eval", "held-out distances"):
             row["cos_dist_before"], row["cos_dist_after"], row["l2_dist_before"], splits = heldout_distances(
                 adapter,
                 windows,
@@ -464,13 +493,18 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     row.update(params_after=count_parameters(model), kept_blocks=kept)
     row["compression_ratio"] = 1.0 - row["params_after"] / row["params_before"]
 
-    with timer("eval"):
+    with timer("eval", "pruned perplexity"):
         row["ppl_heldout"] = perplexity(model, windows)
         check_finite("eval", "the pruned model's held-out perplexity is", [row["ppl_heldout"]])
-        if harness:
+    if harness:
+        with timer("eval", "pruned lm-eval"):
             row.update(run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed)))
             check_finite("eval", "the pruned model's avg_acc is", [row["avg_acc"]])
             row["rp"] = row["avg_acc"] / row["avg_acc_baseline"]
+    if samples:
+        with timer("eval", "generation samples (pruned)"):
+            pruned_answers = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
+        row["generation_samples"] = side_by_side(list(samples.prompts), unpruned_answers, pruned_answers)
 
     if cfg.save_model:
         with timer("save"):
@@ -482,6 +516,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
                 {k: row[k] for k in ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")},
             )
             row["pruned_model_path"] = str(target)
+    row["stage_seconds"] = dict(timer.labelled)
     row.update(
         time_capture_s=timer.seconds.get("capture", 0.0),
         time_estimate_s=timer.seconds.get("estimate", 0.0),
@@ -542,6 +577,7 @@ def run_recorded(
     raise_on_failure: bool = True,
     job_dir: str | os.PathLike | None = None,
     run_name: str | None = None,
+    sweep_name: str | None = None,
 ) -> dict:
     """Run one job unless its config hash already has a finished row (and ``force`` is off),
     and always leave a row behind. The configuration is validated first (no model is loaded for a
@@ -553,9 +589,9 @@ def run_recorded(
         validate_config(cfg)
     except ConfigError as err:
         row = invalid_row(cfg, err, sweep_id)
-        log.error("invalid configuration: %s", err)
+        row["failed_stage"] = "validation"  # the error is the job summary's line (run.py): not logged twice
         try:
-            ResultsStore(to_absolute_path(cfg.results_dir)).write(row)
+            row["row_path"] = str(ResultsStore(to_absolute_path(cfg.results_dir)).write(row))
         except Exception as write_err:  # noqa: BLE001 - results_dir itself may be the bad value
             log.error("no row written: %s", write_err)
         if raise_on_failure:
@@ -579,33 +615,73 @@ def run_recorded(
             log.warning("finished run %s lost its model %s: running again", done["run_id"], model_dir)
             done = None
         if done is not None:
-            log.info(
-                "skipping: a finished row exists for config_hash=%s (run_id=%s); force=true reruns",
-                chash,
-                done["run_id"],
-            )
+            log.info("skipping: a finished row exists for config_hash=%s", chash)
             done["status"] = "skipped"
+            done["row_path"] = str(row_path(store, done))
             return done
-        return _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name)
+        return _run_and_record(
+            cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name, sweep_name
+        )
 
 
-def _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name) -> dict:
+class JobInterrupted(Exception):
+    """The job's process was asked to stop (SIGTERM from a scheduler, SIGINT): the job becomes a
+    failed row and a failed W&B run, then the process stops."""
+
+
+@contextmanager
+def stop_signals_raise():
+    """While a job runs, SIGTERM and SIGINT raise :class:`JobInterrupted` in it (main thread only;
+    the previous handlers come back afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise JobInterrupted(f"stopped by {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def row_path(store: ResultsStore, row: dict) -> Path:
+    return store.runs / row["config_hash"] / f"{row['run_id']}.parquet"
+
+
+def _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name, sweep_name) -> dict:
     row = base_row(cfg, chash, sweep_id, setting_hash(cfg, weights))
-    row["model_fingerprint"] = weights
+    row.update(model_fingerprint=weights, sweep_name=sweep_name)
+    row["sweep_group"] = " ".join(filter(None, [sweep_name, sweep_id])) or None
     job_dir = Path(job_dir) if job_dir else store.root / "jobs" / row["run_id"]
     row["job_dir"] = str(job_dir)
+    row["row_path"] = str(row_path(store, row))
+    started = time.perf_counter()
+    tracker = WandbRun(cfg, row, job_dir, run_name)
+    try:
+        tracker.start()
+        row["wandb_dir"] = tracker.directory
+    except Exception as err:  # noqa: BLE001 - tracking must not cost the job
+        log.warning("W&B run not started: %s", err)
+        tracker.run = None
     failure = None
     try:
-        run_job(cfg, row, job_dir)
+        with stop_signals_raise():  # TODO-progress-listener
+            run_job(cfg, row, job_dir, tracker.stage)
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         failure = err
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
-        if isinstance(err, ConfigError):  # the line says it all: no traceback wall
-            log.error("job failed: %s", row["error"])
-        else:
-            log.error("job failed: %s\n%s", row["error"], traceback.format_exc())
+        # A configuration error or a stop signal is said in one line by the job's summary (run.py);
+        # anything else gets its traceback here.
+        if not isinstance(err, (ConfigError, JobInterrupted)):
+            where = f" in stage {row['failed_stage']}" if row.get("failed_stage") else ""
+            log.error("job failed%s: %s\n%s", where, row["error"], traceback.format_exc())
+    row["time_total_s"] = time.perf_counter() - started
     try:
-        row["wandb_dir"] = log_job_to_wandb(cfg, row, job_dir, run_name)
+        tracker.finish(row)
     except Exception as err:  # noqa: BLE001 - tracking must not cost the row
         log.warning("W&B logging failed: %s", err)
     try:
@@ -614,11 +690,8 @@ def _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_
         log.error("row of run %s not written under %s: %s", row["run_id"], store.runs, err)
         raise
     if failure is not None:
-        log.info("failed row written to %s", path)
-        if raise_on_failure:
+        log.debug("failed row written to %s", path)
+        if raise_on_failure or isinstance(failure, JobInterrupted):
+            failure.row = row  # what the caller reports before it stops
             raise failure
-        return row
-    log.info("row written to %s", path)
-    if row.get("pruned_model_path"):
-        log.info("pruned model saved to %s", row["pruned_model_path"])
     return row

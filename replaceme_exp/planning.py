@@ -54,13 +54,13 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
         else None
     )
     statistics = [s for s in (cut_distances, linear) if s is not None] + list(extra_statistics)
-    with timer("capture"):
+    with timer("capture", "capture (selection)"):
         run_capture(adapter, calibration, statistics, desc="capture (selection)")
     stats = linear.result() if linear is not None else {}
     if empty := [list(cut) for cut, s in stats.items() if s.n_tokens == 0]:
         raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
     if metric == "ls_residual":
-        with timer("estimate"):
+        with timer("estimate", "selection (ls residuals)"):
             distances = ls_residuals(stats, float(cfg.alpha))
     else:
         distances = cut_distances.result()
@@ -122,7 +122,7 @@ def capture_calibration(
     missing = [cut for cut in cuts if cut not in found]
     if missing and compute_missing:
         accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule)
-        with timer("capture"):
+        with timer("capture", "capture (statistics)"):
             run_capture(adapter, stats_batches, [accumulator], desc="capture (statistics)")
         if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
             raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")

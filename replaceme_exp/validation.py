@@ -112,6 +112,20 @@ def harness_limit(v) -> str | None:
     return "must be null, a positive number of documents or a fraction in (0, 1]"
 
 
+def non_empty_text(v) -> str | None:
+    return None if isinstance(v, str) and v.strip() else "must be a non-empty string"
+
+
+def sample_prompts(v) -> str | None:
+    if isinstance(v, list) and v and all(isinstance(p, str) and p.strip() for p in v):
+        return None
+    return "must be a non-empty list of non-empty strings"
+
+
+def mapping(v) -> str | None:
+    return None if isinstance(v, dict) else "must be a mapping (or null)"
+
+
 @dataclass(frozen=True)
 class Key:
     """One typed key of the schema: ``check(value)`` returns None or the reason it is refused."""
@@ -143,7 +157,10 @@ SCHEMA: tuple[Key, ...] = (
     Key("model.device", device_value),
     Key("model.capture_4bit", boolean),
     # calibration
-    Key("calibration.source", choice("pydoc", "pydoc_chat", "text_file", "hf_dataset", "mix"), True),
+    Key("calibration.source", choice("pydoc", "pydoc_chat", "text_file", "hf_dataset", "generated", "mix"), True),
+    Key("calibration.max_new_tokens", positive_int),
+    Key("calibration.generation_batch_size", positive_int),
+    Key("calibration.temperature", finite_non_negative),
     Key("calibration.n_samples", positive_int, True),
     Key("calibration.seq_len", positive_int, True),
     Key("calibration.batch_size", positive_int, True),
@@ -182,6 +199,9 @@ SCHEMA: tuple[Key, ...] = (
     Key("eval.harness.limit", harness_limit),
     Key("eval.harness.bootstrap_iters", non_negative_int),
     Key("eval.harness.local_tasks", boolean),
+    Key("eval.samples", optional(mapping)),
+    Key("eval.samples.prompts", sample_prompts),
+    Key("eval.samples.max_new_tokens", positive_int),
     # how a job runs
     Key("capture.passes", choice("auto", "one", "two"), True),
     Key("capture.max_stats_gb", finite_positive),
@@ -190,6 +210,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("store.max_gpu_gb", optional(finite_positive)),
     Key("store.max_cpu_gb", optional(finite_positive)),
     Key("tracking.wandb.mode", choice("online", "offline", "disabled")),
+    Key("tracking.wandb.group", optional(non_empty_text)),
     Key("tracking.codecarbon.enabled", boolean),
 )
 
@@ -251,6 +272,12 @@ def validate_config(cfg: DictConfig) -> None:
         for one in paths:
             if not isinstance(one, str) or not Path(one).expanduser().is_file():
                 raise ConfigError("calibration.path", path, "no such file")
+    if source == "generated" and (prompts := _value(data, "calibration.prompts_path")) not in (None, _MISSING):
+        if not isinstance(prompts, str) or not Path(prompts).expanduser().is_file():
+            raise ConfigError("calibration.prompts_path", prompts, "no such file")
+    if source == "generated" and _value(data, "model.capture_4bit") is True:
+        reason = "not with model.capture_4bit (the answers would come from the 4-bit copy)"
+        raise ConfigError("calibration.source", source, reason)
     if _value(data, "eval.text") == "text_file":
         path = _value(data, "eval.path")
         if not isinstance(path, str) or not Path(path).expanduser().is_file():

@@ -243,3 +243,14 @@ def hf_dataset_documents(
     if not documents:
         raise ConfigError("calibration.path", data_files or path, "the dataset yielded no text")
     return documents
+
+
+def render_prompts(tokenizer, prompts: list[str]) -> list[str]:
+    """Each prompt as one user turn in the chat template (with the assistant's turn opened), or
+    as plain text when the tokenizer has no chat template."""
+    if getattr(tokenizer, "chat_template", None):
+        return [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
+    return list(prompts)

@@ -47,7 +47,7 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
     extra = [LinearStatistics(missing, adapter.hidden_size, device, cfg.lt_placement, rule)] if missing else []
     collectors = {cut: TokenCollector(cut, store, cfg.lt_placement, rule) for cut, store in stores.items()}
     try:
-        with timer("capture"):
+        with timer("capture", "capture (tokens)"):
             run_capture(
                 adapter,
                 calibration,
@@ -132,14 +132,14 @@ def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, s
                 accumulator = LinearStatistics(
                     [shifted], adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule
                 )
-                with timer("capture"):
+                with timer("capture", f"capture (stage {list(cut)})"):
                     run_capture(adapter, calibration, [accumulator], desc=f"capture (stage {list(cut)})")
                 stage_stats = accumulator.result()
         transform = estimate(cfg, adapter, calibration, estimator, [shifted], stage_stats, row, timer)[shifted]
         for column in ("cut_train_losses", "loss_curves", "fit_tokens"):  # label per-cut results by the original cut
             if shifted != cut and f"{shifted[0]}-{shifted[1]}" in row.get(column, {}):
                 row[column][f"{cut[0]}-{cut[1]}"] = row[column].pop(f"{shifted[0]}-{shifted[1]}")
-        with timer("eval"):
+        with timer("eval", "held-out distances"):
             check = TransformDistances({shifted: transform}, cfg.lt_placement, rule.massive_threshold)
             run_capture(adapter, windows, [check], desc="held-out distances")
         checks.append(check)

@@ -6,7 +6,7 @@ vs ``l2`` at alpha 0. The hash is taken over the *effective* settings:
 
 - keys that change where or how a job runs, not what it computes, are left out (``results_dir``,
   ``cache_dir``, ``save_model``, ``force``, ``capture`` except what changes numbers, ``store``,
-  ``tracking``, ``model.device``, ``model.device_map``);
+  ``tracking``, ``model.device``, ``model.device_map``, ``eval.samples``);
 - numbers hash by value (``0`` == ``0.0``);
 - settings that cannot act are dropped: the regulariser and alpha when the objective takes no
   alpha or alpha is 0; the structure and placement of ``identity``; selection when ``cuts`` are
@@ -68,6 +68,7 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
         model.pop(key, None)
     if weights is not None:
         model["weights"] = weights
+    (data.get("eval") or {}).pop("samples", None)  # what the job shows, not what it measures
     objective = data.get("objective") or {}
     estimator = _estimator_class(objective) if "_target_" in objective else None
     uses_alpha = getattr(estimator, "uses_alpha", True)

@@ -22,17 +22,24 @@ log = logging.getLogger("replaceme_exp")
 STATUS_FILE = "replaceme_status.json"
 
 
+STATUS_KEYS = (
+    "status",
+    "error",
+    "failed_stage",
+    "run_id",
+    "config_hash",
+    "cuts",
+    "ppl_heldout_baseline",
+    "ppl_heldout",
+    "avg_acc",
+    "rp",
+    "time_total_s",
+)
+
+
 def write_job_status(job_dir: str | Path, row: dict, overrides: str) -> None:
     """What the sweep summary needs of one job."""
-    status = {
-        "overrides": overrides,
-        "status": row.get("status"),
-        "error": row.get("error"),
-        "run_id": row.get("run_id"),
-        "config_hash": row.get("config_hash"),
-        "cuts": row.get("cuts"),
-        "ppl_heldout": row.get("ppl_heldout"),
-    }
+    status = {"overrides": overrides, **{k: row.get(k) for k in STATUS_KEYS}}
     path = Path(job_dir) / STATUS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{STATUS_FILE}.tmp")
@@ -57,16 +64,42 @@ def read_statuses(sweep_dir: str | Path) -> list[dict]:
     return statuses
 
 
+def _number(value, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
+
+
+def _cuts(value) -> str:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return " ".join(f"[{s},{e})" for s, e in value) if value else "—"
+
+
 def summary_lines(statuses: list[dict], n_jobs: int | None = None) -> list[str]:
+    """A count line, then a table of the jobs: status, cuts, held-out ppl before -> after, avg_acc,
+    rp, time, and the job's overrides (a failed job: its stage and one-line error instead)."""
     counts = {k: sum(s["status"] == k for s in statuses) for k in ("finished", "skipped", "failed")}
     lines = [
         f"sweep: {counts['finished']} finished, {counts['skipped']} skipped, {counts['failed']} failed"
         + (f", {n_jobs - len(statuses)} left no status" if n_jobs and n_jobs > len(statuses) else "")
     ]
+    header = f"  {'status':8s} {'cuts':12s} {'ppl before -> after':>22s} {'avg_acc':>7s} {'rp':>6s} {'time':>7s}  job"
+    lines.append(header)
     for s in statuses:
-        ppl = f" ppl_heldout={s['ppl_heldout']:.3f}" if isinstance(s.get("ppl_heldout"), (int, float)) else ""
-        detail = f" {s['error']}" if s["status"] == "failed" else f" cuts={s.get('cuts')}{ppl}"
-        lines.append(f"  {s['status']:8s} {s['overrides'] or 'default'}:{detail}")
+        job = s["overrides"] or "default"
+        if s["status"] == "failed":
+            where = f" in {s['failed_stage']}" if s.get("failed_stage") else ""
+            error = str(s.get("error") or "").splitlines()[0] if s.get("error") else ""
+            lines.append(f"  {'failed':8s} {job}: failed{where}: {error}")
+            continue
+        ppl = f"{_number(s.get('ppl_heldout_baseline'), '.2f')} -> {_number(s.get('ppl_heldout'), '.2f')}"
+        time_s = _number(s.get("time_total_s"), ".0f")
+        lines.append(
+            f"  {s['status']:8s} {_cuts(s.get('cuts')):12s} {ppl:>22s} {_number(s.get('avg_acc'), '.3f'):>7s} "
+            f"{_number(s.get('rp'), '.3f'):>6s} {time_s + ' s' if time_s != '—' else '—':>7s}  {job}"
+        )
     return lines
 
 

@@ -1,0 +1,44 @@
+"""Greedy answers to a few fixed prompts, rendered with the model's chat template: what the
+unpruned and the pruned model say, side by side in the job's summary (``eval.samples``)."""
+
+from __future__ import annotations
+
+import torch
+
+from replaceme_exp.data.sources import render_prompts
+
+
+@torch.no_grad()
+def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """The model's greedy continuation of each rendered prompt (KV cache; one prompt at a time, so
+    no padding can move an answer), decoded without special tokens and stripped; returns one
+    string per prompt."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    answers = []
+    try:
+        for text in render_prompts(tokenizer, prompts):
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=int(max_new_tokens),
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=pad,
+                use_cache=True,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+            )
+            answers.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip())
+    finally:
+        model.train(was_training)
+    return answers
+
+
+def side_by_side(prompts: list[str], unpruned: list[str], pruned: list[str]) -> list[dict]:
+    """``[{"prompt", "unpruned", "pruned"}, ...]`` (the row's ``generation_samples``)."""
+    return [{"prompt": p, "unpruned": u, "pruned": q} for p, u, q in zip(prompts, unpruned, pruned)]
