@@ -34,8 +34,10 @@ test: setup
 bench: setup
 	$(OFFLINE) $(PY) benchmarks/bench_capture.py $(ARGS)
 
+# MODEL=, CALIBRATION=, EVAL=: the same tables from runs of another model, calibration set or suite (README).
 paper-tables: setup
-	$(PY) -m replaceme_exp.results.paper_tables --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables
+	$(PY) -m replaceme_exp.results.render_paper --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables \
+		$(if $(MODEL),--model $(MODEL)) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(EVAL),--eval $(EVAL))
 
 # Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online.
 wandb-sync: setup

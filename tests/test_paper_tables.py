@@ -1,8 +1,12 @@
 """make paper-tables on a store built by a small real sweep plus synthetic paper-scale rows:
-the expected cells, missing cells, baseline rows, quoted rows kept apart, and the figures."""
+the expected cells, missing cells, baseline rows, quoted rows kept apart, and the figures; and
+rendered from runs of another model, calibration set and suite (MODEL=, CALIBRATION=, EVAL=)."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -11,10 +15,20 @@ import pytest
 from conftest import ROOT, compose_config
 from test_job import job_config
 
+from test_table_cells import SPECS, cells, frame, run
+
 from replaceme_exp.job import run_recorded
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.paper_figures import FIGURES
-from replaceme_exp.results.paper_tables import LLAMA2_TABLE_COLUMNS, MISSING, TABLES, load_quoted
+from replaceme_exp.results.paper_figures import FIGURES, calibration_size
+from replaceme_exp.results.paper_settings import (
+    LLAMA3_25,
+    Retargeting,
+    Target,
+    Unresolved,
+    resolve_target,
+    translate_n_prune,
+)
+from replaceme_exp.results.paper_tables import LLAMA2_TABLE_COLUMNS, MISSING, TABLES, build_table, load_quoted
 
 
 def synthetic_row(i: int, **values) -> dict:
@@ -157,7 +171,7 @@ def paper_tables(tmp_path_factory):
         store.write(row)
     out = tmp_path / "paper_tables"
     proc = subprocess.run(
-        [sys.executable, "-m", "replaceme_exp.results.paper_tables", "--results", str(tmp_path), "--out", str(out)],
+        [sys.executable, "-m", "replaceme_exp.results.render_paper", "--results", str(tmp_path), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -314,3 +328,209 @@ def test_table_columns_name_what_the_suites_record():
     healing = next(t for t in TABLES if t.name == "healing")
     task_columns = [c.metric for c in healing.column_specs() if c.metric.startswith("acc")]
     assert task_columns == declared("paper")
+
+
+# --- Retargeting: the paper's tables from runs of another model, calibration set or suite ---
+
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+# The README's smoke command (a 3-job sweep), kept small and offline.
+SMOKE = ["-m", "+paper=structured_lts", "model=tiny_llama", "calibration=pydoc", "eval=quick", "n_prune=2"]
+SMOKE += ["save_model=false", "tracking.wandb.mode=disabled", "tracking.codecarbon.enabled=false"]
+FILES = {f"{t.name}{s}" for t in TABLES for s in (".md", ".tex")}
+FILES |= {f"{n}{s}" for n in FIGURES for s in (".png", ".csv")}
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    """The README's smoke sweep on tiny_llama, then ``make paper-tables MODEL=tiny_llama`` (the
+    venv's setup is not redone) and the paper's own rendering. Returns (store, make's stdout)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    store = tmp_path_factory.mktemp("tiny_sweep")
+    sweep = subprocess.run(
+        [sys.executable, "run.py", *SMOKE, f"results_dir={store}", f"capture.cache_dir={store}/stats"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    # -o setup: the venv is installed (its setup is not redone); PY: this interpreter.
+    make = ["make", "-s", "-o", "setup", "paper-tables", f"RESULTS={store}", "MODEL=tiny_llama"]
+    make.append(f"PY={sys.executable}")
+    proc = subprocess.run(make, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return store, proc.stdout
+
+
+def test_make_paper_tables_model_renders_the_smoke_sweep_and_prints_counts(tiny_sweep):
+    store, stdout = tiny_sweep
+    assert "read 3 rows (3 finished, 0 failed) from " in stdout
+    assert "calibration=pydoc (inferred from 3 finished tiny_llama runs: pydoc 3)" in stdout
+    line = "structured_lts: 3 runs found (model=tiny_llama, calibration=pydoc, eval=quick), 3 matched a cell, 3 shown"
+    assert line in stdout.splitlines()
+    # One count line per table and figure.
+    assert all(re.search(rf"^(figure )?{name}: \d+ runs? found", stdout, re.M) for name in [*SPECS, *FIGURES])
+    folder = store / "paper_tables" / "tiny_llama_pydoc_quick"
+    assert f"writing to {folder}" in stdout
+    text = (folder / "structured_lts.md").read_text()
+    assert "Rendered from runs of model=tiny_llama (paper: Llama 3 8B Instruct)" in text
+    assert "25% = 2 of 6 blocks" in text
+    header = next(line for line in text.splitlines() if line.startswith("| Setting"))
+    assert header == "| Setting | Runs | Avg-acc | Perplexity (ppl_heldout, held-out text) | RP |"
+    for label in ("Generic", "Diagonal", "Orthonormal"):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {label} |")).split(" | ")
+        assert row[1] == "1" and float(row[3]) > 0 and row[2] == MISSING  # eval=quick records no avg_acc
+    # Figures written, with the perplexity the suite records; the paper's tables not in this folder.
+    assert {p.name for p in folder.iterdir()} == FILES
+    assert all((folder / f"{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in FIGURES)
+    size = pd.read_csv(folder / "calibration_size.csv")
+    assert size[(size.panel == "ppl_heldout") & (size.series == "LS")]["n"].tolist() == [1]
+    assert "figure calibration_size: 3 runs found (model=tiny_llama, calibration=pydoc, eval=quick)" in stdout
+    assert [p.name for p in (store / "paper_tables").iterdir()] == ["tiny_llama_pydoc_quick"]
+
+
+def test_the_papers_own_tables_stay_apart_and_say_what_excluded_the_runs(tiny_sweep):
+    store, _ = tiny_sweep
+    out = store / "paper_tables"
+    proc = subprocess.run(
+        [sys.executable, "-m", "replaceme_exp.results.paper_tables", "--results", str(store), "--out", str(out)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"writing to {out} (the paper's settings)" in proc.stdout
+    assert "structured_lts: 0 runs found (model=llama3_8b_instruct, calibration=slimorca, eval=paper)" in proc.stdout
+    assert {p.name for p in out.iterdir()} == FILES | {"tiny_llama_pydoc_quick"}
+    paper = (out / "structured_lts.md").read_text()
+    assert "Rendered from" not in paper and f"| Generic | 0 | {MISSING} | {MISSING} | {MISSING} |" in paper
+    # Explicit settings give the same folder and tables as the inferred ones.
+    again = subprocess.run(
+        [sys.executable, "-m", "replaceme_exp.results.render_paper", "--results", str(store), "--out", str(out)]
+        + ["--model", "tiny_llama", "--calibration", "pydoc", "--eval", "quick"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "3 matched a cell, 3 shown" in again.stdout and "inferred" not in again.stdout
+
+
+def tiny(i: int, **values) -> dict:
+    """A finished tiny_llama LS run of the smoke sweep (pydoc, eval=quick)."""
+    base = dict(model="tiny_llama", num_layers=6, n_prune=2, calibration="pydoc", n_calib_samples=128)
+    base.update(eval="quick", objective="ls", solver=None, solver_schedule=None, dtype="float32", ppl_heldout=50.0 + i)
+    return run(i, **{**base, **values})
+
+
+TINY = dict(model="tiny_llama", calibration="pydoc", eval="quick")
+
+
+def test_n_prune_keeps_its_fraction_of_the_depth():
+    assert translate_n_prune(8, 32, 6) == 2 and translate_n_prune(8, 32, 30) == 8
+    assert translate_n_prune(4, 32, 6) == 1 and translate_n_prune(30, 80, 6) == 2
+    assert translate_n_prune(6, 24, 6) == 2 and translate_n_prune(12, 32, 6) == 2
+    for depth, expected in ((6, 2), (30, 8)):
+        target = resolve_target(frame(tiny(1, num_layers=depth)), model="tiny_llama")
+        assert target.depth == depth and Retargeting(target).conditions(LLAMA3_25)["n_prune"] == expected
+    # Runs that disagree on the depth (or record none): n_prune is left unmatched, not guessed.
+    target = resolve_target(frame(tiny(1), tiny(2, num_layers=8)), model="tiny_llama")
+    assert target.depth is None and "num_layers in {6, 8}" in target.depth_problem
+    assert isinstance(Retargeting(target).conditions(LLAMA3_25)["n_prune"], Unresolved)
+    table = build_table(SPECS["structured_lts"], frame(tiny(1), tiny(2, num_layers=8)), target=target)
+    assert cells(table, "Generic")["Runs"] == 0 and "n_prune left unmatched" in table.attrs["retargeted"]
+
+
+def test_calibration_is_retargeted_where_the_paper_uses_its_default_data_only():
+    runs = frame(
+        tiny(1),
+        tiny(2, calibration="fineweb", n_calib_samples=8000),
+        tiny(3, n_calib_samples=8),  # not pydoc's default size (128): not the paper's 8k
+        tiny(4, n_calib_samples=1000, objective="cosine", solver="adam", solver_schedule="minibatch"),
+    )
+    target = resolve_target(runs, model="tiny_llama", calibration="pydoc", eval="quick")
+    assert target.calib_samples == 128
+    table = build_table(SPECS["calibration_types"], runs, target=target)
+    assert cells(table, "LS, slimorca")["Perplexity (ppl_heldout, held-out text)"] == "51"  # the pydoc run, 128
+    assert cells(table, "LS, fineweb")["Perplexity (ppl_heldout, held-out text)"] == "52"  # kept its data
+    assert "calibration=pydoc (paper: slimorca)" in table.attrs["retargeted"]
+    masking = build_table(SPECS["masking"], runs, target=target)
+    assert cells(masking, "1k samples, no masking")["Runs"] == 1  # other sizes stay
+    assert cells(masking, "8k samples, no masking")["Runs"] == 0
+
+
+def test_calibration_and_eval_are_inferred_from_the_models_runs():
+    runs = frame(
+        tiny(1, calibration="fineweb", eval="offline"),
+        tiny(2),
+        tiny(3),
+        run(4, model="other"),  # another model's runs do not count
+        run(5, model="other"),
+        run(6, model="other"),
+    )
+    target = resolve_target(runs, model="tiny_llama")
+    assert (target.calibration, target.eval) == ("pydoc", "quick")
+    assert target.inferred["calibration"] == "inferred from 3 finished tiny_llama runs: pydoc 2, fineweb 1"
+    # A tie: the latest run's. Given values are kept, and the suite's own perplexity is read.
+    tie = resolve_target(frame(tiny(1), tiny(2, calibration="fineweb", eval="offline")), model="tiny_llama")
+    assert (tie.calibration, tie.eval, tie.ppl[0]) == ("fineweb", "offline", "ppl_pydoc")
+    given = resolve_target(runs, model="tiny_llama", eval="offline")
+    assert given.eval == "offline" and "eval" not in given.inferred and given.calibration == "fineweb"
+    assert resolve_target(runs).retargeted is False and resolve_target(runs, model="nothing").calibration is None
+
+
+def test_a_perplexity_column_reads_the_suites_perplexity_and_baseline():
+    runs = frame(tiny(1, ppl_heldout_baseline=40.0), tiny(2, eval="offline", ppl_pydoc=9.0, baseline_ppl_pydoc=7.0))
+    quick = build_table(SPECS["llama3_main"], runs, load_quoted(), resolve_target(runs, **TINY))
+    assert cells(quick, "Llama 3 8B Instruct")["Perplexity (ppl_heldout, held-out text)"] == "40"
+    assert cells(quick, "ReplaceMe", "Linear (LS)")["Perplexity (ppl_heldout, held-out text)"] == "51"
+    assert "(quoted)" not in " ".join(quick["Setting"]) and "quoted rows" in quick.attrs["retargeted"]
+    table = build_table(SPECS["llama3_main"], runs, target=resolve_target(runs, **{**TINY, "eval": "offline"}))
+    column = "Perplexity (ppl_pydoc, replaceme_pydoc_ppl, eval=offline)"
+    assert cells(table, "Llama 3 8B Instruct")[column] == "7"
+    assert cells(table, "ReplaceMe", "Linear (LS)")[column] == "9"
+
+
+def test_counts_and_the_hint_when_no_run_matched():
+    runs = frame(tiny(1, n_prune=1), tiny(2, n_prune=3), run(3))
+    table = build_table(SPECS["structured_lts"], runs, target=resolve_target(runs, **TINY))
+    assert table.attrs["counts"] == (
+        "structured_lts: 2 runs found (model=tiny_llama, calibration=pydoc, eval=quick), 0 matched a cell, 0 shown; "
+        "0 matched: n_prune=2 wanted, runs have n_prune in {1, 3}"
+    )
+    # Without a target: the paper's settings; the Llama 3 run (cosine) is found, not matched (LS).
+    paper = build_table(SPECS["structured_lts"], runs).attrs["counts"]
+    assert paper == (
+        "structured_lts: 1 run found (model=llama3_8b_instruct, calibration=slimorca, eval=paper), 0 matched a cell, "
+        "0 shown; 0 matched: objective=ls wanted, runs have objective in {cosine}"
+    )
+
+
+def test_a_retargeted_cell_still_shows_one_setting_and_names_the_others(tmp_path):
+    runs = frame(
+        tiny(1, setting_hash="f32"),
+        tiny(2, setting_hash="f32", seed=7, ppl_heldout=53.0),
+        tiny(3, dtype="bfloat16", setting_hash="bf16", ppl_heldout=99.0),
+    )
+    target = resolve_target(runs, model="tiny_llama")
+    table = build_table(SPECS["structured_lts"], runs, target=target)
+    generic = cells(table, "Generic")
+    assert generic["Runs"] == 1 and generic["Perplexity (ppl_heldout, held-out text)"] == "99"  # bfloat16 preferred
+    assert table.attrs["notes"] == ["Generic: not shown, 1 other setting matched: dtype=float32 (n=2)"]
+    assert table.attrs["counts"].endswith("3 matched a cell, 1 shown")
+    plotted = calibration_size(runs, tmp_path / "size.png", target=target)
+    point = plotted[(plotted.panel == "ppl_heldout") & (plotted.series == "LS")].iloc[0]
+    assert point["n"] == 1 and "dtype=float32 (n=2)" in point["note"]
+
+
+def test_no_target_renders_the_papers_settings_unchanged():
+    runs = frame(run(1, avg_acc=0.6, ppl_lambada=20.0), tiny(2))
+    for spec in TABLES:
+        plain, paper = build_table(spec, runs), build_table(spec, runs, target=Target())
+        assert plain.equals(paper) and paper.attrs["retargeted"] is None
+    assert Retargeting(Target()).conditions(LLAMA3_25) == LLAMA3_25

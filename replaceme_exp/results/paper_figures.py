@@ -18,6 +18,12 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
 - ``block_selection``: every 8-block window's held-out cosine and L2 distance against the
   pruned model's average accuracy, per method, with a least-squares trend line.
 - ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
+
+Each figure takes a :class:`paper_settings.Target` like the tables (``make paper-tables MODEL=
+CALIBRATION= EVAL=``): its conditions are retargeted to another model, calibration set or suite,
+a line under the figure says so, ``pruned_layers`` draws one panel for the target model and the
+perplexity panel reads the target suite's perplexity. The frame a figure returns carries, in
+``attrs["counts"]``, how many runs it found, matched and showed (:class:`paper_settings.Tally`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from replaceme_exp.results.paper_tables import DEFAULT_METHOD, LLAMA3_25, UIDL  # noqa: E402
+from replaceme_exp.results.paper_settings import (  # noqa: E402
+    DEFAULT_METHOD,
+    LLAMA3_25,
+    UIDL,
+    Retargeting,
+    Tally,
+    Target,
+    baseline_columns,
+    finished_runs,
+    select_cell,
+)
 from replaceme_exp.results.selection import choose_setting, matches  # noqa: E402
 
 REPLACEME_LS = {"objective": "ls", "selection_metric": "cosine"}
@@ -66,8 +82,8 @@ def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def mean_std(frame: pd.DataFrame, x: str, y: str, prefer: dict | None = None) -> pd.DataFrame:
     """Per value of ``x``: the runs of one setting there (:func:`selection.choose_setting`),
-    their mean, std (0 for one run) and n of ``y``, and a ``note`` naming the settings left out
-    ("" when none); sorted by ``x``."""
+    their mean, std (0 for one run) and n of ``y``, a ``note`` naming the settings left out
+    ("" when none) and the index of the ``runs`` averaged; sorted by ``x``."""
     xs = _numeric(frame, x)
     points = []
     for value in sorted(xs.dropna().unique()):
@@ -77,32 +93,61 @@ def mean_std(frame: pd.DataFrame, x: str, y: str, prefer: dict | None = None) ->
             continue
         std = float(ys.std(ddof=1)) if len(ys) > 1 else 0.0
         note = choice.note(f"{x}={value:g}") or ""
-        points.append({"x": value, "mean": float(ys.mean()), "std": std, "n": len(ys), "note": note})
-    return pd.DataFrame(points, columns=["x", "mean", "std", "n", "note"])
+        runs = tuple(ys.index)
+        points.append({"x": value, "mean": float(ys.mean()), "std": std, "n": len(ys), "note": note, "runs": runs})
+    return pd.DataFrame(points, columns=["x", "mean", "std", "n", "note", "runs"])
 
 
-def _no_runs(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"no runs: {what}", ha="center", va="center", transform=ax.transAxes, color="gray")
+def _no_runs(ax, what: str, prefix: str = "no runs") -> None:
+    ax.text(0.5, 0.5, f"{prefix}: {what}", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
 class Plotted:
     """What a figure shows, as rows (panel, series, x, mean, std, n, note): written beside the
     PNG as CSV so that every plotted number can be checked or replotted; ``note`` names the
-    settings left out of a point (or what the figure excluded)."""
+    settings left out of a point (or what the figure excluded). It also reads the figure's runs
+    (:meth:`runs`: retargeted to ``target``) and counts them (:class:`paper_settings.Tally`)."""
 
-    def __init__(self):
+    def __init__(self, target: Target | None = None):
         self.rows: list[dict] = []
+        self.retarget = Retargeting(target)
+        self.tally = Tally()
+
+    def runs(self, runs: pd.DataFrame, conditions: dict, keep=None, kept: str = "") -> pd.DataFrame:
+        """The finished runs matching the paper's ``conditions`` retargeted (then ``keep``, see
+        :meth:`paper_settings.Tally.cell`), counted as found and matched."""
+        return self.tally.cell(finished_runs(runs), self.retarget.conditions(conditions), keep, kept)
+
+    def select(self, runs: pd.DataFrame, conditions: dict) -> pd.DataFrame:
+        """Like :meth:`runs`, not counted (for the unpruned model's values)."""
+        return select_cell(finished_runs(runs), self.retarget.conditions(conditions))
 
     def add(self, panel: str, series: str, points: pd.DataFrame) -> None:
         for p in points.to_dict("records"):
             row = {k: p.get(k) for k in ("x", "mean", "std", "n")}
             self.rows.append({"panel": panel, "series": series, **row, "note": p.get("note") or ""})
+            self.tally.shown |= set(p.get("runs") or ())
+
+    def no_runs(self, ax, template: str, matched: int = 0, metric: str | None = None) -> None:
+        """Say on ``ax`` that nothing was drawn: no runs (naming the sweep, with the target's
+        overrides), or ``matched`` runs that record no ``metric``."""
+        if matched and metric:
+            _no_runs(ax, f"{matched} matching run(s) record no {metric}", "nothing to plot")
+        else:
+            _no_runs(ax, "\n".join(filter(None, [template, self.retarget.target.overrides()])))
 
     def notes(self) -> list[str]:
         return [r["note"] for r in self.rows if r["note"]]
 
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=PLOTTED_COLUMNS)
+    def frame(self, name: str = "figure") -> pd.DataFrame:
+        frame = pd.DataFrame(self.rows, columns=PLOTTED_COLUMNS)
+        frame.attrs["counts"] = self.tally.line(name, "a point")
+        return frame
+
+    def footnote(self, *lines: str | None) -> str | None:
+        """``lines`` and the retargeting caption, as one line for under the figure (None: none)."""
+        text = " ".join(filter(None, [*lines, self.retarget.caption()]))
+        return text or None
 
 
 def _settings_footnote(plotted: Plotted) -> str | None:
@@ -122,50 +167,62 @@ def _line(ax, points: pd.DataFrame, plotted: Plotted, panel: str, series: str, *
 
 
 def _baseline(runs: pd.DataFrame, metric: str) -> float | None:
-    values = _numeric(runs, f"baseline_{metric}").dropna()
-    if values.empty and metric == "avg_acc":
-        values = _numeric(runs, "avg_acc_baseline").dropna()
-    return float(values.iloc[-1]) if not values.empty else None
+    for column in baseline_columns(metric):  # baseline_<metric>, then avg_acc_baseline / ppl_heldout_baseline
+        values = _numeric(runs, column).dropna()
+        if not values.empty:
+            return float(values.iloc[-1])
+    return None
 
 
-def calibration_size(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
-    plotted = Plotted()
+def calibration_size(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
+    plotted = Plotted(target)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    base = select(runs, {k: v for k, v in LLAMA3_25.items() if k != "n_calib_samples"})
-    for ax, metric, title in ((axes[0], "avg_acc", "Average accuracy"), (axes[1], "ppl_lambada", "Perplexity")):
-        drawn = False
+    where = {k: v for k, v in LLAMA3_25.items() if k != "n_calib_samples"}
+    base = plotted.select(runs, where)
+    model = plotted.retarget.target.model
+    for ax, paper_metric in ((axes[0], "avg_acc"), (axes[1], "ppl_lambada")):
+        metric, named = plotted.retarget.metric(paper_metric)  # the target suite's perplexity, named
+        title = "Average accuracy" if metric == "avg_acc" else f"Perplexity ({metric})" if named else "Perplexity"
+        drawn, matched = False, 0
         for label, method, color in (("LS", REPLACEME_LS, "green"), ("Cosine", REPLACEME_COSINE, "blue")):
-            points = mean_std(select(base, method), "n_calib_samples", metric)
+            selected = plotted.runs(runs, {**where, **method})
+            matched += len(selected)
+            points = mean_std(selected, "n_calib_samples", metric)
             drawn |= _line(ax, points, plotted, metric, label, color=color)
         if (value := _baseline(base, metric)) is not None:
             plotted.add(metric, "baseline", pd.DataFrame([{"x": np.nan, "mean": value, "std": 0.0, "n": 1}]))
-            ax.axhline(value, color="orange", linestyle="--", label="Llama3 8B (baseline)")
+            ax.axhline(value, color="orange", linestyle="--", label=f"{model or 'Llama3 8B'} (baseline)")
         if not drawn:
-            _no_runs(ax, "+paper=calibration_size")
-        ax.set(title=f"{title} vs. calibration samples", xlabel="Calibration samples", ylabel=title)
+            plotted.no_runs(ax, "+paper=calibration_size", matched, metric)
+        ax.set(title=f"{title} vs. calibration samples", xlabel="Calibration samples", ylabel=named or title)
         ax.grid(alpha=0.3)
-    _legend(axes[0])
-    _save(fig, path, _settings_footnote(plotted))
-    return plotted.frame()
+    _legend(*axes)
+    _save(fig, path, plotted.footnote(_settings_footnote(plotted)))
+    return plotted.frame("calibration_size")
 
 
-def pruned_layers(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
-    plotted = Plotted()
-    fig, axes = plt.subplots(1, len(PRUNED_LAYERS_MODELS), figsize=(12, 3.6), sharey=True)
-    for ax, (model, title) in zip(axes, PRUNED_LAYERS_MODELS.items()):
-        base = select(runs, {**METHOD_FREE, "model": model, "eval": "paper"})
-        drawn = _line(
-            ax, mean_std(select(base, UIDL), "n_prune", "avg_acc"), plotted, model, "UIDL", color="blue", ls="--"
-        )
-        points = mean_std(select(base, REPLACEME_LS), "n_prune", "avg_acc")
-        drawn |= _line(ax, points, plotted, model, "ReplaceMe", color="green")
+def pruned_layers(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
+    """One panel per paper model, or with a target model one panel for it."""
+    plotted = Plotted(target)
+    model = plotted.retarget.target.model
+    panels = {m: (title, [m]) for m, title in PRUNED_LAYERS_MODELS.items()}
+    if model is not None:
+        panels = {model: (model, list(PRUNED_LAYERS_MODELS))}
+    fig, axes = plt.subplots(1, len(panels), figsize=(12 if len(panels) > 1 else 5, 3.6), sharey=True, squeeze=False)
+    for ax, (panel, (title, paper_models)) in zip(axes[0], panels.items()):
+        where = {**METHOD_FREE, "model": paper_models[0], "eval": "paper"}
+        for other in paper_models[1:]:  # the caption names every paper model this panel stands for
+            plotted.retarget.conditions({**where, "model": other})
+        uidl, replaceme = plotted.runs(runs, {**where, **UIDL}), plotted.runs(runs, {**where, **REPLACEME_LS})
+        drawn = _line(ax, mean_std(uidl, "n_prune", "avg_acc"), plotted, panel, "UIDL", color="blue", ls="--")
+        drawn |= _line(ax, mean_std(replaceme, "n_prune", "avg_acc"), plotted, panel, "ReplaceMe", color="green")
         if not drawn:
-            _no_runs(ax, "+paper=pruned_layers")
+            plotted.no_runs(ax, "+paper=pruned_layers", len(uidl) + len(replaceme), "avg_acc")
         ax.set(title=title, xlabel="Pruned blocks", ylabel="Average accuracy")
         ax.grid(alpha=0.3)
-    _legend(axes[0])
-    _save(fig, path, _settings_footnote(plotted))
-    return plotted.frame()
+    _legend(*axes[0])
+    _save(fig, path, plotted.footnote(_settings_footnote(plotted)))
+    return plotted.frame("pruned_layers")
 
 
 def compression_cost(frame: pd.DataFrame) -> pd.DataFrame:
@@ -205,19 +262,20 @@ def uncached_runs(frame: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
     return frame[~unknown & ~cached], int(cached.sum()), int(unknown.sum())
 
 
-def time_emissions(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
+def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
     """Uncached runs only (:func:`uncached_runs`); per method, one setting of its runs
     (:func:`selection.choose_setting`)."""
-    plotted = Plotted()
+    plotted = Plotted(target)
     methods = {"Ours (LS)": REPLACEME_LS, "Ours (Cosine)": REPLACEME_COSINE, "UIDL": UIDL}
-    base, n_cached, n_unknown = uncached_runs(select(runs, TIME_EMISSIONS_WHERE))
+    _, n_cached, n_unknown = uncached_runs(plotted.select(runs, TIME_EMISSIONS_WHERE))
     excluded = (
         f"uncached runs only: excluded {n_cached} with cached selection/statistics, "
         f"{n_unknown} without a cached_stages record"
     )
     stats = {}
     for label, method in methods.items():
-        choice = choose_setting(select(base, method))
+        choice = choose_setting(uncached_runs(plotted.runs(runs, {**TIME_EMISSIONS_WHERE, **method}))[0])
+        plotted.tally.show(choice.shown)
         if choice.shown is not None:
             chosen = choice.shown
             cost = compression_cost(chosen)
@@ -244,7 +302,7 @@ def time_emissions(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
         left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, ["Emissions", "Time"])
         _legend(left)
     else:
-        _no_runs(left, "+paper=time_emissions (ReplaceMe LS is the reference)")
+        plotted.no_runs(left, "+paper=time_emissions (ReplaceMe LS is the reference)")
     left.set(title="Compression cost relative to LS (uncached runs only)", ylabel="Rel. to LS")
     with_rp = {k: v["rp"] for k, v in stats.items() if not np.isnan(v["rp"])}
     for label, value in with_rp.items():
@@ -254,30 +312,39 @@ def time_emissions(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
         bars = right.bar(list(with_rp), [100 * v for v in with_rp.values()], color="tab:green")
         right.bar_label(bars, fmt="%.1f", fontsize="x-small")
     else:
-        _no_runs(right, "+paper=time_emissions")
+        plotted.no_runs(right, "+paper=time_emissions", sum(s["n"] for s in stats.values()), "rp")
     right.set(title="Relative accuracy (uncached runs only)", ylabel="RP (%)")
     for series, count in (("cached", n_cached), ("unrecorded", n_unknown)):
         point = {"x": np.nan, "mean": np.nan, "std": np.nan, "n": count, "note": excluded}
         plotted.add("excluded", series, pd.DataFrame([point]))
     footnote = excluded[0].upper() + excluded[1:] + "."
-    if (settings := _settings_footnote(plotted)) is not None:
-        footnote += " " + settings
-    _save(fig, path, footnote)
-    return plotted.frame()
+    _save(fig, path, plotted.footnote(footnote, _settings_footnote(plotted)))
+    return plotted.frame("time_emissions")
 
 
-def block_selection(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
-    plotted = Plotted()
+ONE_WINDOW = "has one explicit cut (cuts=[[start, end]]: +paper=block_selection)"
+WITH_MATRIX = "recorded layer_distances (record_layer_distances=true)"
+
+
+def _one_window(frame: pd.DataFrame) -> pd.DataFrame:
+    """The runs with one explicit cut (a sliding window)."""
+    if "cuts" not in frame.columns:
+        return frame
+    return frame[frame["cuts"].map(lambda c: isinstance(c, str) and len(json.loads(c)) == 1)]
+
+
+def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
+    plotted = Plotted(target)
     methods = {"ReplaceMe (LS)": {"objective": "ls"}, "ReplaceMe (Cosine)": {"objective": "cosine"}}
     methods["UIDL"] = {"objective": "identity"}
-    base = select(runs, {**LLAMA3_25, "selection_metric": None})  # explicit cuts: the sliding windows
-    if not base.empty and "cuts" in base.columns:
-        base = base[base["cuts"].map(lambda c: isinstance(c, str) and len(json.loads(c)) == 1)]
+    where = {**LLAMA3_25, "selection_metric": None}  # explicit cuts: the sliding windows
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for ax, metric, label in ((axes[0], "cos_dist_before", "Cosine distance"), (axes[1], "l2_dist_before", "L2")):
-        drawn = False
+        drawn, matched = False, 0
         for (name, method), color in zip(methods.items(), ("green", "blue", "red")):
-            points = mean_std(select(base, method), metric, "avg_acc")
+            windows = plotted.runs(runs, {**where, **method}, keep=_one_window, kept=ONE_WINDOW)
+            matched += len(windows)
+            points = mean_std(windows, metric, "avg_acc")
             if points.empty:
                 continue
             drawn = True
@@ -288,32 +355,41 @@ def block_selection(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
                 xs = np.linspace(points["x"].min(), points["x"].max(), 2)
                 ax.plot(xs, slope * xs + intercept, color=color, ls="--", lw=1)
         if not drawn:
-            _no_runs(ax, "+paper=block_selection")
+            plotted.no_runs(ax, "+paper=block_selection", matched, f"{metric} and avg_acc")
         ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} (held-out, without T)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("Average accuracy")
-    _legend(axes[0])
-    _save(fig, path, _settings_footnote(plotted))
-    return plotted.frame()
+    _legend(*axes)
+    _save(fig, path, plotted.footnote(_settings_footnote(plotted)))
+    return plotted.frame("block_selection")
 
 
-def layer_distances(runs: pd.DataFrame, path: Path, model: str = "llama3_8b_instruct") -> pd.DataFrame:
+def _with_matrix(frame: pd.DataFrame) -> pd.DataFrame:
+    if "layer_distances" not in frame.columns:
+        return frame.iloc[0:0]
+    return frame[frame["layer_distances"].notna()].sort_values("started_at")
+
+
+def layer_distances(
+    runs: pd.DataFrame, path: Path, model: str = "llama3_8b_instruct", target: Target | None = None
+) -> pd.DataFrame:
     """The latest recorded matrix of ``model`` (the paper's figure), or of whichever model was
-    recorded last when ``model`` has none."""
-    plotted = Plotted()
+    recorded last when ``model`` has none; with a target model, of that model only."""
+    plotted = Plotted(target)
     fig, ax = plt.subplots(figsize=(6, 5))
-    recorded = select(runs, {})
-    if "layer_distances" in recorded.columns:
-        recorded = recorded[recorded["layer_distances"].notna()].sort_values("started_at")
+    if plotted.retarget.target.model is not None:
+        recorded = plotted.runs(runs, {"model": model}, keep=_with_matrix, kept=WITH_MATRIX)
+        model = plotted.retarget.target.model
     else:
-        recorded = recorded.iloc[0:0]
-    if (recorded["model"] == model).any():
-        recorded = recorded[recorded["model"] == model]
+        recorded = plotted.runs(runs, {}, keep=_with_matrix, kept=WITH_MATRIX)
+        if "model" in recorded.columns and (recorded["model"] == model).any():
+            recorded = recorded[recorded["model"] == model]
     if recorded.empty:
-        _no_runs(ax, "+paper=layer_distances")
+        plotted.no_runs(ax, "+paper=layer_distances")
         title = model
     else:
         latest = recorded.iloc[-1]
+        plotted.tally.show(recorded.iloc[-1:])
         title = latest["model"]
         value = latest["layer_distances"]
         matrix = np.array(json.loads(value) if isinstance(value, str) else value, dtype=float)
@@ -323,13 +399,16 @@ def layer_distances(runs: pd.DataFrame, path: Path, model: str = "llama3_8b_inst
         fig.colorbar(image, ax=ax, label="mean cosine distance")
         ax.set(xlabel="block j", ylabel="block i")
     ax.set_title(f"Cosine distance between block outputs ({title})")
-    _save(fig, path)
-    return plotted.frame()
+    _save(fig, path, plotted.footnote())
+    return plotted.frame("layer_distances")
 
 
-def _legend(ax) -> None:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
+def _legend(*axes) -> None:
+    """A legend on the first of ``axes`` that has labelled artists (none when none has)."""
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+            return
 
 
 def _save(fig, path: Path, footnote: str | None = None) -> None:
@@ -351,14 +430,20 @@ FIGURES = {
 }
 
 
-def write_paper_figures(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """Write ``<name>.png`` and its plotted numbers ``<name>.csv`` for every figure; returns the
-    files written."""
+def write_paper_figures(
+    runs: pd.DataFrame, out_dir: str | Path, target: Target | None = None, echo=None
+) -> list[Path]:
+    """Write ``<name>.png`` and its plotted numbers ``<name>.csv`` for every figure (retargeted to
+    ``target``, if given); returns the files written. ``echo`` (e.g. ``print``) gets each
+    figure's count line."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, draw in FIGURES.items():
         png, csv = out / f"{name}.png", out / f"{name}.csv"
-        draw(runs, png).to_csv(csv, index=False)
+        plotted = draw(runs, png, target=target)
+        plotted.to_csv(csv, index=False)
+        if echo is not None:
+            echo("figure " + plotted.attrs["counts"])
         written += [png, csv]
     return written

@@ -16,12 +16,17 @@ latest; a note under the table names the settings left out and their runs. Three
 - ``quoted``: numbers from other papers (``quoted_numbers.yaml``), in their own block, marked
   ``quoted`` with the source under the table; never averaged with measured runs.
 
-    python -m replaceme_exp.results.paper_tables --results results --out results/paper_tables
+With a :class:`paper_settings.Target` (``make paper-tables MODEL= CALIBRATION= EVAL=``) every
+cell's merged conditions are retargeted to another model, calibration set or suite (see
+``paper_settings.py``); the caption says what was rendered instead of the paper's settings, and
+quoted rows (numbers for the paper's model and suite) are left out.
+
+    python -m replaceme_exp.results.render_paper --results results --out results/paper_tables
+    (python -m replaceme_exp.results.paper_tables: the same)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, field
@@ -30,8 +35,19 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from replaceme_exp.results.paper_settings import (
+    DEFAULT_METHOD,
+    LLAMA3_25,
+    UIDL,
+    Retargeting,
+    Tally,
+    Target,
+    baseline_columns,
+    finished_runs,
+    select_cell,
+)
 from replaceme_exp.results.selection import DEFAULTS_FOR_MISSING_COLUMNS  # noqa: F401  (kept importable here)
-from replaceme_exp.results.selection import PREFERRED_SETTINGS, best_first, choose_setting, matches, preference_rule
+from replaceme_exp.results.selection import PREFERRED_SETTINGS, best_first, choose_setting, preference_rule
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
@@ -110,22 +126,6 @@ LLAMA2_TABLE_COLUMNS = [
     ("MMLU", "acc_mmlu"),
     ("CMMLU", "acc_cmmlu"),
 ]
-# The paper's setting unless a table or row says otherwise (a row's conditions override these):
-# no regularisation, 8k SlimOrca samples, cuts selected by cosine distance (explicit cuts record
-# no metric).
-DEFAULT_METHOD = {
-    "structure": "generic",
-    "lt_placement": "fused",
-    "mask_ratio": 0.0,
-    "num_lts": 1,
-    "healing": "none",
-    "alpha": 0.0,
-    "calibration": "slimorca",
-    "n_calib_samples": 8000,
-    "selection_metric": "cosine",
-}
-LLAMA3_25 = {**DEFAULT_METHOD, "model": "llama3_8b_instruct", "n_prune": 8, "eval": "paper"}
-UIDL = {"objective": "identity", "selection_metric": "angular_last"}
 CLIP_COLUMNS = [
     Column("MS-COCO text recall@5", "text_recall5_mscoco"),
     Column("MS-COCO vision recall@5", "vision_recall5_mscoco"),
@@ -392,10 +392,9 @@ def _baseline_cell(selected: pd.DataFrame, metric: str, prefer: dict | None = No
         return MISSING
     if metric in BASELINE_CONSTANTS:
         return format_value(BASELINE_CONSTANTS[metric])
-    column = f"baseline_{metric}"
-    if column not in selected.columns and metric == "avg_acc":
-        column = "avg_acc_baseline"  # rows written before baseline_<metric> existed
-    if column not in selected.columns:
+    # baseline_<metric>, else an older or differently named column (avg_acc_baseline, ppl_heldout_baseline).
+    column = next((c for c in baseline_columns(metric) if c in selected.columns), None)
+    if column is None:
         return MISSING
     # Every run of a (model, suite) reads the same cached baseline: one value, not a mean over
     # seeds; from the latest run among those meeting most preferred settings (e.g. the dtype).
@@ -413,23 +412,31 @@ def _condition_key(conditions: dict) -> str:
     return json.dumps(conditions, sort_keys=True, default=str)
 
 
-def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None) -> pd.DataFrame:
+def build_table(
+    spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None, target: Target | None = None
+) -> pd.DataFrame:
     """The table as displayed strings: ``Setting``, the text columns, ``Runs`` (how many runs
     stand behind the row's shown cells, ``unpruned`` or ``quoted``) and one column per metric
-    column. Each cell shows one setting of its matching runs (:func:`selection.choose_setting`
-    with ``spec.preferences(row)``); ``table.attrs["notes"]`` lists, per row (and per column
-    condition), the settings that matched and were left out (rendered under the table)."""
-    finished = with_derived_columns(runs[runs["status"] == "finished"]) if not runs.empty else runs
-    columns = spec.column_specs()
+    column. A cell reads the runs matching ``spec.where`` + the row's + the column's conditions,
+    retargeted to ``target`` (:class:`paper_settings.Retargeting`; None: the paper's settings), and
+    shows one setting of them (:func:`selection.choose_setting` with ``spec.preferences(row)``).
+    ``table.attrs``: ``notes`` lists, per row (and per column condition), the settings that matched
+    and were left out (rendered under the table); ``retargeted`` what was rendered instead of the
+    paper's settings (None when nothing); ``counts`` the line saying how many runs were found,
+    matched and shown (:class:`paper_settings.Tally`)."""
+    finished = with_derived_columns(finished_runs(runs))
+    retarget, tally = Retargeting(target), Tally()
+    columns = []
+    for column in spec.column_specs():
+        metric, header = retarget.metric(column.metric)  # e.g. Lambada's perplexity -> the suite's
+        columns.append(Column(header or column.header, metric, column.conditions))
     out, notes = [], []
     for row in spec.row_specs():
-        conditions = {**spec.where, **row.conditions}
         prefer = spec.preferences(row)
-        if row.kind == "baseline":
-            conditions = {k: v for k, v in conditions.items() if k in BASELINE_KEYS}
-        selected = finished[matches(finished, conditions)] if not finished.empty else finished
         cells = {"Setting": row.label, **{t: row.text.get(t, "") for t in spec.text_columns}}
         if row.kind == "baseline":
+            conditions = {k: v for k, v in {**spec.where, **row.conditions}.items() if k in BASELINE_KEYS}
+            selected = select_cell(finished, retarget.conditions(conditions))
             cells["Runs"] = "unpruned"
             cells.update({c.header: _baseline_cell(selected, c.metric, prefer) for c in columns})
             out.append(cells)
@@ -440,8 +447,10 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None)
             key = _condition_key(column.conditions)
             if key in shown:
                 continue
-            in_cell = selected[matches(selected, column.conditions)] if not selected.empty else selected
+            conditions = retarget.conditions({**spec.where, **row.conditions, **column.conditions})
+            in_cell = tally.cell(finished, conditions)
             choice = choose_setting(in_cell, prefer)
+            tally.show(choice.shown)
             shown[key] = choice.shown if choice.shown is not None else in_cell.iloc[0:0]
             headers = [c.header for c in columns if _condition_key(c.conditions) == key]
             name = row_name(spec, row) + (f" [{', '.join(headers)}]" if column.conditions else "")
@@ -453,7 +462,8 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None)
             metric = column.metric
             cells[column.header] = format_cell(in_cell[metric]) if metric in in_cell.columns else MISSING
         out.append(cells)
-    if spec.quoted_at is not None and quoted and spec.name in quoted:
+    has_quoted = spec.quoted_at is not None and quoted and spec.name in quoted
+    if has_quoted and not retarget.active:
         block = []
         for entry in quoted[spec.name]["rows"]:
             cells = {"Setting": f"{entry['label']} (quoted)"}
@@ -467,7 +477,10 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None)
     table = pd.DataFrame(out)
     if spec.transpose:
         table = table.set_index("Setting").T.reset_index().rename(columns={"index": ""})
-    table.attrs["notes"] = notes
+    retargeted = retarget.caption()
+    if retargeted and has_quoted:
+        retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
+    table.attrs.update(notes=notes, retargeted=retargeted, counts=tally.line(spec.name))
     return table
 
 
@@ -476,12 +489,19 @@ def table_notes(table: pd.DataFrame) -> list[str]:
     return list(table.attrs.get("notes", []))
 
 
+def caption(spec: TableSpec, table: pd.DataFrame | None = None) -> str:
+    """The table's caption and, when retargeted, what it was rendered from."""
+    retargeted = table.attrs.get("retargeted") if table is not None else None
+    return f"{spec.caption} {retargeted}" if retargeted else spec.caption
+
+
 def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = None, bullet: str = "") -> list[str]:
     lines = [
         "Cells average the finished runs of one setting, which differ only in the seed "
         f"(mean ± std (n)); {MISSING} = no run; Runs counts the runs shown."
     ]
-    if spec.quoted_at is not None and quoted and spec.name in quoted:
+    retargeted = table is not None and table.attrs.get("retargeted")
+    if spec.quoted_at is not None and quoted and spec.name in quoted and not retargeted:
         lines.append(f"Rows marked quoted are not measured here; source: {quoted[spec.name]['source']}.")
     notes = table_notes(table) if table is not None else []
     if notes:
@@ -492,7 +512,8 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
 
 def to_markdown(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None) -> str:
     headers = list(table.columns)
-    lines = [f"**{spec.name}**: {spec.caption}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines = [f"**{spec.name}**: {caption(spec, table)}", ""]
+    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
     lines += [""] + _footer(spec, quoted, table, bullet="- ")
     return "\n".join(lines) + "\n"
@@ -514,19 +535,26 @@ def to_latex(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None) -
             lines.append(r"\midrule")
         lines.append(" & ".join(esc(v) for v in row) + r" \\")
         previous = kind
-    caption = " ".join([spec.caption] + _footer(spec, quoted, table))
+    text = " ".join([caption(spec, table)] + _footer(spec, quoted, table))
     lines += [
         r"\bottomrule",
         r"\end{tabular}",
-        rf"\caption{{{esc(caption)}}}",
+        rf"\caption{{{esc(text)}}}",
         rf"\label{{tab:{spec.name}}}",
         r"\end{table}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def write_paper_tables(results_dir: str | Path, out_dir: str | Path, runs: pd.DataFrame | None = None) -> list[Path]:
-    """Write ``<name>.md`` and ``<name>.tex`` for every table; returns the files written."""
+def write_paper_tables(
+    results_dir: str | Path,
+    out_dir: str | Path,
+    runs: pd.DataFrame | None = None,
+    target: Target | None = None,
+    echo=None,
+) -> list[Path]:
+    """Write ``<name>.md`` and ``<name>.tex`` for every table (retargeted to ``target``, if
+    given); returns the files written. ``echo`` (e.g. ``print``) gets each table's count line."""
     if runs is None:
         runs = ResultsStore(results_dir).load(latest_per_config=True)
     quoted = load_quoted()
@@ -534,24 +562,21 @@ def write_paper_tables(results_dir: str | Path, out_dir: str | Path, runs: pd.Da
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for spec in TABLES:
-        table = build_table(spec, runs, quoted)
+        table = build_table(spec, runs, quoted, target)
         for suffix, render in ((".md", to_markdown), (".tex", to_latex)):
             path = out / f"{spec.name}{suffix}"
             path.write_text(render(spec, table, quoted))
             written.append(path)
+        if echo is not None:
+            echo(table.attrs["counts"])
     return written
 
 
 def main() -> None:
-    from replaceme_exp.results.paper_figures import write_paper_figures
+    """The same as ``python -m replaceme_exp.results.render_paper`` (tables and figures)."""
+    from replaceme_exp.results.render_paper import main as render  # the CLI; the tables never need figures
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results")
-    parser.add_argument("--out", default="results/paper_tables")
-    args = parser.parse_args()
-    runs = ResultsStore(args.results).load(latest_per_config=True)
-    for path in write_paper_tables(args.results, args.out, runs) + write_paper_figures(runs, args.out):
-        print(path)
+    render()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""``make paper-tables``: the paper's tables and figures from the results store, and per table
+and figure how many runs were found, matched and shown.
+
+    python -m replaceme_exp.results.render_paper --results results --out results/paper_tables
+    python -m replaceme_exp.results.render_paper --model tiny_llama [--calibration pydoc] [--eval quick]
+
+With ``--model`` / ``--calibration`` / ``--eval`` the same tables and figures are rendered from
+runs of another model, calibration set or suite (``paper_settings.Target``; with only a model,
+the calibration and suite are its runs' most common ones) into ``<out>/<model>[_<calibration>]
+[_<eval>]/``, so that the paper's own tables in ``<out>`` are not overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from replaceme_exp.results.paper_figures import write_paper_figures
+from replaceme_exp.results.paper_settings import Target, resolve_target
+from replaceme_exp.results.paper_tables import write_paper_tables
+from replaceme_exp.results.store import ResultsStore
+
+
+def describe_rows(runs: pd.DataFrame, results: str | Path) -> str:
+    """``read 7 rows (7 finished, 0 failed) from results`` (rows: the latest per config)."""
+    statuses = Counter(runs["status"]) if "status" in runs.columns else Counter()
+    finished, failed = statuses.pop("finished", 0), statuses.pop("failed", 0)
+    other = "".join(f", {n} {status}" for status, n in sorted(statuses.items()))
+    return f"read {len(runs)} rows ({finished} finished, {failed} failed{other}) from {results}"
+
+
+def out_folder(out: str | Path, target: Target) -> Path:
+    """``out`` for the paper's settings, ``out/<model>[_<calibration>][_<eval>]`` when retargeted."""
+    return Path(out) / target.folder() if target.retargeted else Path(out)
+
+
+def render(
+    results: str | Path,
+    out: str | Path,
+    model: str | None = None,
+    calibration: str | None = None,
+    eval: str | None = None,  # noqa: A002 - the config group's name
+    echo=print,
+) -> list[Path]:
+    """Write every table and figure (retargeted when any setting is given); ``echo`` gets the
+    opening line, the target and one count line per table and figure. Returns the files."""
+    runs = ResultsStore(results).load(latest_per_config=True)
+    echo(describe_rows(runs, results))
+    target = resolve_target(runs, model, calibration, eval)
+    folder = out_folder(out, target)
+    if target.retargeted:
+        echo(f"target: {target.describe()}")
+        echo(f"writing to {folder} (retargeted; the paper's own tables in {out} are left as they are)")
+    else:
+        echo(f"writing to {folder} (the paper's settings)")
+    written = write_paper_tables(results, folder, runs, target, echo=echo)
+    written += write_paper_figures(runs, folder, target, echo=echo)
+    echo(f"wrote {len(written)} files to {folder}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--out", default="results/paper_tables")
+    parser.add_argument("--model", default=None, help="render from runs of this model (conf/model name)")
+    parser.add_argument("--calibration", default=None, help="... of this calibration set (default: inferred)")
+    parser.add_argument("--eval", default=None, help="... of this eval suite (default: inferred)")
+    args = parser.parse_args(argv)
+    render(args.results, args.out, args.model or None, args.calibration or None, args.eval or None)
+
+
+if __name__ == "__main__":
+    main()
