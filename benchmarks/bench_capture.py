@@ -53,8 +53,10 @@ from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # n
 
 
 def config(overrides):
+    """The job's config; calibration on pydoc prose and 8 blocks unless overridden (the numbers of
+    the README's benchmark table; the default job's self-generated chats would first generate)."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=overrides)
+        return compose("config", overrides=["calibration=pydoc", "n_prune=8", *overrides])
 
 
 def timed(fn, repeats=1):

@@ -48,6 +48,7 @@ from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.fingerprint import weights_fingerprint
 from replaceme_exp.models.loading import check_nf4_capture
 from replaceme_exp.planning import capture_calibration, selection_metric_name
+from replaceme_exp.progress import configure_from, progress_listener, quiet_library_bars
 from replaceme_exp.results import ResultsStore, config_hash, setting_hash
 from replaceme_exp.results.store import new_run_id
 from replaceme_exp.surgery import kept_blocks, prune, recover_checkpoint, save_checkpoint
@@ -653,6 +654,8 @@ def row_path(store: ResultsStore, row: dict) -> Path:
 
 
 def _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name, sweep_name) -> dict:
+    configure_from(cfg.get("progress"))
+    quiet_library_bars()
     row = base_row(cfg, chash, sweep_id, setting_hash(cfg, weights))
     row.update(model_fingerprint=weights, sweep_name=sweep_name)
     row["sweep_group"] = " ".join(filter(None, [sweep_name, sweep_id])) or None
@@ -669,7 +672,7 @@ def _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_
         tracker.run = None
     failure = None
     try:
-        with stop_signals_raise():  # TODO-progress-listener
+        with stop_signals_raise(), progress_listener(tracker.progress):
             run_job(cfg, row, job_dir, tracker.stage)
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         failure = err

@@ -122,6 +122,10 @@ def sample_prompts(v) -> str | None:
     return "must be a non-empty list of non-empty strings"
 
 
+def percent_step(v) -> str | None:
+    return None if _is_number(v) and 0 < v <= 100 else "must be a number in (0, 100]"
+
+
 def mapping(v) -> str | None:
     return None if isinstance(v, dict) else "must be a mapping (or null)"
 
@@ -212,6 +216,9 @@ SCHEMA: tuple[Key, ...] = (
     Key("tracking.wandb.mode", choice("online", "offline", "disabled")),
     Key("tracking.wandb.group", optional(non_empty_text)),
     Key("tracking.codecarbon.enabled", boolean),
+    Key("progress.mode", choice("auto", "bar", "log", "off")),
+    Key("progress.every_percent", percent_step),
+    Key("progress.every_seconds", finite_positive),
 )
 
 

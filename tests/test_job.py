@@ -19,6 +19,7 @@ from replaceme_exp.results import ResultsStore, config_hash
 
 TINY = [
     "model=tiny_llama",
+    "calibration=pydoc",  # the default job's self-generated chats have their own tests
     "n_prune=2",
     "calibration.n_samples=24",
     "calibration.seq_len=64",
@@ -55,7 +56,7 @@ REQUIRED_COLUMNS = (
 )
 def test_configs_compose(overrides):
     cfg = compose_config(overrides)
-    assert cfg.n_prune == 8 and cfg.num_lts == 1 and cfg.cuts is None
+    assert cfg.n_prune == 4 and cfg.calibration.name == "self_generated" and cfg.num_lts == 1 and cfg.cuts is None
     assert {"model", "calibration", "selection", "objective", "regularizer", "eval"} <= set(cfg)
     if "model=llama3_70b_instruct" in overrides:
         assert cfg.model.device_map == "auto" and cfg.model.dtype == "bfloat16"

@@ -24,6 +24,7 @@ from replaceme_exp.tracking.sweep_summary import summary_lines
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 WANDB_ON = [o for o in TINY if not o.startswith("tracking.wandb")]
+DEFAULT_JOB = [o for o in WANDB_ON if o != "calibration=pydoc"]  # the default job's calibration: self-generated chats
 
 
 def run_logged(args: list[str], tmp_path: Path, name: str = "job.log") -> tuple[int, str]:
@@ -43,10 +44,11 @@ def run_logged(args: list[str], tmp_path: Path, name: str = "job.log") -> tuple[
 
 @pytest.fixture(scope="module")
 def default_tiny_job(tmp_path_factory):
-    """One tiny job through run.py with W&B offline and the model saved, then the same job again."""
+    """The default job on the tiny model through run.py (W&B offline, the model saved), then the
+    same job again."""
     tmp_path = tmp_path_factory.mktemp("tiny_job")
-    first = run_logged(WANDB_ON, tmp_path, "first.log")
-    second = run_logged(WANDB_ON, tmp_path, "second.log")
+    first = run_logged(DEFAULT_JOB, tmp_path, "first.log")
+    second = run_logged(DEFAULT_JOB, tmp_path, "second.log")
     return tmp_path, first, second
 
 
@@ -190,7 +192,8 @@ def test_summary_line_of_a_failed_and_of_an_evaluated_row():
     expected = "job r1 failed in stage capture (selection) after 3 s: NonFiniteError: capture: nan"
     assert summary_line(failed) == expected
     row = {"run_id": "r2", "status": "finished", "cuts": "[[11, 19]]", "ppl_heldout_baseline": 21.21,
-           "ppl_heldout": 50.25, "avg_acc_baseline": 0.91, "avg_acc": 0.61, "rp": 0.67, "time_total_s": 200.0}  # fmt: skip
+           "ppl_heldout": 50.25, "avg_acc_baseline": 0.91, "avg_acc": 0.61, "rp": 0.67,
+           "time_total_s": 200.0}  # fmt: skip
     line = summary_line(row)
     assert line == (
         "job r2 finished, cuts [11,19), held-out ppl 21.21 -> 50.25 (x2.37), avg_acc 0.910 -> 0.610, rp 0.670, 3.3 min"

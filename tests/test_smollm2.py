@@ -14,7 +14,7 @@ from replaceme_exp.results import ResultsStore
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["calibration.n_samples=48", "eval.max_windows=8"]
+SMALL = ["calibration=pydoc", "n_prune=8", "calibration.n_samples=48", "eval.max_windows=8"]
 
 
 def test_least_squares_beats_plain_removal_on_the_same_cut(tmp_path):
@@ -54,7 +54,7 @@ def test_the_first_token_is_the_attention_sink_that_dominates_the_least_squares_
     from replaceme_exp.models import adapter_for, load_model
     from conftest import CACHE
 
-    cfg = compose_config(["calibration.n_samples=8", "calibration.seq_len=64"])
+    cfg = compose_config(["calibration=pydoc", "calibration.n_samples=8", "calibration.seq_len=64"])
     loaded = load_model(cfg.model, str(CACHE))
     adapter = adapter_for(loaded.model)
     calibration = build_calibration(cfg.calibration, loaded.tokenizer)

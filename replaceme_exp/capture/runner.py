@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import torch
-from tqdm.auto import tqdm
 
 from replaceme_exp.capture.statistics import ActKey, BatchTokens
 from replaceme_exp.data.batching import TokenBatch, TokenBatches
 from replaceme_exp.models.adapters import DecoderAdapter
+from replaceme_exp.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def run_capture(adapter: DecoderAdapter, batches: TokenBatches, statistics: list
                 handles.append(adapter.mlp(index).register_forward_hook(mlp_hook(index)))
         for index in sorted({k for _, k in needed} | {last_block}):
             handles.append(adapter.layers[index].register_forward_hook(block_hook(index)))
-        for batch in tqdm(batches, desc=desc, leave=False, disable=None):
+        for batch in progress(batches, desc=desc, unit="batch"):
             mask = batch.attention_mask.bool().to(input_device(adapter))
             lengths = mask.sum(-1)
             positions = batch.position_ids.to(mask.device) if batch.position_ids is not None else position_ids_for(mask)

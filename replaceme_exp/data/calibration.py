@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig
 
 from replaceme_exp.data.batching import TokenBatches, pack_windows, tokenize_documents
+from replaceme_exp.data.generated import self_generated_documents
 from replaceme_exp.data.sources import document_as_chat, hf_dataset_documents, pydoc_documents, text_file_documents
 from replaceme_exp.errors import ConfigError
 
@@ -22,10 +25,27 @@ def _positive(cfg: DictConfig, key: str, prefix: str) -> int:
     return value
 
 
-def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int) -> list[str]:
+@dataclass
+class Answerer:
+    """The model that answers the prompts of ``source: generated`` (with its identity hash, which
+    keys the cached answers under ``cache_dir/generated``)."""
+
+    model: Any
+    identity: str
+    cache_dir: str
+
+
+def calibration_documents(
+    cfg: DictConfig, tokenizer, n_samples: int, seed: int, answerer: Answerer | None = None
+) -> list[str]:
     """``n_samples`` documents drawn reproducibly from the configured source; ``pydoc_chat`` returns
-    the documents that ``pydoc`` draws with the same seed, each rendered as a chat."""
+    the documents that ``pydoc`` draws with the same seed, each rendered as a chat; ``generated``
+    the shipped (or given) prompts answered by ``answerer``'s model, as chats."""
     source = cfg.source
+    if source == "generated":
+        if answerer is None:
+            raise ConfigError("calibration.source", source, "needs the model to answer its prompts")
+        return self_generated_documents(cfg, tokenizer, answerer.model, answerer.identity, answerer.cache_dir)
     max_chars = cfg.seq_len * CHARS_PER_TOKEN
     if source in ("pydoc", "pydoc_chat", "text_file"):
         documents = (
@@ -69,18 +89,19 @@ def calibration_documents(cfg: DictConfig, tokenizer, n_samples: int, seed: int)
         parts = cfg.parts
         for i, part in enumerate(parts.values()):
             share = round(n_samples * float(part.fraction)) if i < len(parts) - 1 else n_samples - len(documents)
-            documents.extend(calibration_documents(part, tokenizer, share, seed + i))
+            documents.extend(calibration_documents(part, tokenizer, share, seed + i, answerer))
         random.Random(seed).shuffle(documents)
         return documents
-    raise ConfigError("calibration.source", source, "choose pydoc, pydoc_chat, text_file, hf_dataset or mix")
+    raise ConfigError("calibration.source", source, "choose pydoc, pydoc_chat, text_file, hf_dataset, generated or mix")
 
 
-def build_calibration(cfg: DictConfig, tokenizer) -> TokenBatches:
-    """Padded calibration batches: ``n_samples`` sequences of at most ``seq_len`` tokens."""
+def build_calibration(cfg: DictConfig, tokenizer, answerer: Answerer | None = None) -> TokenBatches:
+    """Padded calibration batches: ``n_samples`` sequences of at most ``seq_len`` tokens
+    (``answerer``: the model that answers the prompts of ``source: generated``)."""
     n_samples = _positive(cfg, "n_samples", "calibration")
     _positive(cfg, "seq_len", "calibration")
     batch_size = _positive(cfg, "batch_size", "calibration")
-    documents = calibration_documents(cfg, tokenizer, n_samples, int(cfg.seed))
+    documents = calibration_documents(cfg, tokenizer, n_samples, int(cfg.seed), answerer)
     batches = tokenize_documents(
         documents,
         tokenizer,

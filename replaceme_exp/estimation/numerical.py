@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Estimator
+from replaceme_exp.progress import progress_counter
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,10 @@ def penalty(regularizer: str, alpha: float, t: torch.Tensor) -> torch.Tensor:
     if regularizer == "l2" and alpha:
         return alpha * t.pow(2).sum()
     return t.new_zeros(())
+
+
+def batches_per_epoch(n_tokens: int, batch_tokens: int) -> int:
+    return -(-n_tokens // batch_tokens)
 
 
 def shuffled_batches(n_tokens: int, batch_tokens: int, generator: torch.Generator):
@@ -204,19 +209,23 @@ class NumericalEstimator(Estimator):
         generator = torch.Generator().manual_seed(seed)
         curve: list[float] = []
         steps = 0
-        for _ in range(self.epochs):
-            total, batches = 0.0, 0
-            for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
-                rows = store.rows(indices)
-                loss = batch_loss(self.loss, rows["M"] @ as_matrix(param), rows) + penalty(regularizer, weight, param)
-                if not curve:
-                    curve.append(loss.detach().item())
-                optimiser.zero_grad(set_to_none=True)
-                loss.backward()
-                optimiser.step()
-                total, batches = total + loss.detach().item(), batches + 1
-            curve.append(total / batches)
-            steps += batches
+        n_steps = self.epochs * batches_per_epoch(store.n_tokens, self.batch_tokens)
+        with progress_counter(n_steps, f"{self.name}/adam ({self.epochs} epochs)", unit="step") as counter:
+            for _ in range(self.epochs):
+                total, batches = 0.0, 0
+                for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
+                    rows = store.rows(indices)
+                    mt = rows["M"] @ as_matrix(param)
+                    loss = batch_loss(self.loss, mt, rows) + penalty(regularizer, weight, param)
+                    if not curve:
+                        curve.append(loss.detach().item())
+                    optimiser.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimiser.step()
+                    total, batches = total + loss.detach().item(), batches + 1
+                    counter.update(1)
+                curve.append(total / batches)
+                steps += batches
         return curve, steps, steps
 
     def _minibatch(self, store, param, as_matrix, weight, regularizer, seed) -> tuple[list[float], int, int, int]:
@@ -227,20 +236,25 @@ class NumericalEstimator(Estimator):
         generator = torch.Generator().manual_seed(seed)
         curve: list[float] = []
         steps = batches = evaluations = 0
-        for _ in range(self.epochs):
-            total, count = 0.0, 0
-            for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
-                objective = ChunkedObjective(
-                    StoreBatch(store, indices), self.loss, as_matrix, regularizer, weight, self.chunk_tokens
-                )
-                values, iterations, evals = self._solve(
-                    objective, param, max_iter=1, track=False, max_eval=1 + MAX_LINE_SEARCH
-                )
-                if not curve:
-                    curve.append(values[0])
-                total, count, steps, evaluations = total + values[0], count + 1, steps + iterations, evaluations + evals
-            curve.append(total / count)
-            batches += count
+        n_batches = self.epochs * batches_per_epoch(store.n_tokens, self.batch_tokens)
+        desc = f"{self.name}/{self.solver} (minibatch, {self.epochs} epochs)"
+        with progress_counter(n_batches, desc, unit="batch") as counter:
+            for _ in range(self.epochs):
+                total, count = 0.0, 0
+                for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
+                    objective = ChunkedObjective(
+                        StoreBatch(store, indices), self.loss, as_matrix, regularizer, weight, self.chunk_tokens
+                    )
+                    values, iterations, evals = self._solve(
+                        objective, param, max_iter=1, track=False, max_eval=1 + MAX_LINE_SEARCH
+                    )
+                    if not curve:
+                        curve.append(values[0])
+                    total, count = total + values[0], count + 1
+                    steps, evaluations = steps + iterations, evaluations + evals
+                    counter.update(1)
+                curve.append(total / count)
+                batches += count
         return curve, steps, batches, evaluations
 
     def _solve(
@@ -255,7 +269,15 @@ class NumericalEstimator(Estimator):
         with fresh solver state; updates ``param`` in place. Returns (curve, iterations,
         evaluations): the curve starts with the objective at ``param``; with ``track`` it goes on
         with the objective after each iteration (``lbfgs``: at each evaluation, line search
-        included). ``max_eval``: ``lbfgs``'s cap on evaluations (PyTorch's default when None)."""
+        included). ``max_eval``: ``lbfgs``'s cap on evaluations (PyTorch's default when None).
+        With ``track`` (the full-batch schedule) the iterations report progress."""
+        # A mini-batch step (no track) is one iteration of a loop that reports its own progress.
+        desc = f"{self.name}/{self.solver} (full batch, at most {max_iter} iterations)"
+        mode = None if track else "off"
+        with progress_counter(max_iter, desc, unit="iteration", mode=mode) as counter:
+            return self._solve_with(objective, param, max_iter, track, max_eval, counter)
+
+    def _solve_with(self, objective, param, max_iter: int, track: bool, max_eval: int | None, counter):
         if self.solver == "lbfgs":
             # A new optimiser: no history from an earlier call. Its first iteration is a
             # steepest-descent step of initial length min(1, 1/|g|_1) with a strong-Wolfe search.
@@ -276,10 +298,13 @@ class NumericalEstimator(Estimator):
                 param.grad = grad
                 if track or not curve:
                     curve.append(value)
+                # Iterations completed so far: the optimiser counts the one it is in.
+                counter.update(max(0, int(optimiser.state[param].get("n_iter", 0)) - 1) - counter.count)
                 return torch.tensor(value)
 
             optimiser.step(closure)
             state = optimiser.state[param]
+            counter.update(int(state.get("n_iter", 0)) - counter.count)
             return curve, int(state.get("n_iter", 0)), int(state.get("func_evals", 0))
         from scipy.optimize import minimize
 
@@ -306,7 +331,12 @@ class NumericalEstimator(Estimator):
 
         x0 = param.detach().double().cpu().numpy().ravel()
         curve = [fun(x0)[0]]
-        callback = (lambda x: curve.append(fun(np.asarray(x))[0])) if track else None
+
+        def callback(x):
+            curve.append(fun(np.asarray(x))[0])
+            counter.update(1)
+
+        callback = callback if track else None
         if self.solver == "nlcg":
             result = minimize(fun, x0, jac=True, method="CG", callback=callback, options={"maxiter": max_iter})
         else:

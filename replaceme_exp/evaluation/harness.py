@@ -7,9 +7,12 @@ task's ``score_<task>`` column and, for tasks whose metric is not a perplexity, 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import math
+import os
 import shutil
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -19,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.progress import progress_counter, resolved_mode
 
 log = logging.getLogger(__name__)
 
@@ -164,26 +168,153 @@ def _json_version(value: Any) -> Any:
     return value if value is None or isinstance(value, (int, float, str)) else str(value)
 
 
+class _TickingCacheHook:
+    """Stands in for lm-eval's cache hook while requests run: lm-eval hands it each request's
+    result as soon as it has it (``add_partial``), so each one of ``kind`` counts one request done."""
+
+    def __init__(self, hook, kind: str, counter):
+        self.hook, self.kind, self.counter = hook, kind, counter
+
+    def add_partial(self, attr: str, req, res) -> None:
+        if attr == self.kind:
+            self.counter.update(1)
+        self.hook.add_partial(attr, req, res)
+
+
+@functools.cache
+def progress_lm_class() -> type:
+    """lm-eval's HFLM with its request loops reporting through :mod:`replaceme_exp.progress`: on a
+    terminal (``progress.mode`` bar) lm-eval's own tqdm bars as before; otherwise its bars are
+    turned off and ``lm-eval loglikelihood: 40/224 requests (18%), ...`` lines are logged
+    (``loglikelihood_rolling`` counts windows of ``max_length`` tokens). Scores are unchanged."""
+    from lm_eval.models.huggingface import HFLM
+
+    class ProgressHFLM(HFLM):
+        _window_counter = None
+        _quiet = False
+
+        @contextlib.contextmanager
+        def _reporting(self, kind: str, total: int, unit: str, tick_kind: str | None):
+            with progress_counter(total, f"lm-eval {kind}", unit=unit) as counter:
+                hook, self._quiet = self.cache_hook, True
+                if tick_kind is not None:
+                    self.cache_hook = _TickingCacheHook(hook, tick_kind, counter)
+                else:
+                    self._window_counter = counter
+                try:
+                    yield
+                finally:
+                    self.cache_hook, self._quiet, self._window_counter = hook, False, None
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            if resolved_mode() == "bar":
+                return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+            with self._reporting("loglikelihood", len(requests), "request", "loglikelihood"):
+                return super().loglikelihood(requests, disable_tqdm=True)
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            if resolved_mode() == "bar":
+                return super().generate_until(requests, disable_tqdm=disable_tqdm)
+            with self._reporting("generate_until", len(requests), "request", "generate_until"):
+                return super().generate_until(requests, disable_tqdm=True)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            if resolved_mode() == "bar":
+                return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+            # lm-eval cuts each document into windows of max_length predicted tokens (context 1).
+            windows = sum(-(-len(self.tok_encode(req.args[0])) // self.max_length) for req in requests)
+            with self._reporting("loglikelihood_rolling", windows, "window", None):
+                return super().loglikelihood_rolling(requests, disable_tqdm=True)
+
+        def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+            # loglikelihood_rolling calls this per batch of windows with its bar on.
+            out = super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm or self._quiet, **kwargs)
+            if self._window_counter is not None:
+                self._window_counter.update(len(requests))
+            return out
+
+    return ProgressHFLM
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+# HFLM warns on every in-memory model (the harness's design: no save and reload), with advice for
+# accelerate launches that does not apply; only these two messages, only while the wrapper is built.
+_IN_MEMORY_MODEL_WARNINGS = _DropMessages(
+    "`pretrained` model kwarg is not of type `str`",
+    "Passed an already-initialized model through `pretrained`",
+)
+
+
+@contextlib.contextmanager
+def _quiet_lm_eval():
+    """lm-eval at WARNING while the harness runs (its INFO lines repeat per run what the job log
+    says; ``LMEVAL_LOG_LEVEL`` still wins), and, when progress is not a bar, without the datasets
+    library's progress bars (they write carriage-return bars into log files)."""
+    import datasets
+
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    if not os.environ.get("LMEVAL_LOG_LEVEL"):
+        logger.setLevel(logging.WARNING)
+    bars = datasets.is_progress_bar_enabled()
+    if bars and resolved_mode() != "bar":
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _declares_fewshot(manager, name: str) -> bool:
+    """Whether lm-eval's task ``name`` may declare its own ``num_fewshot`` (unknown: yes)."""
+    entry = manager.task_index.get(name)
+    if entry is None or entry.cfg is None or getattr(entry.kind, "name", "") != "TASK":
+        return True
+    return entry.cfg.get("num_fewshot") is not None
+
+
 def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0) -> dict[str, Any]:
     """Scores of ``model`` on the suite ``cfg`` (``eval.harness``), see :func:`collect_scores`
     (each metric with its standard error where lm-eval gives one: closed form for accuracies,
     ``cfg.bootstrap_iters`` resamples for ``perplexity``), plus ``eval_task_versions`` ({task:
     version} of every task and group lm-eval ran) and ``eval_max_length_used`` (the context
     length lm-eval used: ``cfg.max_length`` or the model's). All values are JSON-able."""
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     metrics = declared_metrics(cfg)
     include = str(materialize_offline_tasks(Path(work_dir) / "lm_eval_tasks")) if cfg.local_tasks else str(HUB_TASKS)
-    manager = TaskManager(include_path=include, include_defaults=not cfg.local_tasks, verbosity="ERROR")
-    lm = HFLM(
-        pretrained=model,
-        tokenizer=tokenizer,
-        batch_size=cfg.batch_size,
-        add_bos_token=cfg.add_bos_token,
-        max_length=cfg.get("max_length"),
-    )
+    manager = TaskManager(include_path=include, include_defaults=not cfg.local_tasks)
+    with _quiet_lm_eval():
+        return _run_suite(model, tokenizer, cfg, manager, metrics, seed)
+
+
+def _run_suite(model, tokenizer, cfg: DictConfig, manager, metrics: dict[str, str], seed: int) -> dict[str, Any]:
+    from lm_eval import simple_evaluate
+
+    hf_logger = logging.getLogger("lm_eval.models.huggingface")
+    hf_logger.addFilter(_IN_MEMORY_MODEL_WARNINGS)
+    try:
+        lm = progress_lm_class()(
+            pretrained=model,
+            tokenizer=tokenizer,
+            batch_size=cfg.batch_size,
+            add_bos_token=cfg.add_bos_token,
+            max_length=cfg.get("max_length"),
+        )
+    finally:
+        hf_logger.removeFilter(_IN_MEMORY_MODEL_WARNINGS)
     by_fewshot: dict[int, list[str]] = {}
     for task, fewshot in OmegaConf.to_container(cfg.tasks).items():
         by_fewshot.setdefault(int(fewshot), []).append(task)
@@ -191,10 +322,13 @@ def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0
     results: dict[str, dict] = {}
     versions: dict[str, Any] = {}
     for fewshot, tasks in by_fewshot.items():
+        # Zero-shot tasks that declare no num_fewshot of their own are zero-shot without being told
+        # (lm-eval warns "Overwriting default num_fewshot ... from None to 0" when told).
+        zero_by_default = fewshot == 0 and not any(_declares_fewshot(manager, task) for task in tasks)
         out = simple_evaluate(
             model=lm,
             tasks=tasks,
-            num_fewshot=fewshot,
+            num_fewshot=None if zero_by_default else fewshot,
             task_manager=manager,
             limit=cfg.get("limit"),
             bootstrap_iters=bootstrap_iters(cfg),
@@ -203,7 +337,6 @@ def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0
             numpy_random_seed=seed,
             torch_random_seed=seed,
             fewshot_random_seed=seed,
-            verbosity="ERROR",
         )
         results.update(out["results"])
         versions.update({task: _json_version(v) for task, v in (out.get("versions") or {}).items()})

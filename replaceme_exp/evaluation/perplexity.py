@@ -6,9 +6,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from replaceme_exp.data.batching import TokenBatches
+from replaceme_exp.progress import progress
 
 
 @torch.inference_mode()
@@ -33,7 +33,7 @@ def perplexity(model, windows: TokenBatches) -> float:
     """
     device = model.get_input_embeddings().weight.device
     nll, count = 0.0, 0
-    for batch in tqdm(windows, desc="perplexity", leave=False, disable=None):
+    for batch in progress(windows, desc="perplexity", unit="batch"):
         ids = batch.input_ids.to(device)
         mask = batch.attention_mask.to(device)
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]

@@ -6,7 +6,7 @@ vs ``l2`` at alpha 0. The hash is taken over the *effective* settings:
 
 - keys that change where or how a job runs, not what it computes, are left out (``results_dir``,
   ``cache_dir``, ``save_model``, ``force``, ``capture`` except what changes numbers, ``store``,
-  ``tracking``, ``model.device``, ``model.device_map``, ``eval.samples``);
+  ``tracking``, ``progress``, ``model.device``, ``model.device_map``, ``eval.samples``);
 - numbers hash by value (``0`` == ``0.0``);
 - settings that cannot act are dropped: the regulariser and alpha when the objective takes no
   alpha or alpha is 0; the structure and placement of ``identity``; selection when ``cuts`` are
@@ -35,7 +35,17 @@ from replaceme_exp.models.fingerprint import file_digest
 
 # Bump when the code changes what an unchanged configuration computes.
 SEMANTICS_VERSION = 3
-NON_SEMANTIC_KEYS = ("results_dir", "cache_dir", "save_model", "force", "capture", "store", "tracking", "hydra")
+NON_SEMANTIC_KEYS = (
+    "results_dir",
+    "cache_dir",
+    "save_model",
+    "force",
+    "capture",
+    "store",
+    "tracking",
+    "progress",
+    "hydra",
+)
 NON_SEMANTIC_MODEL_KEYS = ("device", "device_map")
 SEED_KEYS = ("seed",)
 

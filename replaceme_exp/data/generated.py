@@ -1,0 +1,155 @@
+"""Self-generated chat calibration data: prompts answered by the model being pruned, each prompt
+and answer rendered as a user/assistant chat in the model's chat template (the paper's
+"orca_generated" idea: the model's own answers to instruction prompts).
+
+Offline, the prompts ship with the project (``prompts/instructions.jsonl``: 256 general
+instructions, none about capitals, opposites or the demo prompts of ``eval.samples``); a JSONL
+file with a ``prompt`` field, or a text file with one prompt per line, can replace them. Answers
+are generated in batches with a KV cache (greedy, or seeded sampling) and cached by content (the
+model's identity, the prompts and every generation setting), so a sweep generates once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+import torch
+
+from replaceme_exp.data.sources import render_prompts, render_record
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.progress import progress
+
+log = logging.getLogger(__name__)
+
+SHIPPED_PROMPTS = Path(__file__).with_name("prompts") / "instructions.jsonl"
+
+
+def load_prompts(path: str | None) -> list[str]:
+    """The prompt pool: the shipped instructions (``path`` null), a JSONL file (``prompt`` field)
+    or a text file (one prompt per line)."""
+    file = SHIPPED_PROMPTS if not path else Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError("calibration.prompts_path", path, "no such file")
+    lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if file.suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(lines, 1):
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ConfigError("calibration.prompts_path", str(file), f"line {number}: no JSON prompt ({err})")
+    else:
+        prompts = [line.strip() for line in lines]
+    if not prompts:
+        raise ConfigError("calibration.prompts_path", str(file), "holds no prompt")
+    return prompts
+
+
+def chosen_prompts(pool: list[str], n_samples: int, seed: int) -> list[str]:
+    """``n_samples`` prompts of the pool in a seeded order (refused when the pool is smaller)."""
+    if len(pool) < n_samples:
+        raise ConfigError(
+            "calibration.n_samples", n_samples, f"the prompt pool holds only {len(pool)} prompts; lower n_samples"
+        )
+    order = list(range(len(pool)))
+    random.Random(seed).shuffle(order)
+    return [pool[i] for i in order[:n_samples]]
+
+
+@torch.no_grad()
+def generate_answers(
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[str]:
+    """One answer per prompt, in order: batches of ``batch_size`` left-padded rendered prompts
+    through ``model.generate`` (KV cache), greedy when ``temperature`` is 0, else sampled from a
+    seeded generator; returns the decoded answers without special tokens."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    texts = render_prompts(tokenizer, prompts)
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    answers: list[str] = []
+    torch.manual_seed(seed)
+    try:
+        starts = range(0, len(texts), batch_size)
+        for start in progress(starts, desc="generating calibration answers", unit="batch"):
+            batch = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True,
+                              add_special_tokens=False).to(device)  # fmt: skip
+            sampling = {"do_sample": True, "temperature": temperature, "top_p": None, "top_k": None}
+            greedy = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+            out = model.generate(
+                **batch,
+                max_new_tokens=int(max_new_tokens),
+                num_beams=1,
+                pad_token_id=pad,
+                use_cache=True,
+                **(sampling if temperature > 0 else greedy),
+            )
+            new = out[:, batch["input_ids"].shape[1] :]
+            answers += [a.strip() for a in tokenizer.batch_decode(new, skip_special_tokens=True)]
+    finally:
+        tokenizer.padding_side = padding_side
+    return answers
+
+
+def generation_key(model_identity: str, prompts: list[str], cfg) -> str:
+    """Content key of a generated set: the model's identity hash, the prompts and every setting
+    that changes an answer."""
+    settings = {
+        "model": model_identity,
+        "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+        "max_new_tokens": int(cfg.max_new_tokens),
+        "temperature": float(cfg.get("temperature", 0.0)),
+        "seed": int(cfg.seed),
+        "batch_size": int(cfg.generation_batch_size),  # padding can move a greedy answer
+        "torch": torch.__version__,
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_dir: str | os.PathLike) -> list[str]:
+    """``cfg.n_samples`` chats (prompt, the model's answer) in the chat template; the answers come
+    from ``cache_dir/generated/<key>.json`` when this model already answered these prompts with
+    these settings, else they are generated and cached (atomically)."""
+    if model is None:
+        raise ConfigError("calibration.source", "generated", "needs the model to answer its prompts")
+    prompts = chosen_prompts(load_prompts(cfg.get("prompts_path")), int(cfg.n_samples), int(cfg.seed))
+    path = Path(cache_dir) / "generated" / f"{generation_key(model_identity, prompts, cfg)}.json"
+    answers = None
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if cached.get("prompts") == prompts:
+                answers = cached["answers"]
+                log.info("calibration answers found in the cache (%s)", path.name)
+        except (OSError, ValueError, KeyError) as err:
+            log.warning("unreadable generated calibration %s (%s): generating again", path, err)
+    if answers is None:
+        answers = generate_answers(
+            model,
+            tokenizer,
+            prompts,
+            int(cfg.max_new_tokens),
+            int(cfg.generation_batch_size),
+            float(cfg.get("temperature", 0.0)),
+            int(cfg.seed),
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"prompts": prompts, "answers": answers}))
+        os.replace(tmp, path)
+    records = [
+        {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}
+        for p, a in zip(prompts, answers)
+    ]
+    return [render_record(record, None, "messages", tokenizer) for record in records]

@@ -1,0 +1,134 @@
+"""Self-generated chat calibration (``calibration=self_generated``): the shipped prompts, answers
+equal to plain greedy decoding, a cache keyed by content, and a job that runs on it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import CACHE, compose_config
+from omegaconf import OmegaConf
+from test_job import job_config
+
+from replaceme_exp.data.generated import SHIPPED_PROMPTS, chosen_prompts, load_prompts, self_generated_documents
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.job import run_recorded
+from replaceme_exp.models import load_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """tiny_llama with larger weights than its init, so that greedy answers differ by prompt."""
+    cfg = compose_config(["model=tiny_llama"])
+    loaded = load_model(cfg.model, str(CACHE))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in loaded.model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3 if "embed" in name else 0.15)
+    return loaded
+
+
+def generation_config(**overrides):
+    base = {"n_samples": 3, "max_new_tokens": 5, "generation_batch_size": 1, "temperature": 0.0, "seed": 0}
+    return OmegaConf.create({**base, **overrides})
+
+
+def test_the_shipped_prompts_are_many_distinct_and_stay_off_the_evaluation():
+    prompts = load_prompts(None)
+    assert len(prompts) >= 256 and len({p.lower() for p in prompts}) == len(prompts)
+    samples = [p.lower() for p in compose_config([]).eval.samples.prompts]
+    for prompt in prompts:
+        text = prompt.lower()
+        assert not any(word in text for word in ("capital", "opposite", "antonym")), prompt
+        assert text not in samples
+    assert SHIPPED_PROMPTS.suffix == ".jsonl"
+
+
+def test_prompt_files_and_their_errors(tmp_path):
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("First question?\n\nSecond task.\n")
+    assert load_prompts(str(lines)) == ["First question?", "Second task."]
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "A"}) + "\n" + json.dumps({"text": "B"}) + "\n")
+    with pytest.raises(ConfigError, match=r"calibration.prompts_path=.*line 2: no JSON prompt"):
+        load_prompts(str(jsonl))
+    with pytest.raises(ConfigError, match="calibration.n_samples=3: the prompt pool holds only 2 prompts"):
+        chosen_prompts(["a", "b"], 3, 0)
+    assert chosen_prompts(list("abcdef"), 3, 1) == chosen_prompts(list("abcdef"), 3, 1)
+
+
+def test_documents_are_the_prompts_and_the_models_own_greedy_answers(tiny, tmp_path):
+    """Each document is the chat template of (prompt, answer), where answer is what a plain
+    ``generate`` call on the prompt alone returns greedily."""
+    cfg = generation_config()
+    documents = self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path)
+    tokenizer = tiny.tokenizer
+    answers = [d.rsplit("<|im_start|>assistant\n", 1)[1] for d in documents]
+    assert all(a.strip("<|im_end|>\n") for a in answers) and len(set(answers)) > 1  # real, differing answers
+    for prompt, document in zip(chosen_prompts(load_prompts(None), 3, 0), documents):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+        out = tiny.model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+        expected = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], tokenize=False
+        )
+        assert document == expected
+
+
+def test_answers_are_cached_by_content(tiny, tmp_path, monkeypatch):
+    calls = []
+    generate = tiny.model.generate
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[0])
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(tiny.model, "generate", counting)
+    cfg = generation_config(generation_batch_size=2)
+    first = self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path)
+    assert calls == [2, 1]  # batches of 2
+    again = self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path)
+    assert again == first and calls == [2, 1]  # from the cache
+    longer = self_generated_documents(
+        generation_config(generation_batch_size=2, max_new_tokens=7), tiny.tokenizer, tiny.model,
+        tiny.identity_hash, tmp_path,
+    )  # fmt: skip
+    assert len(calls) == 4 and longer != first
+    self_generated_documents(cfg, tiny.tokenizer, tiny.model, "another-model", tmp_path)
+    assert len(calls) == 6
+    assert len(list((tmp_path / "generated").glob("*.json"))) == 3
+
+
+def test_sampled_answers_follow_the_seed(tiny, tmp_path):
+    def answers(seed):
+        cfg = generation_config(temperature=1.0, seed=seed, max_new_tokens=8)
+        return self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path / str(seed))
+
+    assert answers(1) == answers(1)
+    assert answers(1) != answers(2)
+
+
+def test_a_job_calibrates_on_self_generated_chats(tmp_path):
+    overrides = ["calibration=self_generated", "calibration.n_samples=8", "calibration.max_new_tokens=8"]
+    row = run_recorded(job_config(tmp_path, *overrides, "save_model=false"))
+    assert row["status"] == "finished", row["error"]
+    assert row["calibration"] == "self_generated" and row["n_calib_tokens"] > 8 * 8
+    prompts = chosen_prompts(load_prompts(None), 8, 42)
+    cached = [json.loads(f.read_text()) for f in (CACHE / "generated").glob("*.json")]
+    assert any(c["prompts"] == prompts and len(c["answers"]) == 8 for c in cached)
+
+
+def test_bad_generation_settings_are_refused_before_loading(tmp_path):
+    for override, message in (
+        ("calibration.prompts_path=/no/such/x.jsonl", "calibration.prompts_path='/no/such/x.jsonl': no such file"),
+        ("calibration.max_new_tokens=0", "calibration.max_new_tokens=0: must be a positive integer"),
+        ("calibration.temperature=-1", "calibration.temperature=-1"),
+    ):
+        cfg = job_config(tmp_path, "calibration=self_generated", override)
+        with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+            run_recorded(cfg)
