@@ -1,6 +1,7 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
 # make test  : set up what is missing and run the test suite offline
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
+# make report : tables and figures of any results (RESULTS=dir) under RESULTS/report
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 
@@ -12,7 +13,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup run test bench paper-tables wandb-sync clean-cache
+.PHONY: setup run test bench report paper-tables wandb-sync clean-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +39,10 @@ bench: setup
 paper-tables: setup
 	$(PY) -m replaceme_exp.results.render_paper --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables \
 		$(if $(MODEL),--model $(MODEL)) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(EVAL),--eval $(EVAL))
+
+# Any results (RESULTS=dir): per sweep and for all runs, tables of the runs, failures and figures under RESULTS/report.
+report: setup
+	$(PY) -m replaceme_exp.results.report --results $${RESULTS:-results}
 
 # Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online.
 wandb-sync: setup
