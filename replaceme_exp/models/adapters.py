@@ -57,6 +57,10 @@ class DecoderAdapter:
         """The linear layer whose output is ``M_index``: T is fused into it."""
         return self.layers[index].mlp.down_proj
 
+    def replace_layers(self, layers: nn.ModuleList) -> None:
+        """Put the kept blocks where the family keeps its blocks."""
+        self.backbone.layers = layers
+
     def reindex_layer(self, layer: nn.Module, new_index: int) -> None:
         layer.self_attn.layer_idx = new_index
         if hasattr(layer, "layer_idx"):
@@ -66,8 +70,8 @@ class DecoderAdapter:
         """Keep only the blocks with the given (original) indices, re-indexed 0..len-1,
         and update every depth-dependent config field."""
         old = self.layers
-        self.backbone.layers = nn.ModuleList([old[i] for i in kept])
-        for new_index, layer in enumerate(self.backbone.layers):
+        self.replace_layers(nn.ModuleList([old[i] for i in kept]))
+        for new_index, layer in enumerate(self.layers):
             self.reindex_layer(layer, new_index)
         config = self.config
         for field in self.per_layer_config_fields:
