@@ -206,7 +206,7 @@ def test_summary_line_of_a_failed_and_of_an_evaluated_row():
 def test_one_command_finds_every_offline_run_to_sync(default_tiny_job):
     tmp_path, _, _ = default_tiny_job
     proc = subprocess.run(
-        ["make", "-s", "wandb-sync", f"SWEEP={tmp_path}/hydra", "ARGS=--dry-run"],
+        ["make", "-s", "-o", "setup", "wandb-sync", f"SWEEP={tmp_path}/hydra", "ARGS=--dry-run"],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
