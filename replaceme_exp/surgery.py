@@ -164,7 +164,9 @@ def replace_directory(new: Path, target: Path) -> None:
     try:
         os.rename(new, target)
     except OSError as err:
-        identical_first = err.errno in (errno.ENOTEMPTY, errno.EEXIST) and target.is_dir()
+        # ENOTEMPTY/EEXIST: another save's checkpoint was at ``target`` at that instant. It may be
+        # moved aside again by a third save right after, which then puts its own in place.
+        identical_first = err.errno in (errno.ENOTEMPTY, errno.EEXIST)
         if not target.exists() and aside is not None and (aside / "model").exists():
             try:
                 os.rename(aside / "model", target)  # put the finished model back
