@@ -44,6 +44,7 @@ from replaceme_exp.evaluation import perplexity
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.harness import harness_settings, run_harness
 from replaceme_exp.evaluation.samples import greedy_answers, side_by_side
+from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.fingerprint import weights_fingerprint
 from replaceme_exp.models.loading import check_nf4_capture
@@ -243,6 +244,9 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None, shash: str | Non
         **{f"{package}_version": v for package, v in library_versions().items()},
         "lt_placement": cfg.lt_placement,
         "healing": cfg.healing.name,
+        # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job ran it
+        "healing_settings": OmegaConf.to_container(cfg.healing, resolve=True) if cfg.healing.name != "none" else None,
+        "healing_data": cfg.healing.data.name if cfg.healing.name != "none" else None,
         "multi_lt": cfg.multi_lt,
         "plain_checkpoint": cfg.lt_placement == "fused",
         "regularizer": cfg.regularizer.name,
@@ -333,10 +337,6 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         raise ConfigError("lt_placement", cfg.lt_placement, f"choose one of {PLACEMENTS}")
     if cfg.multi_lt not in ("independent", "sequential"):
         raise ConfigError("multi_lt", cfg.multi_lt, "choose independent or sequential")
-    if cfg.healing.name != "none":
-        raise ConfigError(
-            "healing", cfg.healing.name, "healing after pruning is not implemented yet (only healing=none runs)"
-        )
     check_nf4_capture(cfg.model)
     nf4 = bool(cfg.model.get("capture_4bit", False))
     if nf4 and cfg.multi_lt == "sequential" and (
@@ -350,6 +350,10 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     results_dir = to_absolute_path(cfg.results_dir)
     force = bool(cfg.force)
     estimator = instantiate(cfg.objective)
+    healing = cfg.healing.name
+    if healing == "lt_only" and not estimator.fits_transform:
+        reason = f"trains the linear transform; objective={estimator.name} fits none (heal with lora or full_model)"
+        raise ConfigError("healing", healing, reason)
     token_rule = TokenRule.from_config(cfg.get("estimation"))
     row.update(token_rule_columns(token_rule, estimator, cfg))
     row["regularizer"] = effective_regularizer(cfg, estimator)
@@ -436,6 +440,8 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     else:
         loaded, adapter = capture_loaded, capture_adapter
     model = loaded.model
+    # lt_only trains T itself, against the fusion targets' unfused weights (copied before surgery)
+    unfused = fusion_weights(adapter, cuts) if healing == "lt_only" and cfg.lt_placement == "fused" else {}
     device = input_device(adapter)
     row.update(num_layers=adapter.num_layers, device=device_name(device), params_before=count_parameters(model))
     windows = heldout_windows(cfg.eval, tokenizer)
@@ -497,6 +503,22 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     with timer("eval", "pruned perplexity"):
         row["ppl_heldout"] = perplexity(model, windows)
         check_finite("eval", "the pruned model's held-out perplexity is", [row["ppl_heldout"]])
+    if healing != "none":
+        row["ppl_heldout_before_healing"] = row.pop("ppl_heldout")
+        with timer("data", "healing data"):
+            healing_data = healing_windows(cfg.healing, tokenizer)
+        row["healing_windows"] = healing_data.n_sequences
+        trainable = (
+            attach_trainable_transforms(adapter, transforms, kept, unfused, cfg.lt_placement)
+            if healing == "lt_only"
+            else None
+        )
+        with timer("healing", f"healing ({healing})"):
+            result = heal(adapter, healing_data, cfg.healing, trainable)
+        row.update(result.columns())
+        with timer("eval", "healed perplexity"):
+            row["ppl_heldout"] = perplexity(model, windows)
+            check_finite("eval", "the healed model's held-out perplexity is", [row["ppl_heldout"]])
     if harness:
         with timer("eval", "pruned lm-eval"):
             row.update(run_harness(model, tokenizer, harness, job_work_dir(cfg, row), int(cfg.seed)))
@@ -522,6 +544,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         time_capture_s=timer.seconds.get("capture", 0.0),
         time_estimate_s=timer.seconds.get("estimate", 0.0),
         time_eval_s=timer.seconds.get("eval", 0.0),
+        time_healing_s=timer.seconds.get("healing") if healing != "none" else None,
         peak_mem_gb=peak_memory_gb(device),
         status="finished",
     )

@@ -192,6 +192,23 @@ SCHEMA: tuple[Key, ...] = (
     Key("regularizer.name", choice("none", "l1", "l2"), True),
     Key("structure.name", choice("generic", "diagonal", "orthonormal"), True),
     Key("healing.name", choice("none", "lt_only", "full_model", "lora"), True),
+    Key("healing.optimizer", choice("adam")),
+    Key("healing.lr", finite_positive),
+    Key("healing.weight_decay", finite_non_negative),
+    Key("healing.max_grad_norm", optional(finite_positive)),
+    Key("healing.context_length", positive_int),
+    Key("healing.batch_size", positive_int),
+    Key("healing.gradient_accumulation_steps", positive_int),
+    Key("healing.max_steps", positive_int),
+    Key("healing.gradient_checkpointing", boolean),
+    Key("healing.seed", any_int),
+    Key("healing.log_every", positive_int),
+    Key("healing.data.source", choice("pydoc", "text_file", "hf_dataset")),
+    Key("healing.data.n_documents", positive_int),
+    Key("healing.data.streaming", boolean),
+    Key("healing.lora.r", positive_int),
+    Key("healing.lora.alpha", finite_positive),
+    Key("healing.lora.dropout", unit_interval_open_right),
     # evaluation
     Key("eval.text", choice("pydoc_heldout", "text_file"), True),
     Key("eval.seq_len", positive_int, True),
@@ -285,6 +302,14 @@ def validate_config(cfg: DictConfig) -> None:
     if source == "generated" and _value(data, "model.capture_4bit") is True:
         reason = "not with model.capture_4bit (the answers would come from the 4-bit copy)"
         raise ConfigError("calibration.source", source, reason)
+    if _value(data, "healing.name") not in ("none", _MISSING):
+        for key in ("lr", "context_length", "batch_size", "gradient_accumulation_steps", "max_steps", "data"):
+            if _value(data, f"healing.{key}") is _MISSING:
+                raise ConfigError(f"healing.{key}", None, f"is missing (healing={_value(data, 'healing.name')})")
+        if _value(data, "healing.data.source") == "text_file":
+            path = _value(data, "healing.data.path")
+            if not isinstance(path, str) or not Path(path).expanduser().is_file():
+                raise ConfigError("healing.data.path", path, "no such file")
     if _value(data, "eval.text") == "text_file":
         path = _value(data, "eval.path")
         if not isinstance(path, str) or not Path(path).expanduser().is_file():

@@ -128,3 +128,37 @@ def heldout_windows(cfg: DictConfig, tokenizer) -> TokenBatches:
     if len(windows) == 0:
         raise ConfigError("eval.seq_len", seq_len, "the held-out text is shorter than one window")
     return windows
+
+
+HEALING_SOURCES = ("pydoc", "text_file", "hf_dataset")
+
+
+def healing_documents(cfg: DictConfig, tokenizer, context_length: int, seed: int) -> list[str]:
+    """The documents that healing trains on (``healing.data``), in an order drawn by ``seed``:
+    ``pydoc`` (the calibration part of ``pydoc_data.topics``, disjoint from the held-out part that
+    perplexity is measured on), ``text_file`` (a user's text, ``healing.data.path``) or
+    ``hf_dataset`` (the paper: C4 from the hub; ``n_documents`` records)."""
+    source = cfg.get("source")
+    max_chars = context_length * CHARS_PER_TOKEN
+    if source in ("pydoc", "text_file"):
+        documents = (
+            text_file_documents(cfg.get("path"), max_chars, key="healing.data.path")
+            if source == "text_file"
+            else pydoc_documents("calibration", max_chars)
+        )
+        random.Random(seed).shuffle(documents)
+        return documents
+    if source == "hf_dataset":
+        return hf_dataset_documents(
+            path=cfg.dataset,
+            name=cfg.get("subset"),
+            split=cfg.get("split", "train"),
+            data_files=cfg.get("data_files"),
+            text_field=cfg.get("text_field", "text"),
+            chat_field=cfg.get("chat_field"),
+            n_records=_positive(cfg, "n_documents", "healing.data"),
+            seed=seed,
+            streaming=bool(cfg.get("streaming", True)),
+            tokenizer=tokenizer,
+        )
+    raise ConfigError("healing.data.source", source, f"choose one of {HEALING_SOURCES}")

@@ -17,6 +17,7 @@ class Estimator:
 
     name: str = "estimator"
     needs_statistics: bool = True  # LS statistics of its cuts
+    fits_transform: bool = True  # returns a T (healing=lt_only trains it); False: plain removal
     uses_alpha: bool = True  # regularised by ``alpha``
     # How alpha meets the data: "token_sum" = added to statistics summed over tokens (ridge:
     # (M^T M + alpha I)^{-1} M^T R, the official code's convention); "token_mean" = added to the mean
@@ -52,6 +53,7 @@ class IdentityEstimator(Estimator):
 
     name = "identity"
     needs_statistics = False
+    fits_transform = False
     uses_alpha = False
     alpha_scale = None
 

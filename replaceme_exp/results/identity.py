@@ -6,14 +6,15 @@ vs ``l2`` at alpha 0. The hash is taken over the *effective* settings:
 
 - keys that change where or how a job runs, not what it computes, are left out (``results_dir``,
   ``cache_dir``, ``save_model``, ``force``, ``capture`` except what changes numbers, ``store``,
-  ``tracking``, ``progress``, ``model.device``, ``model.device_map``, ``eval.samples``);
+  ``tracking``, ``progress``, ``model.device``, ``model.device_map``, ``eval.samples``,
+  ``healing.log_every``, ``healing.gradient_checkpointing``);
 - numbers hash by value (``0`` == ``0.0``);
 - settings that cannot act are dropped: the regulariser and alpha when the objective takes no
   alpha or alpha is 0; the structure and placement of ``identity``; selection when ``cuts`` are
   explicit; merging and ``multi_lt`` for a single selected cut; masking keys when ``mask_ratio`` is 0;
   solver settings of closed forms; ``estimation.first`` unless ``estimation.tokens=skip_first``, and
   the token rule when nothing is fitted (the threshold stays: it splits the held-out distances);
-- local data files (``calibration.path``, ``eval.path``) and the model's weights enter by content
+- local data files (``calibration.path``, ``eval.path``, ``healing.data.path``) and the model's weights enter by content
   (:mod:`replaceme_exp.models.fingerprint`), and
   ``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
 
@@ -111,8 +112,13 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
     elif data.get("num_lts") == 1:
         data.pop("merge_consecutive", None)
         data.pop("multi_lt", None)
-    for group in ("calibration", "eval"):  # a local data file enters by content, not by path
-        section = data.get(group) or {}
+    healing = data.get("healing")
+    if isinstance(healing, dict):  # how training is logged and recomputes activations, not what it learns
+        healing.pop("log_every", None)
+        healing.pop("gradient_checkpointing", None)
+    sections = [data.get("calibration"), data.get("eval"), (healing or {}).get("data")]
+    for section in sections:  # a local data file enters by content, not by path
+        section = section if isinstance(section, dict) else {}
         paths = section.get("path")
         paths = paths if isinstance(paths, list) else [paths]
         files = [Path(p).expanduser() for p in paths if isinstance(p, str) and Path(p).expanduser().is_file()]
@@ -141,6 +147,7 @@ def setting_hash(cfg: DictConfig, weights: dict | None = None) -> str:
     data = effective_settings(cfg, weights)
     for key in SEED_KEYS:
         data.pop(key, None)
-    if isinstance(data.get("calibration"), dict) and data["calibration"].get("seed") == cfg.get("seed"):
-        data["calibration"].pop("seed", None)
+    for group in ("calibration", "healing"):
+        if isinstance(data.get(group), dict) and data[group].get("seed") == cfg.get("seed"):
+            data[group].pop("seed", None)
     return _digest(data)

@@ -1,0 +1,364 @@
+"""Healing: fine-tune the pruned model with the language-modelling loss, then leave a plain model.
+
+``healing.name``:
+
+- ``lt_only``: only the linear transform(s) train (the paper's "Only LT" row: one hidden x hidden
+  matrix per cut, 16.8M parameters for Llama 2 7B), starting from the estimated T. With the fused
+  placement the fusion target gets its original weights back inside a :class:`TransformedLinear`
+  (``base(x) @ T``), so T itself is the parameter, and T is fused again after training; with the
+  separate placement the transform of the block-output hook becomes the parameter.
+- ``full_model``: every weight trains (the paper's "Full model" row).
+- ``lora``: LoRA adapters (peft) on ``healing.lora.target_modules`` (the MLP projections by
+  default: UIDL's healing as the paper ran it), merged into the weights after training.
+
+Training is a plain loop: Adam, ``batch_size`` windows of ``context_length`` tokens per micro-step,
+``gradient_accumulation_steps`` micro-steps per optimizer step, ``max_steps`` steps, cycling over
+the windows (reshuffled each epoch by ``seed``). Every mode ends as a model with the pruned
+architecture and no extra module, so it saves as a standard checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from replaceme_exp.data.batching import TokenBatches, pack_windows
+from replaceme_exp.data.calibration import healing_documents
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.models.adapters import DecoderAdapter
+from replaceme_exp.progress import progress_counter
+from replaceme_exp.surgery import attach_separate_transforms, fuse_transform
+
+log = logging.getLogger(__name__)
+
+Cut = tuple[int, int]
+HEALING_MODES = ("lt_only", "full_model", "lora")
+
+
+class TransformedLinear(nn.Module):
+    """``base(x) @ T`` for ``x`` (..., in_features) -> (..., out_features): a frozen linear layer
+    followed by a trainable (out_features, out_features) transform ``T``, kept in float32 and cast
+    to the activations' dtype in the product."""
+
+    def __init__(self, base: nn.Linear, transform: torch.Tensor):
+        super().__init__()
+        self.base = base
+        self.transform = nn.Parameter(transform.detach().to(device=base.weight.device, dtype=torch.float32).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        return out @ self.transform.to(out.dtype)
+
+
+def fusion_weights(adapter: DecoderAdapter, cuts: list[Cut]) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Copies (on the CPU) of the unfused weight and bias of each cut's fusion target (block
+    ``start - 1``, original index), taken before surgery: ``lt_only`` trains T against them."""
+    out = {}
+    for start, _ in cuts:
+        linear = adapter.fusion_target(start - 1)
+        bias = linear.bias.detach().cpu().clone() if linear.bias is not None else None
+        out[start - 1] = (linear.weight.detach().cpu().clone(), bias)
+    return out
+
+
+def _set_module(root: nn.Module, module: nn.Module, new: nn.Module) -> None:
+    for name, child in root.named_modules():
+        for attr, sub in child.named_children():
+            if sub is module:
+                setattr(child, attr, new)
+                return
+    raise ValueError("module not found in the model")
+
+
+@dataclass
+class TrainableTransforms:
+    """The transforms that ``lt_only`` trains: by block index of the pruned model, the parameter
+    and, for the fused placement, the wrapper that holds it."""
+
+    placement: str
+    parameters: dict[int, nn.Parameter]
+    wrappers: dict[int, TransformedLinear]
+    cuts: dict[int, Cut]
+    initial: dict[int, torch.Tensor]
+
+
+@torch.no_grad()
+def attach_trainable_transforms(
+    adapter: DecoderAdapter,
+    transforms: dict[Cut, torch.Tensor | None],
+    kept: list[int],
+    originals: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+    placement: str = "fused",
+) -> TrainableTransforms:
+    """Make each cut's T a parameter of the pruned model (``kept``: original indices of its blocks)
+    without changing what it computes. Fused: the fusion target (which holds ``T^T W`` after
+    surgery) gets ``originals[start - 1]`` back and is wrapped in a :class:`TransformedLinear`.
+    Separate: the hook of block ``start - 1`` multiplies by the parameter."""
+    parameters, wrappers, cuts, initial = {}, {}, {}, {}
+    for (start, end), transform in sorted(transforms.items()):
+        if transform is None:
+            continue
+        index = kept.index(start - 1)
+        cuts[index], initial[index] = (start, end), transform.detach().float().cpu().clone()
+        if placement == "fused":
+            linear = adapter.fusion_target(index)
+            weight, bias = originals[start - 1]
+            linear.weight.copy_(weight.to(linear.weight.device, linear.weight.dtype))
+            if bias is not None:
+                linear.bias.copy_(bias.to(linear.bias.device, linear.bias.dtype))
+            wrapper = TransformedLinear(linear, transform)
+            _set_module(adapter.model, linear, wrapper)
+            wrappers[index], parameters[index] = wrapper, wrapper.transform
+        else:
+            block = adapter.layers[index]
+            first = next(block.parameters())
+            parameters[index] = nn.Parameter(transform.detach().to(first.device, first.dtype).clone())
+    if placement == "separate":
+        attach_separate_transforms(adapter, parameters)  # the hooks multiply by the parameters themselves
+    return TrainableTransforms(placement, parameters, wrappers, cuts, initial)
+
+
+@torch.no_grad()
+def fuse_trained_transforms(adapter: DecoderAdapter, trainable: TrainableTransforms) -> dict[str, float]:
+    """Undo :func:`attach_trainable_transforms` with the trained values: each wrapper is replaced
+    by its base layer with T fused in (``T^T W``, ``T^T b``), or each hook gets the trained T as a
+    plain tensor. Returns how far each T moved, ``||T - T0||_F / ||T0||_F``, by cut ``"start-end"``."""
+    change = {}
+    for index, parameter in trainable.parameters.items():
+        start, end = trainable.cuts[index]
+        before = trainable.initial[index]
+        change[f"{start}-{end}"] = float((parameter.detach().float().cpu() - before).norm() / before.norm())
+    if trainable.placement == "fused":
+        for index, wrapper in trainable.wrappers.items():
+            _set_module(adapter.model, wrapper, wrapper.base)
+            fuse_transform(adapter, index, wrapper.transform.detach())
+    else:
+        attach_separate_transforms(adapter, {i: p.detach().clone() for i, p in trainable.parameters.items()})
+    return change
+
+
+@dataclass
+class HealingResult:
+    """What a healing run did: optimizer ``steps``, ``epochs`` over the windows (fractional),
+    ``tokens`` trained on, ``trainable_params``, ``seconds`` of training, ``loss_first`` /
+    ``loss_last`` (mean LM loss over the first and last ``log_every`` steps) and the loss every
+    ``log_every`` steps (``loss_curve``: [step, mean loss] pairs); for ``lt_only`` how far each T
+    moved (``transform_change``, see :func:`fuse_trained_transforms`)."""
+
+    mode: str
+    steps: int
+    epochs: float
+    tokens: int
+    trainable_params: int
+    seconds: float
+    loss_first: float
+    loss_last: float
+    loss_curve: list
+    transform_change: dict | None = None
+
+    def columns(self) -> dict:
+        out = {f"healing_{k}": v for k, v in asdict(self).items() if k != "mode"}
+        out["healing_seconds_per_step"] = self.seconds / self.steps if self.steps else None
+        return out
+
+
+def healing_windows(cfg: DictConfig, tokenizer) -> TokenBatches:
+    """The training windows: ``healing.data``'s documents packed into full windows of
+    ``healing.context_length`` tokens (BOS-prefixed when the tokenizer has one), one per batch row,
+    at most as many as ``max_steps`` would use."""
+    context = int(cfg.context_length)
+    per_step = int(cfg.batch_size) * int(cfg.gradient_accumulation_steps)
+    needed = int(cfg.max_steps) * per_step
+    documents = healing_documents(cfg.data, tokenizer, context, int(cfg.seed))
+    windows = pack_windows(documents, tokenizer, context, needed, int(cfg.batch_size))
+    if len(windows) == 0:
+        raise ConfigError("healing.data", cfg.data.get("name"), f"holds less text than one window of {context} tokens")
+    if windows.n_sequences < per_step:
+        raise ConfigError(
+            "healing.batch_size",
+            cfg.batch_size,
+            f"x gradient_accumulation_steps={cfg.gradient_accumulation_steps} needs {per_step} windows per step; "
+            f"the healing data gives {windows.n_sequences} of {context} tokens",
+        )
+    return windows
+
+
+def _micro_batches(windows: TokenBatches, seed: int):
+    """Endless windows' batches, reshuffled each epoch; yields (epoch, batch)."""
+    order = list(range(len(windows.batches)))
+    epoch = 0
+    while True:
+        random.Random(seed + epoch).shuffle(order)
+        for i in order:
+            yield epoch, windows.batches[i]
+        epoch += 1
+
+
+def set_activation_checkpointing(model, enabled: bool) -> None:
+    """Recompute each block's activations in the backward pass (non-reentrant, so frozen inputs
+    need no gradient): transformers' ``activation_checkpointing_*`` (v5) or the older
+    ``gradient_checkpointing_*`` names; a peft wrapper passes the call to its base model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if enabled:
+        if hasattr(base, "activation_checkpointing_enable"):
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(base, "activation_checkpointing_disable"):
+        base.activation_checkpointing_disable()
+    else:
+        base.gradient_checkpointing_disable()
+
+
+def _lm_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Mean next-token NLL over the predicted non-padding positions (the first is context) and
+    how many positions that is."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    targets = input_ids[:, 1:].masked_fill(attention_mask[:, 1:] == 0, -100).to(logits.device)
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    return loss, int((targets != -100).sum())
+
+
+def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBatches, cfg: DictConfig, mode: str):
+    """Adam on ``parameters`` (everything else frozen) with the LM loss for ``cfg.max_steps`` steps.
+    Returns a :class:`HealingResult`."""
+    device = model.get_input_embeddings().weight.device
+    trainable = {id(p) for p in parameters}
+    frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    for p in parameters:
+        p.requires_grad_(True)
+    checkpointing = bool(cfg.gradient_checkpointing)
+    if checkpointing:
+        set_activation_checkpointing(model, True)
+    optimizer = torch.optim.Adam(
+        parameters, lr=float(cfg.lr), betas=tuple(cfg.get("betas", (0.9, 0.999))), weight_decay=float(cfg.weight_decay)
+    )
+    max_grad_norm = cfg.get("max_grad_norm")
+    steps, accumulate, log_every = int(cfg.max_steps), int(cfg.gradient_accumulation_steps), int(cfg.log_every)
+    batches = _micro_batches(windows, int(cfg.seed))
+    curve, window_losses, tokens, epoch = [], [], 0, 0
+    seen_sequences = 0
+    was_training = model.training
+    model.train()
+    started = time.perf_counter()
+    try:
+        with progress_counter(steps, desc=f"healing ({mode})", unit="step") as counter:
+            for step in range(1, steps + 1):
+                optimizer.zero_grad(set_to_none=True)
+                step_loss = 0.0
+                for _ in range(accumulate):
+                    epoch, batch = next(batches)
+                    loss, n = _lm_loss(model, batch.input_ids.to(device), batch.attention_mask.to(device))
+                    if not torch.isfinite(loss):
+                        raise ConfigError("healing.lr", cfg.lr, f"the LM loss became {float(loss)} at step {step}")
+                    (loss / accumulate).backward()
+                    step_loss += float(loss.detach()) / accumulate
+                    tokens += n
+                    seen_sequences += batch.input_ids.shape[0]
+                if max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(parameters, float(max_grad_norm))
+                optimizer.step()
+                window_losses.append(step_loss)
+                if step % log_every == 0 or step == steps:
+                    curve.append([step, sum(window_losses) / len(window_losses)])
+                    log.info("healing step %d/%d: loss %.4f", step, steps, curve[-1][1])
+                    window_losses = []
+                counter.update(1)
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        if checkpointing:
+            set_activation_checkpointing(model, False)
+        model.train(was_training)
+        for p in parameters:
+            p.requires_grad_(False)
+        for p in frozen:
+            p.requires_grad_(True)
+    seconds = time.perf_counter() - started
+    return HealingResult(
+        mode=mode,
+        steps=steps,
+        epochs=seen_sequences / max(windows.n_sequences, 1),
+        tokens=tokens,
+        trainable_params=sum(p.numel() for p in parameters),
+        seconds=seconds,
+        loss_first=curve[0][1],
+        loss_last=curve[-1][1],
+        loss_curve=curve,
+    )
+
+
+def lora_config(cfg: DictConfig):
+    """peft's ``LoraConfig`` from ``healing.lora`` (r, alpha, dropout, target_modules)."""
+    from peft import LoraConfig
+
+    lora = cfg.lora
+    targets = OmegaConf.to_container(lora.target_modules) if OmegaConf.is_list(lora.target_modules) else None
+    if not targets:
+        raise ConfigError("healing.lora.target_modules", lora.target_modules, "give a list of module names")
+    return LoraConfig(
+        r=int(lora.r),
+        lora_alpha=float(lora.alpha),
+        lora_dropout=float(lora.dropout),
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def heal(
+    adapter: DecoderAdapter,
+    windows: TokenBatches,
+    cfg: DictConfig,
+    trainable: TrainableTransforms | None = None,
+) -> HealingResult:
+    """Fine-tune ``adapter.model`` in place according to ``cfg`` (the ``healing`` group) on
+    ``windows``; ``trainable``: the transforms that ``lt_only`` trains
+    (:func:`attach_trainable_transforms`). The model ends with the pruned architecture and no
+    extra module. Returns what the training did."""
+    mode = cfg.name
+    model = adapter.model
+    if mode == "lt_only":
+        if trainable is None or not trainable.parameters:
+            raise ConfigError("healing", mode, "the job has no transform to train")
+        result = train_language_model(model, list(trainable.parameters.values()), windows, cfg, mode)
+        result.transform_change = fuse_trained_transforms(adapter, trainable)
+        return result
+    if mode == "full_model":
+        parameters = [p for p in model.parameters() if p.is_floating_point()]
+        return train_language_model(model, parameters, windows, cfg, mode)
+    if mode == "lora":
+        return heal_with_lora(adapter, windows, cfg)
+    raise ConfigError("healing.name", mode, f"choose none or one of {HEALING_MODES}")
+
+
+def heal_with_lora(adapter: DecoderAdapter, windows: TokenBatches, cfg: DictConfig) -> HealingResult:
+    """LoRA adapters from peft on the configured modules of ``adapter.model``, trained, then merged
+    into the base weights (``merge_and_unload``): the model object keeps its modules, now with
+    ``W + B A * alpha / r`` in the targeted linears."""
+    from peft import get_peft_model
+
+    model = adapter.model
+    config = lora_config(cfg)
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    if missing := sorted(set(config.target_modules) - names):
+        key, value = "healing.lora.target_modules", sorted(config.target_modules)
+        raise ConfigError(key, value, f"no linear layer named {missing}")
+    with warnings.catch_warnings():  # peft asks transformers v5 with a name it deprecates
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        peft_model = get_peft_model(model, config)
+    parameters = [p for p in peft_model.parameters() if p.requires_grad]
+    result = train_language_model(peft_model, parameters, windows, cfg, "lora")
+    merged = peft_model.merge_and_unload()
+    if merged is not model:  # merge_and_unload returns the base model object, modified in place
+        raise RuntimeError("peft returned another model object after merging")
+    return result
