@@ -513,7 +513,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
             if healing == "lt_only"
             else None
         )
-        with timer("healing", f"healing ({healing})"):
+        with timer("heal", f"healing ({healing})"):
             result = heal(adapter, healing_data, cfg.healing, trainable)
         row.update(result.columns())
         with timer("eval", "healed perplexity"):
@@ -544,7 +544,7 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         time_capture_s=timer.seconds.get("capture", 0.0),
         time_estimate_s=timer.seconds.get("estimate", 0.0),
         time_eval_s=timer.seconds.get("eval", 0.0),
-        time_healing_s=timer.seconds.get("healing") if healing != "none" else None,
+        time_heal_s=timer.seconds.get("heal") if healing != "none" else None,
         peak_mem_gb=peak_memory_gb(device),
         status="finished",
     )

@@ -299,6 +299,11 @@ def validate_config(cfg: DictConfig) -> None:
     if source == "generated" and (prompts := _value(data, "calibration.prompts_path")) not in (None, _MISSING):
         if not isinstance(prompts, str) or not Path(prompts).expanduser().is_file():
             raise ConfigError("calibration.prompts_path", prompts, "no such file")
+    if source == "generated" and _value(data, "calibration.prompts_dataset") == "json":
+        files = _value(data, "calibration.prompts_data_files")
+        listed = files if isinstance(files, list) and files else [files]
+        if not all(isinstance(f, str) and Path(f).expanduser().is_file() for f in listed):
+            raise ConfigError("calibration.prompts_data_files", files, "no such file (prompts_dataset=json reads it)")
     if source == "generated" and _value(data, "model.capture_4bit") is True:
         reason = "not with model.capture_4bit (the answers would come from the 4-bit copy)"
         raise ConfigError("calibration.source", source, reason)

@@ -210,7 +210,7 @@ def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
     assert row["ppl_heldout_before_healing"] == pytest.approx(plain["ppl_heldout"], rel=1e-6)
     assert row["ppl_heldout"] != row["ppl_heldout_before_healing"]
     assert row["healing_steps"] == 6 and row["healing_trainable_params"] == 64 * 64
-    assert row["time_healing_s"] > 0 and row["stage_seconds"]["healing (lt_only)"] > 0
+    assert row["time_heal_s"] > 0 and row["stage_seconds"]["healing (lt_only)"] > 0
     assert len(row["healing_loss_curve"]) == 3 and row["healing_transform_change"]["2-4"] > 0
     table = ResultsStore(tmp_path).load()
     stored = table[table["run_id"] == row["run_id"]].iloc[0]
@@ -242,6 +242,10 @@ def test_the_config_hash_follows_what_healing_learns_not_how_it_logs():
     assert config_hash(base) == config_hash(compose_config(TINY + HEAL + ["healing=lt_only", "healing.log_every=1"]))
     assert config_hash(base) != config_hash(compose_config(TINY + HEAL + ["healing=lt_only", "healing.lr=1e-3"]))
     assert config_hash(base) != config_hash(compose_config(TINY + HEAL + ["healing=full_model"]))
+    none = compose_config(TINY + ["cuts=[[2,4]]"])
+    # A sweep sets healing keys for all its jobs, healing=none among them: inert there.
+    inert = ["healing/data=pydoc", "healing.max_steps=3", "healing.lora.r=4"]
+    assert config_hash(none) == config_hash(compose_config(TINY + ["cuts=[[2,4]]", *inert]))
     assert compose_config(["healing=lt_only"]).healing.data.dataset == "allenai/c4"  # the paper's data by default
     assert compose_config(["healing=full_model"]).healing.gradient_accumulation_steps == 4
 

@@ -132,3 +132,73 @@ def test_bad_generation_settings_are_refused_before_loading(tmp_path):
         cfg = job_config(tmp_path, "calibration=self_generated", override)
         with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
             run_recorded(cfg)
+
+
+def slimorca_file(path, n=6):
+    """Records in SlimOrca's format (ShareGPT turns: system, human, gpt)."""
+    with open(path, "w") as f:
+        for i in range(n):
+            turns = [
+                {"from": "system", "value": "You are a helpful assistant."},
+                {"from": "human", "value": f"Question number {i}: how do tides form?"},
+                {"from": "gpt", "value": f"SlimOrca's own answer {i}."},
+            ]
+            f.write(json.dumps({"conversations": turns}) + "\n")
+    return path
+
+
+def test_orca_generated_answers_slimorca_prompts_with_the_model_itself(tiny, tmp_path):
+    """The paper's orca_generated: SlimOrca's first user turns, answered by the model being pruned
+    (not SlimOrca's answers), read here from a local file in SlimOrca's format through the same
+    ``datasets`` path the hub preset takes."""
+    cfg = compose_config(["calibration=orca_generated"]).calibration
+    assert cfg.prompts_dataset == "Open-Orca/SlimOrca" and cfg.prompts_chat_field == "conversations"
+    cfg = OmegaConf.merge(cfg, generation_config(n_samples=4, seed=3))
+    cfg.prompts_dataset, cfg.prompts_data_files, cfg.streaming = "json", str(slimorca_file(tmp_path / "s.jsonl")), False
+    documents = self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path)
+    users = [d.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0] for d in documents]
+    assert len(set(users)) == 4 and all(u.startswith("Question number") for u in users)
+    assert not any("SlimOrca's own answer" in d or "helpful assistant" in d for d in documents)
+    plain = OmegaConf.merge(generation_config(n_samples=4, seed=3), {"prompts_path": str(tmp_path / "p.txt")})
+    (tmp_path / "p.txt").write_text("\n".join(users) + "\n")
+    ordered = {u: d for u, d in zip(users, documents)}
+    same = self_generated_documents(plain, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path / "other")
+    for document in same:  # the same prompts answered the same way, whichever way they came in
+        user = document.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        assert ordered[user] == document
+
+
+def test_orca_generated_refuses_a_missing_prompt_file(tmp_path):
+    overrides = ["calibration=orca_generated", "calibration.prompts_dataset=json"]
+    with pytest.raises(ConfigError) as err:
+        run_recorded(job_config(tmp_path, *overrides, "calibration.prompts_data_files=/no/such.jsonl"))
+    assert err.value.key == "calibration.prompts_data_files"
+
+
+def test_aya_slimorca_mixes_slimorca_chats_with_aya_pairs(tmp_path):
+    from replaceme_exp.data.calibration import calibration_documents
+
+    aya = tmp_path / "aya.jsonl"
+    with open(aya, "w") as f:
+        for i, language in enumerate(["French", "Swahili", "Hindi", "Turkish"]):
+            f.write(json.dumps({"inputs": f"Prompt {i} in {language}", "targets": f"Answer {i}", "language": language}))
+            f.write("\n")
+    cfg = compose_config(["calibration=aya_slimorca"]).calibration
+    OmegaConf.set_struct(cfg, False)
+    assert cfg.parts.aya.dataset == "CohereForAI/aya_dataset"
+    assert list(cfg.parts.aya.pair_fields) == ["inputs", "targets"]
+    for part, file in (("slimorca", slimorca_file(tmp_path / "s.jsonl", 4)), ("aya", aya)):
+        cfg.parts[part].dataset, cfg.parts[part].path, cfg.parts[part].streaming = "json", str(file), False
+    from transformers import AutoTokenizer
+
+    from replaceme_exp.models.loading import embedded_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint(str(CACHE)))
+    documents = calibration_documents(cfg, tokenizer, 6, 0)
+    aya_docs = [d for d in documents if "Prompt " in d]
+    assert len(documents) == 6 and len(aya_docs) == 3
+    for d in aya_docs:
+        i = d.split("Prompt ", 1)[1][0]
+        turns = [{"role": "user", "content": d.split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]},
+                 {"role": "assistant", "content": f"Answer {i}"}]  # fmt: skip
+        assert d == tokenizer.apply_chat_template(turns, tokenize=False)

@@ -197,28 +197,31 @@ def llama2_cost(i: int, **values) -> dict:
 
 
 def test_time_emissions_uses_uncached_runs_only(tmp_path):
-    uidl = dict(objective="identity", selection_metric="angular_last")
+    uidl = dict(objective="identity", selection_metric="angular_last", healing="lora")
     runs = frame(
         llama2_cost(1, cached_stages="[]", time_capture_s=10.0, time_estimate_s=2.0, co2_kg_capture=0.002, rp=0.9),
         llama2_cost(2, cached_stages='["baseline_ppl"]', time_capture_s=12.0, time_estimate_s=2.0, rp=0.92),
         # Its selection and statistics came from a cache: a fraction of the cost.
         llama2_cost(3, cached_stages='["selection", "statistics"]', time_capture_s=0.5, time_estimate_s=0.1, rp=0.9),
         llama2_cost(4, cached_stages=None, time_capture_s=1.0, rp=0.9),  # unrecorded: excluded
-        llama2_cost(5, **uidl, cached_stages="[]", time_capture_s=6.5, time_estimate_s=0.0, rp=0.8),
+        # UIDL's cost includes its LoRA healing (time_heal_s); UIDL without healing is another method.
+        llama2_cost(5, **uidl, cached_stages="[]", time_capture_s=6.5, time_estimate_s=0.0, time_heal_s=3.5, rp=0.8),
         llama2_cost(6, **uidl, cached_stages='["statistics"]', time_capture_s=0.1, rp=0.8),
+        llama2_cost(7, **{**uidl, "healing": "none"}, cached_stages="[]", time_capture_s=6.5, rp=0.7),
     )
     plotted = time_emissions(runs, tmp_path / "time_emissions.png")
     values = plotted.set_index(["panel", "series"])
     assert values.loc[("time_rel_ls", "Ours (LS)"), "n"] == 2
-    assert values.loc[("time_rel_ls", "UIDL"), "mean"] == pytest.approx(6.5 / 13.0)
+    assert values.loc[("time_rel_ls", "UIDL + LoRA"), "mean"] == pytest.approx((6.5 + 3.5) / 13.0)
+    assert values.loc[("rp", "UIDL + LoRA"), "mean"] == pytest.approx(0.8)
     assert values.loc[("excluded", "cached"), "n"] == 2 and values.loc[("excluded", "unrecorded"), "n"] == 1
-    assert "uncached runs only" in values.loc[("rp", "UIDL"), "note"]
+    assert "uncached runs only" in values.loc[("rp", "UIDL + LoRA"), "note"]
     assert values.loc[("excluded", "cached"), "note"] == (
         "uncached runs only: excluded 2 with cached selection/statistics, 1 without a cached_stages record"
     )
     # Rows from before cached_stages existed: all excluded, and the figure says so.
     old = time_emissions(runs.drop(columns="cached_stages"), tmp_path / "old.png").set_index(["panel", "series"])
-    assert old.loc[("excluded", "unrecorded"), "n"] == 6 and "rp" not in old.index.get_level_values(0)
+    assert old.loc[("excluded", "unrecorded"), "n"] == 7 and "rp" not in old.index.get_level_values(0)
 
 
 def test_figure_points_average_one_setting_and_note_the_others(tmp_path):

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.data.batching import TokenBatches, pack_windows, tokenize_documents
 from replaceme_exp.data.generated import self_generated_documents
@@ -78,6 +78,7 @@ def calibration_documents(
             text_template=cfg.get("text_template"),
             order=cfg.get("order", "shuffled"),
             chat_turns=cfg.get("chat_turns", "all"),
+            pair_fields=OmegaConf.to_container(cfg.pair_fields) if cfg.get("pair_fields") else None,
             n_records=n_samples,
             seed=seed,
             streaming=bool(cfg.get("streaming", False)),

@@ -1,6 +1,9 @@
 """Self-generated chat calibration data: prompts answered by the model being pruned, each prompt
 and answer rendered as a user/assistant chat in the model's chat template (the paper's
-"orca_generated" idea: the model's own answers to instruction prompts).
+"orca_generated": the model's own answers to SlimOrca's instruction prompts).
+
+The prompts come from a dataset (``calibration.prompts_dataset``: SlimOrca from the hub for the
+paper's row, or a local JSONL file in the same format) or from a prompt list.
 
 Offline, the prompts ship with the project (``prompts/instructions.jsonl``: 256 general
 instructions, none about capitals, opposites or the demo prompts of ``eval.samples``); a JSONL
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from replaceme_exp.data.sources import render_prompts, render_record
+from replaceme_exp.data.sources import dataset_records, first_user_turn, render_prompts, render_record
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.progress import progress
 
@@ -47,6 +50,29 @@ def load_prompts(path: str | None) -> list[str]:
         prompts = [line.strip() for line in lines]
     if not prompts:
         raise ConfigError("calibration.prompts_path", str(file), "holds no prompt")
+    return prompts
+
+
+def dataset_prompts(cfg, n_samples: int, seed: int) -> list[str]:
+    """``n_samples`` prompts from a dataset, drawn by ``seed``: the first user turn of each record's
+    ``prompts_chat_field`` conversation (or its ``prompts_text_field``). ``prompts_dataset`` is a
+    hub id (the paper's orca_generated: ``Open-Orca/SlimOrca``) or ``json`` with local
+    ``prompts_data_files`` in the same format (offline)."""
+    records = dataset_records(
+        path=cfg.prompts_dataset,
+        name=cfg.get("prompts_subset"),
+        split=cfg.get("prompts_split", "train"),
+        data_files=cfg.get("prompts_data_files"),
+        n_records=n_samples,
+        seed=seed,
+        streaming=bool(cfg.get("streaming", False)),
+        key="calibration.prompts_data_files",
+    )
+    chat_field, text_field = cfg.get("prompts_chat_field"), cfg.get("prompts_text_field")
+    prompts = [first_user_turn(r, chat_field, text_field, "calibration.prompts_chat_field") for r in records]
+    if len(prompts) < n_samples:
+        reason = f"the prompt dataset gave only {len(prompts)} records; lower n_samples"
+        raise ConfigError("calibration.n_samples", n_samples, reason)
     return prompts
 
 
@@ -123,7 +149,10 @@ def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_d
     these settings, else they are generated and cached (atomically)."""
     if model is None:
         raise ConfigError("calibration.source", "generated", "needs the model to answer its prompts")
-    prompts = chosen_prompts(load_prompts(cfg.get("prompts_path")), int(cfg.n_samples), int(cfg.seed))
+    if cfg.get("prompts_dataset"):
+        prompts = dataset_prompts(cfg, int(cfg.n_samples), int(cfg.seed))
+    else:
+        prompts = chosen_prompts(load_prompts(cfg.get("prompts_path")), int(cfg.n_samples), int(cfg.seed))
     path = Path(cache_dir) / "generated" / f"{generation_key(model_identity, prompts, cfg)}.json"
     answers = None
     if path.is_file():

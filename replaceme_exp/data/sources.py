@@ -133,14 +133,24 @@ def render_record(
     tokenizer,
     text_template: str | None = None,
     chat_turns: str = "all",
+    pair_fields: Any = None,
 ) -> str:
-    """One dataset record as text: ``text_template`` filled with the record's fields (e.g.
+    """One dataset record as text: ``pair_fields`` ``[user, assistant]`` (two fields of the record,
+    e.g. Aya's ``[inputs, targets]``) rendered as a two-turn chat, ``text_template`` filled with
+    the record's fields (e.g.
     ``"{support}\nQuestion: {question}\nAnswer: {correct_answer}"``), ``record[text_field]``, or
     ``record[chat_field]`` (a list of ``{role, content}`` or ShareGPT ``{from, value}`` turns)
     rendered with the chat template; ``chat_turns="first_pair"`` keeps only the first
     user/assistant pair (:func:`first_pair`)."""
     if chat_turns not in CHAT_TURNS:
         raise ConfigError("calibration.chat_turns", chat_turns, f"choose one of {CHAT_TURNS}")
+    if pair_fields:
+        user, assistant = pair_fields
+        if record.get(user) is None or record.get(assistant) is None:
+            reason = f"a record lacks {user!r} or {assistant!r}; its keys: {sorted(record)}"
+            raise ConfigError("calibration.pair_fields", list(pair_fields), reason)
+        turns = [{"role": "user", "content": record[user]}, {"role": "assistant", "content": record[assistant]}]
+        return render_record({"messages": turns}, None, "messages", tokenizer)
     if text_template:
         try:
             return text_template.format_map(record)
@@ -193,6 +203,51 @@ def document_as_chat(document: str, tokenizer, prompt: str = CHAT_PROMPT) -> str
     return render_record(record, None, "messages", tokenizer)
 
 
+def dataset_records(
+    *,
+    path: str,
+    name: str | None,
+    split: str,
+    data_files: Any,
+    n_records: int,
+    seed: int,
+    streaming: bool,
+    shuffle_buffer: int = 10_000,
+    order: str = "shuffled",
+    key: str = "calibration.path",
+) -> list[dict[str, Any]]:
+    """Up to ``n_records`` records of a ``datasets`` loader (a hub id, or ``json`` with local
+    ``data_files``): drawn reproducibly by ``seed`` (``order="shuffled"``; streaming datasets
+    through a seeded shuffle buffer), or the first ``n_records`` in the dataset's order
+    (``order="first"``, as the official ReplaceMe loader's ``select(range(n))``)."""
+    if order not in ORDERS:
+        raise ConfigError("calibration.order", order, f"choose one of {ORDERS}")
+    import datasets
+
+    kwargs: dict[str, Any] = {"split": split, "streaming": streaming}
+    if name:
+        kwargs["name"] = name
+    if data_files:
+        files = data_files if not isinstance(data_files, str) else [data_files]
+        for file in files:
+            if not Path(str(file)).expanduser().is_file():
+                raise ConfigError(key, str(file), "no such file")
+            if path == "json":
+                check_jsonl(Path(str(file)).expanduser())
+        kwargs["data_files"] = [str(Path(str(f)).expanduser()) for f in files]
+    dataset = datasets.load_dataset(path, **kwargs)
+    if order == "first":
+        first = range(min(n_records, len(dataset))) if not streaming else None
+        records: Iterable[dict] = dataset.take(n_records) if streaming else (dataset[i] for i in first)
+    elif streaming:
+        records = dataset.shuffle(seed=seed, buffer_size=shuffle_buffer).take(n_records)
+    else:
+        indices = list(range(len(dataset)))
+        random.Random(seed).shuffle(indices)
+        records = (dataset[i] for i in indices[:n_records])
+    return list(records)
+
+
 def hf_dataset_documents(
     *,
     path: str,
@@ -209,40 +264,42 @@ def hf_dataset_documents(
     text_template: str | None = None,
     order: str = "shuffled",
     chat_turns: str = "all",
+    pair_fields: Any = None,
 ) -> list[str]:
-    """Up to ``n_records`` rendered records from a dataset: drawn reproducibly by ``seed``
-    (``order="shuffled"``), or the first ``n_records`` in the dataset's order (``order="first"``,
-    as the official ReplaceMe loader's ``select(range(n))``)."""
-    if order not in ORDERS:
-        raise ConfigError("calibration.order", order, f"choose one of {ORDERS}")
-    import datasets
-
-    kwargs: dict[str, Any] = {"split": split, "streaming": streaming}
-    if name:
-        kwargs["name"] = name
-    if data_files:
-        files = data_files if not isinstance(data_files, str) else [data_files]
-        for file in files:
-            if not Path(str(file)).expanduser().is_file():
-                raise ConfigError("calibration.path", str(file), "no such file")
-            if path == "json":
-                check_jsonl(Path(str(file)).expanduser())
-        kwargs["data_files"] = [str(Path(str(f)).expanduser()) for f in files]
-    dataset = datasets.load_dataset(path, **kwargs)
-    if order == "first":
-        first = range(min(n_records, len(dataset))) if not streaming else None
-        records: Iterable[dict] = dataset.take(n_records) if streaming else (dataset[i] for i in first)
-    elif streaming:
-        records = dataset.shuffle(seed=seed, buffer_size=shuffle_buffer).take(n_records)
-    else:
-        order = list(range(len(dataset)))
-        random.Random(seed).shuffle(order)
-        records = (dataset[i] for i in order[:n_records])
-    documents = [render_record(r, text_field, chat_field, tokenizer, text_template, chat_turns) for r in records]
+    """Up to ``n_records`` rendered records (:func:`dataset_records`, :func:`render_record`)."""
+    records = dataset_records(
+        path=path,
+        name=name,
+        split=split,
+        data_files=data_files,
+        n_records=n_records,
+        seed=seed,
+        streaming=streaming,
+        shuffle_buffer=shuffle_buffer,
+        order=order,
+    )
+    documents = [
+        render_record(r, text_field, chat_field, tokenizer, text_template, chat_turns, pair_fields) for r in records
+    ]
     documents = [d for d in documents if d.strip()]
     if not documents:
         raise ConfigError("calibration.path", data_files or path, "the dataset yielded no text")
     return documents
+
+
+def first_user_turn(record: dict[str, Any], chat_field: str | None, text_field: str | None, key: str) -> str:
+    """A record's prompt: the first user turn of its ``chat_field`` conversation (``{role,
+    content}`` or ShareGPT ``{from, value}`` turns; a system turn is skipped), else its
+    ``text_field``."""
+    if chat_field and isinstance(record.get(chat_field), list):
+        for turn in record[chat_field]:
+            role = turn.get("role", turn.get("from")) if isinstance(turn, dict) else None
+            if _ROLE_ALIASES.get(role) == "user":
+                return str(turn.get("content", turn.get("value")))
+        raise ConfigError(key, chat_field, f"a conversation has no user turn: {record[chat_field]!r:.120}")
+    if text_field and record.get(text_field) is not None:
+        return str(record[text_field])
+    raise ConfigError(key, chat_field or text_field, f"a record has neither; its keys: {sorted(record)}")
 
 
 def render_prompts(tokenizer, prompts: list[str]) -> list[str]:

@@ -113,18 +113,21 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
         data.pop("merge_consecutive", None)
         data.pop("multi_lt", None)
     healing = data.get("healing")
+    if isinstance(healing, dict) and healing.get("name") == "none":  # its data key only lets sweeps set it
+        healing = data["healing"] = {"name": "none"}
     if isinstance(healing, dict):  # how training is logged and recomputes activations, not what it learns
         healing.pop("log_every", None)
         healing.pop("gradient_checkpointing", None)
     sections = [data.get("calibration"), data.get("eval"), (healing or {}).get("data")]
     for section in sections:  # a local data file enters by content, not by path
         section = section if isinstance(section, dict) else {}
-        paths = section.get("path")
-        paths = paths if isinstance(paths, list) else [paths]
-        files = [Path(p).expanduser() for p in paths if isinstance(p, str) and Path(p).expanduser().is_file()]
-        if files:
-            memo = Path(str(cfg.get("cache_dir", ".cache"))) / "fingerprints"
-            section["path_sha256"] = [file_digest(f, memo) for f in files]
+        for field in ("path", "prompts_path", "prompts_data_files"):
+            paths = section.get(field)
+            paths = paths if isinstance(paths, list) else [paths]
+            files = [Path(p).expanduser() for p in paths if isinstance(p, str) and Path(p).expanduser().is_file()]
+            if files:
+                memo = Path(str(cfg.get("cache_dir", ".cache"))) / "fingerprints"
+                section[f"{field}_sha256"] = [file_digest(f, memo) for f in files]
     if not float(data.get("mask_ratio") or 0):
         data["mask_ratio"] = 0
         data.pop("mask_passes", None)

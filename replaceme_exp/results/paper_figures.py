@@ -60,7 +60,11 @@ PRUNED_LAYERS_MODELS = {
 }
 # Methods differ in their selection metric (a method's conditions name it).
 METHOD_FREE = {k: v for k, v in DEFAULT_METHOD.items() if k != "selection_metric"}
-TIME_EMISSIONS_WHERE = {**METHOD_FREE, "model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"}
+# ... and in healing (UIDL is healed with LoRA, ReplaceMe is not).
+TIME_EMISSIONS_WHERE = {
+    **{k: v for k, v in METHOD_FREE.items() if k != "healing"},
+    **{"model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"},
+}
 COMPRESSION_STAGES = ("capture", "estimate", "heal")  # what compressing a model costs (not load or eval)
 # Cached stages that make a run's compression cost not its own (cached_stages, JSON list).
 COST_CACHED_STAGES = ("selection", "statistics")
@@ -266,7 +270,11 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
     """Uncached runs only (:func:`uncached_runs`); per method, one setting of its runs
     (:func:`selection.choose_setting`)."""
     plotted = Plotted(target)
-    methods = {"Ours (LS)": REPLACEME_LS, "Ours (Cosine)": REPLACEME_COSINE, "UIDL": UIDL}
+    methods = {
+        "Ours (LS)": {**REPLACEME_LS, "healing": "none"},
+        "Ours (Cosine)": {**REPLACEME_COSINE, "healing": "none"},
+        "UIDL + LoRA": {**UIDL, "healing": "lora"},
+    }
     _, n_cached, n_unknown = uncached_runs(plotted.select(runs, TIME_EMISSIONS_WHERE))
     excluded = (
         f"uncached runs only: excluded {n_cached} with cached selection/statistics, "

@@ -139,12 +139,14 @@ CLIP_COLUMNS = [
 TABLES = [
     TableSpec(
         "llama2_comparison",
-        "Llama 2 7B pruned by 25%: ReplaceMe (training-free) against methods healed after pruning (quoted).",
+        "Llama 2 7B pruned by 25%: ReplaceMe (training-free) against methods healed after pruning (quoted; "
+        "UIDL with LoRA healing also run here).",
         {**DEFAULT_METHOD, "model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"},
         [
             Row("Llama 2 7B (baseline)", kind="baseline", text={"Train-free": ""}),
             Row("Ours (Cosine)", {"objective": "cosine", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
             Row("Ours (LS)", {"objective": "ls", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
+            Row("UIDL + LoRA healing (run here)", {**UIDL, "healing": "lora"}, text={"Train-free": "no"}),
         ],
         [Column(h, m) for h, m in LLAMA2_TABLE_COLUMNS] + [Column("AVG", "avg_acc"), Column("RP", "rp")],
         text_columns=["Train-free"],
@@ -338,8 +340,11 @@ TABLES = [
         LLAMA3_25,
         [
             (f"{o.upper() if o == 'ls' else o.capitalize()}, {c}", {"objective": o, "calibration": c})
-            for o in ("ls", "cosine")
-            for c in ("fineweb", "slimorca", "slimorca_fineweb")
+            for o, data in (
+                ("ls", ("fineweb", "slimorca", "orca_generated")),
+                ("cosine", ("fineweb", "slimorca", "slimorca_fineweb", "aya_slimorca", "orca_generated")),
+            )
+            for c in data
         ],
     ),
 ]
