@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.paper_figures import calibration_size, time_emissions
+from replaceme_exp.results.paper_figures import calibration_size, leaderboard, time_emissions
 from replaceme_exp.results.paper_tables import TABLES, TASK_COLUMNS, build_table, table_notes, to_latex, to_markdown
 from replaceme_exp.results.selection import choose_setting
 
@@ -253,3 +253,35 @@ def test_runs_of_other_library_versions_are_not_averaged():
     choice = choose_setting(runs)
     assert [g.n for g in choice.groups] == [1, 1]
     assert "torch_version=2.13.0" in choice.note("x")
+
+
+def leaderboard_run(i: int, model: str, scores: dict, baseline: dict, **values) -> dict:
+    base = dict(model=model, eval="leaderboard", objective="ls", solver=None, solver_schedule=None)
+    row = run(i, **{**base, **values})
+    row.update({f"score_{t}": v for t, v in scores.items()})
+    row.update({f"baseline_score_{t}": v for t, v in baseline.items()})
+    return row
+
+
+def test_leaderboard_bars_are_scores_over_the_unpruned_models_per_task(tmp_path):
+    baseline = {"leaderboard_bbh": 0.5, "leaderboard_math_hard": 0.1, "leaderboard_gpqa": 0.3}
+    runs = frame(
+        leaderboard_run(1, "llama2_7b", {"leaderboard_bbh": 0.45, "leaderboard_math_hard": 0.05,
+                                         "leaderboard_gpqa": 0.3}, baseline),  # fmt: skip
+        leaderboard_run(2, "llama2_7b", {"leaderboard_bbh": 0.40, "leaderboard_math_hard": 0.07,
+                                         "leaderboard_gpqa": 0.27}, baseline),  # fmt: skip
+        leaderboard_run(3, "llama2_7b", {"leaderboard_bbh": 0.3}, baseline, objective="identity",
+                        selection_metric="angular_last"),  # fmt: skip
+        # Another suite and another blocks count: not in the figure.
+        leaderboard_run(4, "llama2_7b", {"leaderboard_bbh": 0.1}, baseline, eval="paper"),
+        leaderboard_run(5, "llama2_7b", {"leaderboard_bbh": 0.1}, baseline, n_prune=4),
+    )
+    plotted = leaderboard(runs, tmp_path / "leaderboard.png").set_index(["panel", "series", "x"])
+    ls = plotted.loc[("llama2_7b", "Ours (LS)")]
+    assert ls.loc["leaderboard_bbh", "mean"] == pytest.approx((0.9 + 0.8) / 2) and ls.loc["leaderboard_bbh", "n"] == 2
+    assert ls.loc["leaderboard_math_hard", "mean"] == pytest.approx((0.5 + 0.7) / 2)
+    assert ls.loc["leaderboard_gpqa", "mean"] == pytest.approx((1.0 + 0.9) / 2)
+    uidl = plotted.loc[("llama2_7b", "UIDL")]
+    assert list(uidl.index) == ["leaderboard_bbh"] and uidl.loc["leaderboard_bbh", "mean"] == pytest.approx(0.6)
+    assert "llama3_8b_instruct" not in plotted.index.get_level_values(0)  # no runs: nothing drawn
+    assert (tmp_path / "leaderboard.png").stat().st_size > 0

@@ -21,6 +21,7 @@ EXPECTED_JOBS = {
     "paper/higher_compression": 8,
     "paper/layer_distances": 1,
     "paper/llama2_comparison": 3,
+    "paper/leaderboard": 6,
     "paper/llama3_main": 12,
     "paper/masking": 4,
     "paper/model_scales": 2,

@@ -12,12 +12,14 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
 - ``pruned_layers``: average accuracy against the number of pruned blocks, ReplaceMe (LS) and
   UIDL, one panel per model.
 - ``time_emissions``: compression time and CO2 relative to ReplaceMe (LS), and RP, for LS,
-  cosine and UIDL; uncached runs only (a run whose selection distances or LS statistics came
+  cosine and UIDL healed with LoRA (its healing counts as compression); uncached runs only (a run whose selection distances or LS statistics came
   from a cache did not pay for them; a run without a ``cached_stages`` record is excluded as
   unknown); the figure and its CSV say how many runs were excluded.
 - ``block_selection``: every 8-block window's held-out cosine and L2 distance against the
   pruned model's average accuracy, per method, with a least-squares trend line.
 - ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
+- ``leaderboard``: scores on BBH, MATH, GPQA, MuSR and MMLU-Pro relative to the unpruned model,
+  for LS, cosine and UIDL, one panel per model (Llama 2 7B and Llama 3 8B Instruct at 25%).
 
 Each figure takes a :class:`paper_settings.Target` like the tables (``make paper-tables MODEL=
 CALIBRATION= EVAL=``): its conditions are retargeted to another model, calibration set or suite,
@@ -429,12 +431,91 @@ def _save(fig, path: Path, footnote: str | None = None) -> None:
     plt.close(fig)
 
 
+LEADERBOARD_TASKS = {
+    "leaderboard_bbh": "BBH",
+    "leaderboard_math_hard": "MATH",
+    "leaderboard_gpqa": "GPQA",
+    "leaderboard_musr": "MuSR",
+    "leaderboard_mmlu_pro": "MMLU-Pro",
+}
+LEADERBOARD_MODELS = {"llama2_7b": "Llama 2 7B", "llama3_8b_instruct": "Llama 3 8B Instruct"}
+
+
+def _suite_tasks(frame: pd.DataFrame) -> list[str]:
+    """The tasks whose score and unpruned score the runs record: the leaderboard's in its order,
+    then any other suite's (a retargeted rendering) sorted."""
+    recorded = {
+        c[len("score_") :]
+        for c in frame.columns
+        if c.startswith("score_") and not c.startswith("score_stderr_") and f"baseline_{c}" in frame.columns
+    }
+    recorded = {t for t in recorded if _numeric(frame, f"score_{t}").notna().any()}
+    return [t for t in LEADERBOARD_TASKS if t in recorded] + sorted(recorded - set(LEADERBOARD_TASKS))
+
+
+def leaderboard(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
+    """Figure "Comparison between our proposed methods and UIDL on a different set of benchmarks":
+    per paper model (25%: 8 of 32 blocks), each method's score on BBH, MATH, GPQA, MuSR and
+    MMLU-Pro divided by the unpruned model's score on the same task (``score_<task>`` /
+    ``baseline_score_<task>`` of the same run), averaged over the runs of one setting."""
+    plotted = Plotted(target)
+    model = plotted.retarget.target.model
+    panels = {m: (title, [m]) for m, title in LEADERBOARD_MODELS.items()}
+    if model is not None:
+        panels = {model: (model, list(LEADERBOARD_MODELS))}
+    methods = {"Ours (LS)": REPLACEME_LS, "Ours (Cosine)": REPLACEME_COSINE, "UIDL": UIDL}
+    fig, axes = plt.subplots(1, len(panels), figsize=(12 if len(panels) > 1 else 6, 3.8), sharey=True, squeeze=False)
+    for ax, (panel, (title, paper_models)) in zip(axes[0], panels.items()):
+        where = {**METHOD_FREE, "model": paper_models[0], "n_prune": 8, "eval": "leaderboard"}
+        for other in paper_models[1:]:
+            plotted.retarget.conditions({**where, "model": other})
+        chosen = {}
+        for label, method in methods.items():
+            choice = choose_setting(plotted.runs(runs, {**where, **method}))
+            plotted.tally.show(choice.shown)
+            if choice.shown is not None:
+                chosen[label] = (choice.shown, choice.note(label))
+        tasks = _suite_tasks(pd.concat([c for c, _ in chosen.values()])) if chosen else []
+        width = 0.8 / len(methods)  # every panel leaves each method its place and colour
+        for label, (frame, note) in chosen.items():
+            i = list(methods).index(label)
+            ratios = [_numeric(frame, f"score_{t}") / _numeric(frame, f"baseline_score_{t}") for t in tasks]
+            points = pd.DataFrame(
+                [
+                    {"x": t, "mean": r.mean(), "std": r.std() if r.count() > 1 else 0.0, "n": int(r.count())}
+                    for t, r in zip(tasks, ratios)
+                ]
+            )
+            points = points[points["n"] > 0] if not points.empty else points
+            if points.empty:
+                continue
+            points["note"] = note
+            plotted.add(panel, label, points)
+            positions = [tasks.index(t) + i * width for t in points["x"]]
+            color = ("green", "blue", "red")[i]
+            bars = ax.bar(positions, points["mean"], width, yerr=points["std"], capsize=2, label=label, color=color)
+            ax.bar_label(bars, fmt="%.2f", fontsize="xx-small")
+        if not plotted.rows or all(r["panel"] != panel for r in plotted.rows):
+            matched = sum(len(c) for c, _ in chosen.values())
+            plotted.no_runs(ax, "+paper=leaderboard", matched, "leaderboard scores with the unpruned model's")
+        else:
+            ax.set_xticks([k + width * (len(methods) - 1) / 2 for k in range(len(tasks))])
+            ax.set_xticklabels([LEADERBOARD_TASKS.get(t, t) for t in tasks], fontsize="small")
+            ax.axhline(1.0, color="orange", linestyle="--", lw=1)
+        ax.set(title=title, ylabel="Score / unpruned model's")
+        ax.grid(alpha=0.3, axis="y")
+    _legend(*axes[0])
+    _save(fig, path, plotted.footnote(_settings_footnote(plotted)))
+    return plotted.frame("leaderboard")
+
+
 FIGURES = {
     "calibration_size": calibration_size,
     "pruned_layers": pruned_layers,
     "time_emissions": time_emissions,
     "block_selection": block_selection,
     "layer_distances": layer_distances,
+    "leaderboard": leaderboard,
 }
 
 
