@@ -249,3 +249,11 @@ def test_the_config_hash_follows_what_healing_learns_not_how_it_logs():
     assert compose_config(["healing=lt_only"]).healing.data.dataset == "allenai/c4"  # the paper's data by default
     assert compose_config(["healing=full_model"]).healing.gradient_accumulation_steps == 4
 
+
+
+def test_the_summary_line_shows_perplexity_before_and_after_healing():
+    from replaceme_exp.tracking.job_summary import summary_line
+
+    row = {"status": "finished", "run_id": "r", "cuts": [[2, 4]], "ppl_heldout_baseline": 10.0,
+           "ppl_heldout_before_healing": 30.0, "ppl_heldout": 15.0, "healing": "lt_only", "time_total_s": 5}  # fmt: skip
+    assert "held-out ppl 10.00 -> 30.00 pruned, healed (lt_only) -> 15.00 (x1.50)" in summary_line(row)

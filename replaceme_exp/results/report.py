@@ -35,6 +35,7 @@ VARYING_CANDIDATES = tuple(c for c in SETTING_COLUMNS if c != "model_fingerprint
 # Metrics of the runs table, in this order, where a group records them.
 TABLE_METRICS = (
     "ppl_heldout_baseline",
+    "ppl_heldout_before_healing",
     "ppl_heldout",
     "avg_acc_baseline",
     "avg_acc",
@@ -44,6 +45,7 @@ TABLE_METRICS = (
     "compression_ratio",
     "time_capture_s",
     "time_estimate_s",
+    "time_heal_s",
     "time_eval_s",
     "time_total_s",
     "energy_kwh",

@@ -47,7 +47,9 @@ def summary_line(row: dict) -> str:
         parts = [head, f"cuts {_cuts(row.get('cuts'))}"]
         before, after = _number(row.get("ppl_heldout_baseline")), _number(row.get("ppl_heldout"))
         if before is not None and after is not None:
-            parts.append(f"held-out ppl {before:.2f} -> {after:.2f} (x{after / before:.2f})")
+            healed = _number(row.get("ppl_heldout_before_healing"))
+            via = f" -> {healed:.2f} pruned, healed ({row.get('healing')})" if healed is not None else ""
+            parts.append(f"held-out ppl {before:.2f}{via} -> {after:.2f} (x{after / before:.2f})")
         acc, acc_base, rp = (_number(row.get(k)) for k in ("avg_acc", "avg_acc_baseline", "rp"))
         if acc is not None:
             parts.append(f"avg_acc {acc_base:.3f} -> {acc:.3f}" if acc_base is not None else f"avg_acc {acc:.3f}")
