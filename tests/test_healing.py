@@ -203,7 +203,8 @@ def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
     from replaceme_exp.models.loading import load_model
 
     plain = run_recorded(compose_config(TINY + [f"results_dir={tmp_path}", "cuts=[[2,4]]"]), sweep_id="h")
-    cfg = compose_config(TINY + [f"results_dir={tmp_path}", *HEAL, "healing=lt_only", "healing.lr=1e-3"])
+    energy = ["tracking.codecarbon.enabled=true"]  # the healing stage's energy and CO2 in the row
+    cfg = compose_config(TINY + [f"results_dir={tmp_path}", *HEAL, "healing=lt_only", "healing.lr=1e-3", *energy])
     row = run_recorded(cfg, sweep_id="h")
     assert row["status"] == "finished", row["error"]
     # Before healing = the same pruning without healing; after = the saved healed checkpoint.
@@ -211,6 +212,7 @@ def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
     assert row["ppl_heldout"] != row["ppl_heldout_before_healing"]
     assert row["healing_steps"] == 6 and row["healing_trainable_params"] == 64 * 64
     assert row["time_heal_s"] > 0 and row["stage_seconds"]["healing (lt_only)"] > 0
+    assert row["energy_kwh_heal"] > 0 and row["co2_kg_heal"] > 0
     assert len(row["healing_loss_curve"]) == 3 and row["healing_transform_change"]["2-4"] > 0
     table = ResultsStore(tmp_path).load()
     stored = table[table["run_id"] == row["run_id"]].iloc[0]
