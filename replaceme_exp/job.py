@@ -30,8 +30,9 @@ from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
-from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.runner import input_device
+from replaceme_exp.capture.similarity import CCA_RIDGE, SimilarityStatistics
+from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.capture.token_rules import TokenRule
@@ -273,10 +274,11 @@ def heldout_distances(
     placement: str = "fused",
     sink_threshold: float = 20.0,
 ) -> tuple[float, float, float, dict]:
-    """(cos_dist_before, cos_dist_after, l2_dist_before, sink/rest split columns) on held-out
+    """(cos_dist_before, cos_dist_after, l2_dist_before, columns: sink/rest split, CKA, CCA) on held-out
     windows. The distances without T depend only on model, text, cuts and the sink threshold and
     are cached; jobs without any transform need no pass."""
     key = {**key, "metric": "dist_before", "sink_threshold": float(sink_threshold), "sink_median": "sequence"}
+    key["similarity"] = ["linear_cka", f"mean_cca/ridge={CCA_RIDGE}"]
     if all(t is None for t in transforms.values()):
         before, l2, splits = baselines.get_or_compute(
             key, lambda: _no_transform_distances(adapter, windows, transforms, sink_threshold)
@@ -300,9 +302,17 @@ def _no_transform_distances(adapter, windows, transforms, sink_threshold) -> lis
 def heldout_distances_pass(
     adapter, windows, transforms, placement: str = "fused", sink_threshold: float = 20.0
 ) -> tuple[float, float, float, dict]:
+    """One pass over the held-out windows: (cos_dist_before, cos_dist_after, l2_dist_before,
+    columns), the columns holding the sink/rest split and ``linear_cka_before`` /
+    ``mean_cca_before`` (similarity of ``L_{start-1}`` and ``L_{end-1}``, mean over the cuts)."""
     check = TransformDistances(transforms, placement, sink_threshold)
-    run_capture(adapter, windows, [check], desc="held-out distances")
-    return (*check.result(), check.l2_result(), check.split_result())
+    similarity = SimilarityStatistics(list(transforms), adapter.hidden_size, input_device(adapter))
+    run_capture(adapter, windows, [check, similarity], desc="held-out distances")
+    columns = check.split_result()
+    for metric, column in (("cka", "linear_cka_before"), ("cca", "mean_cca_before")):
+        values = similarity.result(metric).values()
+        columns[column] = sum(values) / len(values)
+    return (*check.result(), check.l2_result(), columns)
 
 
 def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike, on_stage=None) -> dict:

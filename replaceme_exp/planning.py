@@ -9,6 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
 from replaceme_exp.capture.runner import input_device
+from replaceme_exp.capture.similarity import CCA_RIDGE, SIMILARITY_METRICS, SimilarityStatistics
+from replaceme_exp.capture.statistics import DISTANCE_METRICS
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.least_squares import ls_residuals
@@ -17,7 +19,8 @@ from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts, val
 log = logging.getLogger(__name__)
 
 
-SELECTION_METRICS = ("cosine", "angular", "l2", "ls_residual")
+SELECTION_METRICS = ("cosine", "angular", "l2", "ls_residual", "cka", "cca")
+WHOLE_SEQUENCE_METRICS = ("ls_residual", "cka", "cca")  # defined over all tokens only
 
 
 def selection_metric_name(selection: DictConfig) -> str:
@@ -26,8 +29,10 @@ def selection_metric_name(selection: DictConfig) -> str:
         raise ConfigError("selection.metric", selection.metric, f"choose one of {SELECTION_METRICS}")
     if selection.tokens not in ("all", "last"):
         raise ConfigError("selection.tokens", selection.tokens, "choose all or last")
-    if selection.metric == "ls_residual" and selection.tokens != "all":
-        raise ConfigError("selection.tokens", selection.tokens, "ls_residual uses all tokens")
+    if selection.metric in WHOLE_SEQUENCE_METRICS and selection.tokens != "all":
+        raise ConfigError(
+            "selection.tokens", selection.tokens, f"selection.metric={selection.metric} is computed over all tokens"
+        )
     return selection.metric if selection.tokens == "all" else f"{selection.metric}_last"
 
 
@@ -41,10 +46,19 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     criterion = selection_metric_name(cfg.selection)
     if metric == "ls_residual":
         criterion += f"/alpha={float(cfg.alpha)}/{cfg.lt_placement}/tokens={rule.key()}"
+    if metric == "cca":
+        criterion += f"/ridge={CCA_RIDGE}"
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
-    cut_distances = CutDistances(candidates, metric, cfg.selection.tokens) if metric != "ls_residual" else None
+    cut_distances = CutDistances(candidates, metric, cfg.selection.tokens) if metric in DISTANCE_METRICS else None
+    similarity = None
+    if metric in SIMILARITY_METRICS:
+        similarity = SimilarityStatistics(candidates, adapter.hidden_size, input_device(adapter))
+        blocks = len(similarity.grams) + len(candidates)
+        log.info(
+            "%s selection: %d d x d float64 moments (%.2f GiB)", metric, blocks, blocks * adapter.hidden_size**2 * 8 / 2**30
+        )
     all_stats = metric == "ls_residual" or (
         needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
     )
@@ -53,7 +67,7 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
         if all_stats
         else None
     )
-    statistics = [s for s in (cut_distances, linear) if s is not None] + list(extra_statistics)
+    statistics = [s for s in (cut_distances, similarity, linear) if s is not None] + list(extra_statistics)
     with timer("capture", "capture (selection)"):
         run_capture(adapter, calibration, statistics, desc="capture (selection)")
     stats = linear.result() if linear is not None else {}
@@ -62,6 +76,9 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     if metric == "ls_residual":
         with timer("estimate", "selection (ls residuals)"):
             distances = ls_residuals(stats, float(cfg.alpha))
+    elif similarity is not None:
+        with timer("estimate", f"selection ({metric})"):
+            distances = similarity.distances(metric)
     else:
         distances = cut_distances.result()
     cache.put_distances(length, criterion, distances)

@@ -174,7 +174,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("calibration.chat_turns", choice("all", "first_pair")),
     Key("calibration.streaming", boolean),
     # selection, objective, regulariser, structure, healing
-    Key("selection.metric", choice("cosine", "angular", "l2", "ls_residual"), True),
+    Key("selection.metric", choice("cosine", "angular", "l2", "ls_residual", "cka", "cca"), True),
     Key("selection.tokens", choice("all", "last"), True),
     Key("objective.solver", choice("adam", "lbfgs", "nlcg", "trust_ncg")),
     Key("objective.loss", choice("cosine", "cosine_exact", "mse")),
@@ -289,6 +289,9 @@ def validate_config(cfg: DictConfig) -> None:
     first, seq_len = _value(data, "estimation.first"), _value(data, "calibration.seq_len")
     if _value(data, "estimation.tokens") == "skip_first" and _is_int(first) and _is_int(seq_len) and first >= seq_len:
         raise ConfigError("estimation.first", first, f"leaves no token of sequences of calibration.seq_len={seq_len}")
+    metric = _value(data, "selection.metric")
+    if metric in ("ls_residual", "cka", "cca") and _value(data, "selection.tokens") == "last":
+        raise ConfigError("selection.tokens", "last", f"selection.metric={metric} is computed over all tokens")
     source = _value(data, "calibration.source")
     if source == "text_file" or (source == "hf_dataset" and _value(data, "calibration.dataset") == "json"):
         path = _value(data, "calibration.path")

@@ -145,10 +145,12 @@ def paper_tables(tmp_path_factory):
         ),
         # Block-selection figure: two explicit windows, LS.
         synthetic_row(
-            18, cuts="[[1, 9]]", selection_metric=None, cos_dist_before=0.5, l2_dist_before=40.0, avg_acc=0.40
+            18, cuts="[[1, 9]]", selection_metric=None, cos_dist_before=0.5, l2_dist_before=40.0, avg_acc=0.40,
+            linear_cka_before=0.7, mean_cca_before=0.8,
         ),
         synthetic_row(
-            19, cuts="[[20, 28]]", selection_metric=None, cos_dist_before=0.2, l2_dist_before=90.0, avg_acc=0.60
+            19, cuts="[[20, 28]]", selection_metric=None, cos_dist_before=0.2, l2_dist_before=90.0, avg_acc=0.60,
+            linear_cka_before=0.9,
         ),
         # The diagonal LT again, in float32: not the paper's dtype, left out of the cell and noted.
         synthetic_row(20, avg_acc=0.1, structure="diagonal", dtype="float32", ppl_lambada=90.0, rp=0.1),
@@ -294,6 +296,14 @@ def test_figure_numbers(paper_tables):
     blocks = pd.read_csv(out / "block_selection.csv")
     l2 = blocks[blocks.panel == "l2_dist_before"].sort_values("x")
     assert l2["x"].tolist() == [40.0, 90.0] and l2["mean"].tolist() == [0.40, 0.60]
+    cka = blocks[blocks.panel == "linear_cka_before"].sort_values("x")
+    assert cka["x"].tolist() == [0.7, 0.9] and cka["mean"].tolist() == [0.40, 0.60]
+    cca = blocks[blocks.panel == "mean_cca_before"]  # the second window recorded none: one point, not a zero
+    assert cca["x"].tolist() == [0.8] and cca["mean"].tolist() == [0.40]
+    profile = blocks[blocks.panel == "profile_linear_cka_before"].sort_values("x")
+    assert profile["x"].tolist() == [1.0, 20.0] and profile["mean"].tolist() == pytest.approx([0.3, 0.1])
+    accuracy = blocks[blocks.panel == "accuracy"].sort_values("x")
+    assert accuracy["x"].tolist() == [1.0, 20.0] and accuracy["mean"].tolist() == [0.40, 0.60]
     layers = pd.read_csv(out / "pruned_layers.csv")
     by_series = {name: list(zip(g.x, g["mean"].round(4), g.n)) for name, g in layers.groupby("series")}
     assert by_series == {"UIDL": [(4, 0.6, 1), (8, 0.58, 1)], "ReplaceMe": [(4, 0.65, 1), (8, 0.63, 2)]}

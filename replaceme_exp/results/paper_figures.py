@@ -15,8 +15,9 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
   cosine and UIDL healed with LoRA (its healing counts as compression); uncached runs only (a run whose selection distances or LS statistics came
   from a cache did not pay for them; a run without a ``cached_stages`` record is excluded as
   unknown); the figure and its CSV say how many runs were excluded.
-- ``block_selection``: every 8-block window's held-out cosine and L2 distance against the
-  pruned model's average accuracy, per method, with a least-squares trend line.
+- ``block_selection``: every 8-block window's held-out cosine distance, L2 distance, linear CKA
+  and mean CCA against the pruned model's average accuracy, per method, with a least-squares
+  trend line; and the distances and accuracies over the window's position.
 - ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
 - ``leaderboard``: scores on BBH, MATH, GPQA, MuSR and MMLU-Pro relative to the unpruned model,
   for LS, cosine and UIDL, one panel per model (Llama 2 7B and Llama 3 8B Instruct at 25%).
@@ -343,33 +344,82 @@ def _one_window(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["cuts"].map(lambda c: isinstance(c, str) and len(json.loads(c)) == 1)]
 
 
+def _window_start(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a ``window_start`` column: the start of its one explicit cut."""
+    starts = frame["cuts"].map(lambda c: json.loads(c)[0][0]) if "cuts" in frame.columns else np.nan
+    return frame.assign(window_start=starts)
+
+
+BLOCK_SELECTION_METRICS = (
+    ("cos_dist_before", "Cosine distance"),
+    ("l2_dist_before", "L2"),
+    ("linear_cka_before", "Linear CKA"),
+    ("mean_cca_before", "Mean CCA"),
+)
+
+
 def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
+    """Every one-window run: each held-out similarity measure of its window (without T: cosine,
+    L2, linear CKA, mean CCA) against the pruned model's average accuracy, per method with a
+    least-squares trend line; then, over the window's start, the three bounded measures as
+    distances (cosine, 1 - CKA, 1 - CCA, from the LS runs) and each method's accuracy."""
     plotted = Plotted(target)
     methods = {"ReplaceMe (LS)": {"objective": "ls"}, "ReplaceMe (Cosine)": {"objective": "cosine"}}
     methods["UIDL"] = {"objective": "identity"}
+    colors = dict(zip(methods, ("green", "blue", "red")))
     where = {**LLAMA3_25, "selection_metric": None}  # explicit cuts: the sliding windows
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for ax, metric, label in ((axes[0], "cos_dist_before", "Cosine distance"), (axes[1], "l2_dist_before", "L2")):
+    windows = {
+        name: _window_start(plotted.runs(runs, {**where, **method}, keep=_one_window, kept=ONE_WINDOW))
+        for name, method in methods.items()
+    }
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.2))
+    scatter_axes = [axes[0, 0], axes[0, 1], axes[0, 2], axes[1, 0]]
+    for ax, (metric, label) in zip(scatter_axes, BLOCK_SELECTION_METRICS):
         drawn, matched = False, 0
-        for (name, method), color in zip(methods.items(), ("green", "blue", "red")):
-            windows = plotted.runs(runs, {**where, **method}, keep=_one_window, kept=ONE_WINDOW)
-            matched += len(windows)
-            points = mean_std(windows, metric, "avg_acc")
+        for name, frame in windows.items():
+            matched += len(frame)
+            points = mean_std(frame, metric, "avg_acc")
             if points.empty:
                 continue
             drawn = True
             plotted.add(metric, name, points)
-            ax.scatter(points["x"], points["mean"], color=color, label=name, s=14)
+            ax.scatter(points["x"], points["mean"], color=colors[name], label=name, s=14)
             if len(points) >= 2:
                 slope, intercept = np.polyfit(points["x"], points["mean"], 1)
                 xs = np.linspace(points["x"].min(), points["x"].max(), 2)
-                ax.plot(xs, slope * xs + intercept, color=color, ls="--", lw=1)
+                ax.plot(xs, slope * xs + intercept, color=colors[name], ls="--", lw=1)
         if not drawn:
             plotted.no_runs(ax, "+paper=block_selection", matched, f"{metric} and avg_acc")
         ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} (held-out, without T)")
+        ax.set_ylabel("Average accuracy")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("Average accuracy")
-    _legend(*axes)
+    profile, accuracy = axes[1, 1], axes[1, 2]
+    ls_windows = windows["ReplaceMe (LS)"]
+    drawn = False
+    for metric, label, color in (
+        ("cos_dist_before", "cosine distance", "black"),
+        ("linear_cka_before", "1 - linear CKA", "purple"),
+        ("mean_cca_before", "1 - mean CCA", "orange"),
+    ):
+        points = mean_std(ls_windows, "window_start", metric)
+        if metric != "cos_dist_before":
+            points["mean"] = 1.0 - points["mean"]
+        drawn |= _line(ax=profile, points=points, plotted=plotted, panel=f"profile_{metric}", series=label, color=color)
+    if not drawn:
+        plotted.no_runs(profile, "+paper=block_selection", len(ls_windows), "held-out distances")
+    profile.set(title="Distance of each window (LS runs)", xlabel="First pruned block", ylabel="Distance")
+    profile.grid(alpha=0.3)
+    drawn = False
+    for name, frame in windows.items():
+        points = mean_std(frame, "window_start", "avg_acc")
+        drawn |= _line(ax=accuracy, points=points, plotted=plotted, panel="accuracy", series=name, color=colors[name])
+    if not drawn:
+        plotted.no_runs(accuracy, "+paper=block_selection", sum(len(f) for f in windows.values()), "avg_acc")
+    accuracy.set(title="Accuracy of each window", xlabel="First pruned block", ylabel="Average accuracy")
+    accuracy.grid(alpha=0.3)
+    _legend(*scatter_axes)
+    _legend(profile)
+    _legend(accuracy)
     _save(fig, path, plotted.footnote(_settings_footnote(plotted)))
     return plotted.frame("block_selection")
 
