@@ -8,7 +8,7 @@
   (``base(x) @ T``), so T itself is the parameter, and T is fused again after training; with the
   separate placement the transform of the block-output hook becomes the parameter.
 - ``full_model``: every weight trains (the paper's "Full model" row).
-- ``lora``: LoRA adapters (peft) on ``healing.lora.target_modules`` (the MLP projections by
+- ``lora``: LoRA adapters (peft) on ``healing.lora.target_modules`` (``mlp``: the MLP projections by
   default: UIDL's healing as the paper ran it), merged into the weights after training.
 
 Training is a plain loop: Adam, ``batch_size`` windows of ``context_length`` tokens per micro-step,
@@ -297,14 +297,19 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
     )
 
 
-def lora_config(cfg: DictConfig):
-    """peft's ``LoraConfig`` from ``healing.lora`` (r, alpha, dropout, target_modules)."""
+def lora_config(cfg: DictConfig, adapter: DecoderAdapter):
+    """peft's ``LoraConfig`` from ``healing.lora`` (r, alpha, dropout, target_modules: a list of
+    linear layer names, or ``mlp`` for the family's MLP projections,
+    :attr:`DecoderAdapter.mlp_projection_names`)."""
     from peft import LoraConfig
 
     lora = cfg.lora
-    targets = OmegaConf.to_container(lora.target_modules) if OmegaConf.is_list(lora.target_modules) else None
+    if lora.target_modules == "mlp":
+        targets = list(adapter.mlp_projection_names)
+    else:
+        targets = OmegaConf.to_container(lora.target_modules) if OmegaConf.is_list(lora.target_modules) else None
     if not targets:
-        raise ConfigError("healing.lora.target_modules", lora.target_modules, "give a list of module names")
+        raise ConfigError("healing.lora.target_modules", lora.target_modules, "give mlp or a list of module names")
     return LoraConfig(
         r=int(lora.r),
         lora_alpha=float(lora.alpha),
@@ -348,7 +353,7 @@ def heal_with_lora(adapter: DecoderAdapter, windows: TokenBatches, cfg: DictConf
     from peft import get_peft_model
 
     model = adapter.model
-    config = lora_config(cfg)
+    config = lora_config(cfg, adapter)
     names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     if missing := sorted(set(config.target_modules) - names):
         key, value = "healing.lora.target_modules", sorted(config.target_modules)

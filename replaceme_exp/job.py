@@ -380,6 +380,8 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
     tokenizer = capture_loaded.tokenizer
     check_weights_finite(capture_loaded.model)
     capture_adapter = adapter_for(capture_loaded.model)
+    if estimator.fits_transform and cfg.lt_placement == "fused":
+        capture_adapter.require_fusable()  # OLMo 2, Gemma 2/3: before any capture
     row["model_revision"] = capture_loaded.identity.get("commit")
 
     with timer("data"):

@@ -26,7 +26,7 @@ EXPECTED_JOBS = {
     "paper/masking": 4,
     "paper/model_scales": 2,
     "paper/multi_lt_count": 8,
-    "paper/pruned_layers": 30,
+    "paper/pruned_layers": 40,
     "paper/regularization": 7,
     "paper/regularization_cosine": 4,
     "paper/solvers": 4,

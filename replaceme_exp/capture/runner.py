@@ -25,7 +25,7 @@ def position_ids_for(mask: torch.Tensor) -> torch.Tensor:
 
 
 def input_device(adapter: DecoderAdapter) -> torch.device:
-    return adapter.backbone.embed_tokens.weight.device
+    return adapter.embeddings.weight.device
 
 
 def _backbone_forward(adapter: DecoderAdapter, batch: TokenBatch):

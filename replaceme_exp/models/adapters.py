@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from replaceme_exp.errors import UnsupportedModelError
+from replaceme_exp.errors import ConfigError, UnsupportedModelError
 
 
 class DecoderAdapter:
@@ -19,6 +19,11 @@ class DecoderAdapter:
     ``.self_attn.layer_idx``; block output ``L = Y + MLP(norm(Y))``."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
+    # The linear layers of a block's MLP (healing.lora.target_modules=mlp).
+    mlp_projection_names: ClassVar[tuple[str, ...]] = ("gate_proj", "up_proj", "down_proj")
+    # Why T cannot be fused into the down-projection (None: it can); such families take
+    # lt_placement=separate, where T multiplies the whole block output.
+    unfusable_reason: ClassVar[str | None] = None
     # Config fields holding one entry per block (sliced when blocks are removed).
     per_layer_config_fields: ClassVar[tuple[str, ...]] = ("layer_types",)
     # Config fields holding a block index threshold ("blocks below i do X").
@@ -38,6 +43,11 @@ class DecoderAdapter:
         return self.model.model
 
     @property
+    def embeddings(self) -> nn.Embedding:
+        """The token embedding: its device is where a batch's input ids go."""
+        return self.backbone.embed_tokens
+
+    @property
     def layers(self) -> nn.ModuleList:
         return self.backbone.layers
 
@@ -54,8 +64,16 @@ class DecoderAdapter:
         return self.layers[index].mlp
 
     def fusion_target(self, index: int) -> nn.Linear:
-        """The linear layer whose output is ``M_index``: T is fused into it."""
+        """The linear layer whose output is ``M_index``: T is fused into it. Refused, with the
+        reason, for families where that is inexact (:attr:`unfusable_reason`)."""
+        self.require_fusable()
         return self.layers[index].mlp.down_proj
+
+    def require_fusable(self) -> None:
+        if self.unfusable_reason is not None:
+            raise ConfigError(
+                "lt_placement", "fused", f"{self.unfusable_reason}; use lt_placement=separate (T on the block output)"
+            )
 
     def replace_layers(self, layers: nn.ModuleList) -> None:
         """Put the kept blocks where the family keeps its blocks."""
@@ -98,23 +116,94 @@ class Qwen2Adapter(DecoderAdapter):
     layer_threshold_config_fields = ("max_window_layers",)
 
 
+class Phi3Adapter(DecoderAdapter):
+    """Phi-3: Llama-style blocks whose MLP fuses gate and up projections (``gate_up_proj``);
+    the down-projection, T's fusion target, is separate."""
+
+    model_types = ("phi3",)
+    mlp_projection_names = ("gate_up_proj", "down_proj")
+
+
+class FalconAdapter(DecoderAdapter):
+    """Falcon: ``model.transformer.h[i]`` with ``.mlp.dense_4h_to_h`` and
+    ``.self_attention.layer_idx``. With parallel attention (Falcon 2 11B, 7B, 40B) the block
+    output is ``L = X + Attn(norm(X)) + MLP(norm(X))``, so ``Y = L - M = X + Attn`` and fusing T
+    into ``dense_4h_to_h`` is exact as for sequential blocks. The block adds the attention output
+    to the MLP output in place, after the MLP's forward hook: the capture copies ``M`` when the
+    hook fires (boolean-mask indexing), before that addition."""
+
+    model_types = ("falcon",)
+    mlp_projection_names = ("dense_h_to_4h", "dense_4h_to_h")
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.model.transformer
+
+    @property
+    def embeddings(self) -> nn.Embedding:
+        return self.backbone.word_embeddings
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.backbone.h
+
+    def fusion_target(self, index: int) -> nn.Linear:
+        return self.layers[index].mlp.dense_4h_to_h
+
+    def replace_layers(self, layers: nn.ModuleList) -> None:
+        self.backbone.h = layers
+
+    def reindex_layer(self, layer: nn.Module, new_index: int) -> None:
+        layer.self_attention.layer_idx = new_index
+
+
+POST_MLP_NORM = "{} applies a norm after the MLP down-projection (post_feedforward_layernorm), so T fused there is not exact"
+
+
+class Olmo2Adapter(DecoderAdapter):
+    model_types = ("olmo2",)
+    unfusable_reason = POST_MLP_NORM.format("OLMo 2")
+
+
+class Gemma2Adapter(DecoderAdapter):
+    model_types = ("gemma2",)
+    unfusable_reason = POST_MLP_NORM.format("Gemma 2")
+
+
+class Gemma3Adapter(DecoderAdapter):
+    """Gemma 3's text model (``Gemma3ForCausalLM``); local and global layers follow the kept
+    blocks through ``config.layer_types``."""
+
+    model_types = ("gemma3_text",)
+    unfusable_reason = POST_MLP_NORM.format("Gemma 3")
+
+
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
-    model_type: cls for cls in (LlamaAdapter, MistralAdapter, Qwen2Adapter) for model_type in cls.model_types
+    model_type: cls
+    for cls in (
+        LlamaAdapter,
+        MistralAdapter,
+        Qwen2Adapter,
+        Phi3Adapter,
+        FalconAdapter,
+        Olmo2Adapter,
+        Gemma2Adapter,
+        Gemma3Adapter,
+    )
+    for model_type in cls.model_types
 }
 
-# Families whose block cannot take T exactly in its down-projection.
-UNFUSABLE: dict[str, str] = {
-    "gemma2": "Gemma 2 applies a norm after the MLP down-projection, so fusing T there is not exact",
-    "gemma3": "Gemma 3 applies a norm after the MLP down-projection, so fusing T there is not exact",
-    "gemma3_text": "Gemma 3 applies a norm after the MLP down-projection, so fusing T there is not exact",
+# Families known and refused, with the reason.
+UNSUPPORTED: dict[str, str] = {
+    "gemma3": "a multimodal Gemma 3 checkpoint: prune its text model (model_type gemma3_text, Gemma3ForCausalLM)",
 }
 
 
 def adapter_for(model: nn.Module) -> DecoderAdapter:
     """The adapter for ``model`` (a ``*ForCausalLM``); a clear error for other families."""
     model_type = getattr(model.config, "model_type", None)
-    if model_type in UNFUSABLE:
-        raise UnsupportedModelError("model.config.model_type", model_type, UNFUSABLE[model_type])
+    if model_type in UNSUPPORTED:
+        raise UnsupportedModelError("model.config.model_type", model_type, UNSUPPORTED[model_type])
     if model_type not in ADAPTERS:
         raise UnsupportedModelError(
             "model.config.model_type",

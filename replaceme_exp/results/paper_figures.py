@@ -59,6 +59,7 @@ REPLACEME_COSINE = {"objective": "cosine", "selection_metric": "cosine"}
 PRUNED_LAYERS_MODELS = {
     "llama3_8b_instruct": "Llama 3 8B instruct",
     "mistral_7b_instruct_v03": "Mistral 7B instruct v0.3",
+    "falcon2_11b": "Falcon 2 11B",
     "qwen25_7b_instruct": "Qwen 2.5 7B instruct",
 }
 # Methods differ in their selection metric (a method's conditions name it).
@@ -215,7 +216,8 @@ def pruned_layers(runs: pd.DataFrame, path: Path, target: Target | None = None) 
     panels = {m: (title, [m]) for m, title in PRUNED_LAYERS_MODELS.items()}
     if model is not None:
         panels = {model: (model, list(PRUNED_LAYERS_MODELS))}
-    fig, axes = plt.subplots(1, len(panels), figsize=(12 if len(panels) > 1 else 5, 3.6), sharey=True, squeeze=False)
+    width = 4 * len(panels) if len(panels) > 1 else 5
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 3.6), sharey=True, squeeze=False)
     for ax, (panel, (title, paper_models)) in zip(axes[0], panels.items()):
         where = {**METHOD_FREE, "model": paper_models[0], "eval": "paper"}
         for other in paper_models[1:]:  # the caption names every paper model this panel stands for

@@ -59,7 +59,7 @@ PAPER_CALIB_SAMPLES = DEFAULT_METHOD["n_calib_samples"]
 # The number of transformer blocks of the paper's models (num_hidden_layers in each checkpoint's
 # config.json on the Hugging Face hub: meta-llama/Llama-2-7b-hf, Meta-Llama-3-8B-Instruct,
 # Llama-3.1-8B-Instruct, Llama-3.2-1B-Instruct, Meta-Llama-3-70B-Instruct,
-# mistralai/Mistral-7B-Instruct-v0.3, Qwen/Qwen2.5-7B-Instruct; openai/clip-vit-large-patch14's
+# mistralai/Mistral-7B-Instruct-v0.3, Qwen/Qwen2.5-7B-Instruct, tiiuae/falcon-11B; openai/clip-vit-large-patch14's
 # vision_config), by the name of their conf/model config.
 PAPER_DEPTHS = {
     "llama2_7b": 32,
@@ -69,6 +69,7 @@ PAPER_DEPTHS = {
     "llama3_70b_instruct": 80,
     "mistral_7b_instruct_v03": 32,
     "qwen25_7b_instruct": 28,
+    "falcon2_11b": 60,
     "clip_vit_l14": 24,
 }
 PAPER_MODEL_NAMES = {
@@ -79,6 +80,7 @@ PAPER_MODEL_NAMES = {
     "llama3_70b_instruct": "Llama 3 70B Instruct",
     "mistral_7b_instruct_v03": "Mistral 7B Instruct v0.3",
     "qwen25_7b_instruct": "Qwen 2.5 7B Instruct",
+    "falcon2_11b": "Falcon 2 11B",
     "clip_vit_l14": "CLIP ViT-L/14",
 }
 RETARGET_KEYS = ("model", "calibration", "eval")
