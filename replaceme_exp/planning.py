@@ -55,10 +55,9 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     similarity = None
     if metric in SIMILARITY_METRICS:
         similarity = SimilarityStatistics(candidates, adapter.hidden_size, input_device(adapter))
-        blocks = len(similarity.grams) + len(candidates)
-        log.info(
-            "%s selection: %d d x d float64 moments (%.2f GiB)", metric, blocks, blocks * adapter.hidden_size**2 * 8 / 2**30
-        )
+        matrices = len(similarity.grams) + len(candidates)
+        gib = matrices * adapter.hidden_size**2 * 8 / 2**30
+        log.info("%s selection: %d d x d float64 moments (%.2f GiB)", metric, matrices, gib)
     all_stats = metric == "ls_residual" or (
         needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
     )

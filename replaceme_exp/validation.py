@@ -122,6 +122,12 @@ def sample_prompts(v) -> str | None:
     return "must be a non-empty list of non-empty strings"
 
 
+def lora_targets(v) -> str | None:
+    if v == "mlp" or (isinstance(v, list) and v and all(isinstance(p, str) and p.strip() for p in v)):
+        return None
+    return "must be mlp (the family's MLP projections) or a non-empty list of linear layer names"
+
+
 def percent_step(v) -> str | None:
     return None if _is_number(v) and 0 < v <= 100 else "must be a number in (0, 100]"
 
@@ -209,6 +215,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("healing.lora.r", positive_int),
     Key("healing.lora.alpha", finite_positive),
     Key("healing.lora.dropout", unit_interval_open_right),
+    Key("healing.lora.target_modules", lora_targets),
     # evaluation
     Key("eval.text", choice("pydoc_heldout", "text_file"), True),
     Key("eval.seq_len", positive_int, True),

@@ -192,6 +192,17 @@ def test_lora_names_a_target_module_the_model_lacks():
         heal(adapter_for(model), one_batch(), cfg, None)
 
 
+def test_lora_on_mlp_targets_the_familys_own_mlp_projections():
+    model = tiny_model("falcon", num_layers=4)
+    adapter = adapter_for(model)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    cfg = healing_cfg("lora", max_steps=2)
+    cfg.lora.target_modules = "mlp"
+    heal(adapter, one_batch(), cfg, None)
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed == {n for n in before if "dense_h_to_4h" in n or "dense_4h_to_h" in n} and changed
+
+
 HEAL = ["cuts=[[2,4]]", "healing/data=pydoc", "healing.max_steps=6", "healing.context_length=64", "healing.log_every=2"]
 
 
@@ -230,6 +241,7 @@ def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
         (["healing=lora", "healing.lr=-1"], "healing.lr"),
         (["healing=full_model", "healing/data=text_file"], "healing.data.path"),
         (["healing=lt_only", "healing.max_steps=0"], "healing.max_steps"),
+        (["healing=lora", "healing.lora.target_modules=attention"], "healing.lora.target_modules"),
     ],
 )
 def test_bad_healing_settings_fail_before_any_model_loads(tmp_path, overrides, key):
@@ -256,6 +268,6 @@ def test_the_config_hash_follows_what_healing_learns_not_how_it_logs():
 def test_the_summary_line_shows_perplexity_before_and_after_healing():
     from replaceme_exp.tracking.job_summary import summary_line
 
-    row = {"status": "finished", "run_id": "r", "cuts": [[2, 4]], "ppl_heldout_baseline": 10.0,
-           "ppl_heldout_before_healing": 30.0, "ppl_heldout": 15.0, "healing": "lt_only", "time_total_s": 5}  # fmt: skip
+    row = {"status": "finished", "run_id": "r", "cuts": [[2, 4]], "ppl_heldout_baseline": 10.0}
+    row.update(ppl_heldout_before_healing=30.0, ppl_heldout=15.0, healing="lt_only", time_total_s=5)
     assert "held-out ppl 10.00 -> 30.00 pruned, healed (lt_only) -> 15.00 (x1.50)" in summary_line(row)

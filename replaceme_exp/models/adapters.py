@@ -157,7 +157,9 @@ class FalconAdapter(DecoderAdapter):
         layer.self_attention.layer_idx = new_index
 
 
-POST_MLP_NORM = "{} applies a norm after the MLP down-projection (post_feedforward_layernorm), so T fused there is not exact"
+POST_MLP_NORM = (
+    "{} applies a norm after the MLP down-projection (post_feedforward_layernorm), so T fused there is not exact"
+)
 
 
 class Olmo2Adapter(DecoderAdapter):

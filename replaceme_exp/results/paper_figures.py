@@ -12,9 +12,9 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
 - ``pruned_layers``: average accuracy against the number of pruned blocks, ReplaceMe (LS) and
   UIDL, one panel per model.
 - ``time_emissions``: compression time and CO2 relative to ReplaceMe (LS), and RP, for LS,
-  cosine and UIDL healed with LoRA (its healing counts as compression); uncached runs only (a run whose selection distances or LS statistics came
-  from a cache did not pay for them; a run without a ``cached_stages`` record is excluded as
-  unknown); the figure and its CSV say how many runs were excluded.
+  cosine and UIDL healed with LoRA (its healing counts as compression); uncached runs only (a
+  run whose selection distances or LS statistics came from a cache did not pay for them; a run
+  without a ``cached_stages`` record is excluded as unknown); the figure and its CSV say how many runs were excluded.
 - ``block_selection``: every 8-block window's held-out cosine distance, L2 distance, linear CKA
   and mean CCA against the pruned model's average accuracy, per method, with a least-squares
   trend line; and the distances and accuracies over the window's position.
