@@ -30,12 +30,12 @@ from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
+from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.similarity import CCA_RIDGE, SimilarityStatistics
-from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.capture.token_rules import TokenRule
+from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.data import build_calibration, heldout_windows
 from replaceme_exp.data.calibration import Answerer
 from replaceme_exp.data.augmentation import with_masked_copies

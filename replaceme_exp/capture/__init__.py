@@ -6,6 +6,7 @@ any statistic needs. No N x d buffer over the whole data set exists on this path
 """
 
 from replaceme_exp.capture.runner import plain_forward, run_capture
+from replaceme_exp.capture.similarity import SimilarityStatistics
 from replaceme_exp.capture.statistics import (
     CutDistances,
     LayerDistances,
@@ -20,6 +21,7 @@ __all__ = [
     "LayerDistances",
     "LinearStatistics",
     "LinearStats",
+    "SimilarityStatistics",
     "TOKEN_RULES",
     "TokenRule",
     "TransformDistances",
