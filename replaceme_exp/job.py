@@ -31,14 +31,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.capture.execution import capture_precision, plan_execution
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.similarity import CCA_RIDGE, SimilarityStatistics
 from replaceme_exp.capture.statistics import PLACEMENTS
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.data import build_calibration, heldout_windows
-from replaceme_exp.data.calibration import Answerer
 from replaceme_exp.data.augmentation import with_masked_copies
+from replaceme_exp.data.calibration import Answerer
 from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
 from replaceme_exp.estimation.fitting import estimate, estimate_sequentially
 from replaceme_exp.evaluation import perplexity
@@ -373,13 +374,25 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         for i in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(i)
 
+    execution = plan_execution(cfg, cache_dir=cache_dir) if not nf4 else None
+    if execution is not None:
+        log.info("capture plan: %s", execution.reason)
+    row.update(
+        capture_mode=execution.mode if execution else "whole",
+        capture_precision=capture_precision(cfg),
+        capture_plan=execution.reason if execution else "whole-model capture: model.capture_4bit",
+    )
+    model_cfg = cfg.model
+    if execution is not None and execution.mode == "layerwise":  # the weights wait in host memory
+        model_cfg = OmegaConf.merge(cfg.model, {"device": "cpu", "device_map": None})
     with timer("load"):
         # With model.capture_4bit (the official use_4bit) capture and estimation run on a 4-bit NF4
         # copy, loaded first and freed before the full model is loaded for baselines, surgery and eval.
-        capture_loaded = load_model(cfg.model, cache_dir, row.get("model_fingerprint"), nf4=nf4)
+        capture_loaded = load_model(model_cfg, cache_dir, row.get("model_fingerprint"), nf4=nf4)
     tokenizer = capture_loaded.tokenizer
     check_weights_finite(capture_loaded.model)
     capture_adapter = adapter_for(capture_loaded.model)
+    capture_adapter.execution = execution
     if estimator.fits_transform and cfg.lt_placement == "fused":
         capture_adapter.require_fusable()  # OLMo 2, Gemma 2/3: before any capture
     row["model_revision"] = capture_loaded.identity.get("commit")

@@ -8,6 +8,7 @@ import logging
 from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
+from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, capture_precision, gib
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.similarity import CCA_RIDGE, SIMILARITY_METRICS, SimilarityStatistics
 from replaceme_exp.capture.statistics import DISTANCE_METRICS
@@ -42,43 +43,53 @@ def selection_distances(cfg, adapter, calibration, cache, candidates, needs_stat
     pass runs. Returns (distances, {cut: stats})."""
     metric = cfg.selection.metric
     rule = TokenRule.from_config(cfg.get("estimation"))
+    precision = capture_precision(cfg)
+    device = input_device(adapter)
     length = candidates[0][1] - candidates[0][0]
     criterion = selection_metric_name(cfg.selection)
     if metric == "ls_residual":
         criterion += f"/alpha={float(cfg.alpha)}/{cfg.lt_placement}/tokens={rule.key()}"
     if metric == "cca":
         criterion += f"/ridge={CCA_RIDGE}"
+    if metric in WHOLE_SEQUENCE_METRICS and precision != "float64":
+        criterion += f"/{precision}"
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
     cut_distances = CutDistances(candidates, metric, cfg.selection.tokens) if metric in DISTANCE_METRICS else None
     similarity = None
     if metric in SIMILARITY_METRICS:
-        similarity = SimilarityStatistics(candidates, adapter.hidden_size, input_device(adapter))
+        similarity = SimilarityStatistics(candidates, adapter.hidden_size, device, precision)
         matrices = len(similarity.grams) + len(candidates)
-        gib = matrices * adapter.hidden_size**2 * 8 / 2**30
-        log.info("%s selection: %d d x d float64 moments (%.2f GiB)", metric, matrices, gib)
-    all_stats = metric == "ls_residual" or (
-        needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
-    )
-    linear = (
-        LinearStatistics(candidates, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule)
-        if all_stats
-        else None
-    )
-    statistics = [s for s in (cut_distances, similarity, linear) if s is not None] + list(extra_statistics)
-    with timer("capture", "capture (selection)"):
-        run_capture(adapter, calibration, statistics, desc="capture (selection)")
-    stats = linear.result() if linear is not None else {}
-    if empty := [list(cut) for cut, s in stats.items() if s.n_tokens == 0]:
-        raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
+        size = gib(matrices * adapter.hidden_size**2 * 8)
+        log.info("%s selection: %d d x d float64 moments (%s)", metric, matrices, size)
+    execution = getattr(adapter, "execution", None)
     if metric == "ls_residual":
-        with timer("estimate", "selection (ls residuals)"):
-            distances = ls_residuals(stats, float(cfg.alpha))
-    elif similarity is not None:
+        groups = candidate_groups(cfg.capture, adapter.hidden_size, candidates, execution)
+    else:
+        fit = needs_stats and all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates), execution)
+        groups = [candidates] if fit else []
+    stats, distances = {}, {}
+    for i, group in enumerate(groups or [[]]):
+        linear = (
+            LinearStatistics(group, adapter.hidden_size, device, cfg.lt_placement, rule, precision) if group else None
+        )
+        first = [s for s in (cut_distances, similarity) if s is not None] + list(extra_statistics) if i == 0 else []
+        label = "capture (selection)" if len(groups) < 2 else f"capture (selection, {i + 1}/{len(groups)})"
+        with timer("capture", label):
+            run_capture(adapter, calibration, first + ([linear] if linear is not None else []), desc=label)
+        group_stats = linear.result() if linear is not None else {}
+        if empty := [list(cut) for cut, s in group_stats.items() if s.n_tokens == 0]:
+            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
+        if metric == "ls_residual":
+            with timer("estimate", "selection (ls residuals)"):
+                distances.update(ls_residuals(group_stats, float(cfg.alpha)))
+        if len(groups) == 1:  # kept for the chosen cuts only when one pass gathered every candidate
+            stats = group_stats
+    if similarity is not None:
         with timer("estimate", f"selection ({metric})"):
             distances = similarity.distances(metric)
-    else:
+    elif cut_distances is not None:
         distances = cut_distances.result()
     cache.put_distances(length, criterion, distances)
     return distances, stats
@@ -128,35 +139,75 @@ def capture_calibration(
     if not needs_stats:
         return cuts, distances, {}
     found = {}
+    precision = capture_precision(cfg)
     for cut in cuts:
         if cut in stats:
             found[cut] = stats[cut]
-            stats_cache.put_stats(stats[cut], cfg.lt_placement, rule.key())
-        elif (cached := stats_cache.get_stats(cut, cfg.lt_placement, rule.key())) is not None:
+            stats_cache.put_stats(stats[cut], cfg.lt_placement, rule.key(), precision)
+        elif (cached := stats_cache.get_stats(cut, cfg.lt_placement, rule.key(), precision)) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
     missing = [cut for cut in cuts if cut not in found]
     if missing and compute_missing:
-        accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule)
+        accumulator = LinearStatistics(
+            missing, adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule, precision
+        )
         with timer("capture", "capture (statistics)"):
             run_capture(adapter, stats_batches, [accumulator], desc="capture (statistics)")
         if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
             raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
         for cut, s in accumulator.result().items():
-            stats_cache.put_stats(s, cfg.lt_placement, rule.key())
+            stats_cache.put_stats(s, cfg.lt_placement, rule.key(), precision)
             found[cut] = s
     return cuts, distances, found
 
 
-def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int) -> bool:
-    """Whether one pass may accumulate the statistics of every candidate cut (two d x d float64
-    matrices each: candidates of one length have distinct starts, so each has its own ``M^T M``
-    whatever the token rule) within ``capture.max_stats_gb``; ``capture.passes`` forces one or two."""
+def stats_budget(capture_cfg: DictConfig, execution=None) -> float:
+    """Bytes the LS statistics of one pass may take: ``capture.max_stats_gb`` when set, else the
+    plan's measured budget (:func:`~replaceme_exp.capture.execution.plan_execution`), else 8 GiB."""
+    if capture_cfg.get("max_stats_gb") is not None:
+        return float(capture_cfg.max_stats_gb) * GIB
+    if execution is not None:
+        return float(execution.stats_bytes)
+    return DEFAULT_STATS_GB * GIB
+
+
+def cut_stats_bytes(hidden: int) -> int:
+    """One cut's LS statistics: ``M^T M`` and ``M^T R``, two d x d float64 matrices (candidates
+    of one length have distinct starts, so each has its own ``M^T M`` whatever the token rule)."""
+    return 2 * hidden * hidden * 8
+
+
+def all_candidates_fit(capture_cfg: DictConfig, hidden: int, n_candidates: int, execution=None) -> bool:
+    """Whether one pass may accumulate the statistics of every candidate cut within the budget
+    (:func:`stats_budget`); ``capture.passes`` forces one or two. Logs the choice and why."""
     mode = capture_cfg.passes
-    if mode == "one":
-        return True
-    if mode == "two":
-        return False
-    if mode != "auto":
+    if mode not in ("auto", "one", "two"):
         raise ConfigError("capture.passes", mode, "choose auto, one or two")
-    return 2 * n_candidates * hidden * hidden * 8 / 2**30 <= float(capture_cfg.max_stats_gb)
+    need, budget = n_candidates * cut_stats_bytes(hidden), stats_budget(capture_cfg, execution)
+    fits = mode == "one" or (mode == "auto" and need <= budget)
+    why = f"capture.passes={mode}" if mode != "auto" else f"{gib(need)} {'within' if fits else 'over'} {gib(budget)}"
+    log.info(
+        "capture plan: %s (statistics of %d candidate cuts: %s)",
+        "one pass" if fits else "two passes",
+        n_candidates,
+        why,
+    )
+    return fits
+
+
+def candidate_groups(capture_cfg: DictConfig, hidden: int, candidates: list, execution=None) -> list[list]:
+    """The candidates of an ``ls_residual`` selection split into groups whose statistics fit the
+    budget, one capture pass each (all in one group with ``capture.passes=one``)."""
+    per_cut, budget = cut_stats_bytes(hidden), stats_budget(capture_cfg, execution)
+    size = len(candidates) if capture_cfg.passes == "one" else max(1, min(len(candidates), int(budget // per_cut)))
+    groups = [candidates[i : i + size] for i in range(0, len(candidates), size)]
+    if len(groups) > 1:
+        log.info(
+            "capture plan: ls_residual selection in %d passes of %d candidates (%s each, budget %s)",
+            len(groups),
+            size,
+            gib(size * per_cut),
+            gib(budget),
+        )
+    return groups

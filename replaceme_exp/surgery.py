@@ -81,9 +81,10 @@ def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, to
         weight = transform.to(device=next(block.parameters()).device, dtype=next(block.parameters()).dtype)
 
         def hook(module, args, output, weight=weight):
-            if isinstance(output, tuple):
-                return (output[0] @ weight, *output[1:])
-            return output @ weight
+            hidden = output[0] if isinstance(output, tuple) else output
+            # a layer-wise capture runs the block on another device than where it lives
+            transformed = hidden @ (weight if weight.device == hidden.device else weight.to(hidden.device))
+            return (transformed, *output[1:]) if isinstance(output, tuple) else transformed
 
         handles[index] = block.register_forward_hook(hook)
         stored[index] = transform.detach().cpu()

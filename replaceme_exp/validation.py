@@ -231,8 +231,16 @@ SCHEMA: tuple[Key, ...] = (
     Key("eval.samples.prompts", sample_prompts),
     Key("eval.samples.max_new_tokens", positive_int),
     # how a job runs
+    Key("capture.mode", choice("auto", "whole", "layerwise")),
+    Key("capture.device", device_value),
+    Key("capture.max_gpu_gb", optional(finite_positive)),
     Key("capture.passes", choice("auto", "one", "two"), True),
-    Key("capture.max_stats_gb", finite_positive),
+    Key("capture.max_stats_gb", optional(finite_positive)),
+    Key("capture.precision", choice("auto", "float64", "float32")),
+    Key("capture.layerwise.location", choice("auto", "gpu", "cpu", "disk")),
+    Key("capture.layerwise.max_gpu_gb", optional(finite_positive)),
+    Key("capture.layerwise.max_cpu_gb", optional(finite_positive)),
+    Key("capture.layerwise.chunk_batches", optional(positive_int)),
     Key("capture.cache", boolean),
     Key("store.location", choice("auto", "gpu", "cpu", "disk")),
     Key("store.max_gpu_gb", optional(finite_positive)),
@@ -314,6 +322,9 @@ def validate_config(cfg: DictConfig) -> None:
         listed = files if isinstance(files, list) and files else [files]
         if not all(isinstance(f, str) and Path(f).expanduser().is_file() for f in listed):
             raise ConfigError("calibration.prompts_data_files", files, "no such file (prompts_dataset=json reads it)")
+    if _value(data, "capture.mode") == "layerwise" and _value(data, "model.capture_4bit") is True:
+        reason = "not with model.capture_4bit (a 4-bit copy is placed on the GPU)"
+        raise ConfigError("capture.mode", "layerwise", reason)
     if source == "generated" and _value(data, "model.capture_4bit") is True:
         reason = "not with model.capture_4bit (the answers would come from the 4-bit copy)"
         raise ConfigError("calibration.source", source, reason)

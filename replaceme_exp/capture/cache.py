@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
-
 from replaceme_exp.capture.statistics import Cut, LinearStats
+
+log = logging.getLogger(__name__)
 
 
 def payload_digest(payload: dict) -> str:
@@ -101,17 +101,27 @@ class StatisticsCache:
     def put_layer_distances(self, distances: list[list[float]]) -> None:
         self._save(self._path("layer_distances"), {"distances": torch.tensor(distances, dtype=torch.float64)})
 
-    def get_stats(self, cut: Cut, placement: str = "fused", tokens: str = "all") -> LinearStats | None:
+    def _stats_path(self, cut: Cut, placement: str, tokens: str, precision: str) -> Path:
+        what = {"cut": list(cut), "placement": placement, "tokens": tokens}
+        if precision != "float64":  # float64 entries keep the key they had before precisions existed
+            what["precision"] = precision
+        return self._path("linear", **what)
+
+    def get_stats(
+        self, cut: Cut, placement: str = "fused", tokens: str = "all", precision: str = "float64"
+    ) -> LinearStats | None:
         """The statistics of ``cut`` in ``placement`` over the tokens ``tokens`` selects
-        (:meth:`TokenRule.key`)."""
-        p = self._load(self._path("linear", cut=list(cut), placement=placement, tokens=tokens))
+        (:meth:`TokenRule.key`), with products taken in ``precision``."""
+        p = self._load(self._stats_path(cut, placement, tokens, precision))
         if p is None:
             return None
         return LinearStats(cut, p["mtm"], p["mtr"], float(p["r_sq"]), int(p["n_tokens"]))
 
-    def put_stats(self, stats: LinearStats, placement: str = "fused", tokens: str = "all") -> None:
+    def put_stats(
+        self, stats: LinearStats, placement: str = "fused", tokens: str = "all", precision: str = "float64"
+    ) -> None:
         self._save(
-            self._path("linear", cut=list(stats.cut), placement=placement, tokens=tokens),
+            self._stats_path(stats.cut, placement, tokens, precision),
             {
                 "mtm": stats.mtm.cpu(),
                 "mtr": stats.mtr.cpu(),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replaceme_exp.capture.statistics import ActKey, BatchTokens, Cut, Request
+from replaceme_exp.capture.statistics import PRECISIONS, ActKey, BatchTokens, Cut, Request, add_product
 
 SIMILARITY_METRICS = ("cka", "cca")
 CCA_RIDGE = 1e-6
@@ -79,13 +79,17 @@ def mean_cca(moments: Moments, ridge: float = CCA_RIDGE) -> float:
 
 
 class SimilarityStatistics:
-    """Accumulates the :class:`Moments` of every cut over all non-padding tokens. Blocks shared
+    """Accumulates the :class:`Moments` of every cut over all non-padding tokens (products in
+    ``precision``, summed in float64: :func:`~replaceme_exp.capture.statistics.add_product`). Blocks shared
     by several cuts (as ``start - 1`` of one and ``end - 1`` of another) keep one sum and one
     ``L_k^T L_k``; each cut adds its own cross product. ``result(metric)`` gives, per cut, the
     similarity (``cka`` or ``cca``); ``distances(metric)`` gives ``1 - similarity``."""
 
-    def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device):
-        self.cuts = list(cuts)
+    def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device, precision: str = "float64"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"capture.precision={precision!r}: choose one of {PRECISIONS}")
+        self.cuts, self.precision = list(cuts), precision
+        self.dtype = torch.float64 if precision == "float64" else torch.float32
         blocks = sorted({k for start, end in self.cuts for k in (start - 1, end - 1)})
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
         self.sums = {k: zeros(hidden_size) for k in blocks}
@@ -102,9 +106,9 @@ class SimilarityStatistics:
         key: ActKey = ("L", block)
 
         def update(acts: dict, tokens: BatchTokens) -> None:
-            x = acts[key].to(self.sums[block].device, torch.float64)
-            self.sums[block] += x.sum(0)
-            self.grams[block].addmm_(x.T, x)
+            x = acts[key].to(self.sums[block].device, self.dtype)
+            self.sums[block] += x.sum(0, dtype=torch.float64)
+            add_product(self.grams[block], x, x, self.precision)
             self.counts[block] += x.shape[0]
 
         return update
@@ -114,8 +118,8 @@ class SimilarityStatistics:
 
         def update(acts: dict, tokens: BatchTokens) -> None:
             device = self.cross[cut].device
-            x = acts[before].to(device, torch.float64)
-            self.cross[cut].addmm_(x.T, acts[after].to(device, torch.float64))
+            x = acts[before].to(device, self.dtype)
+            add_product(self.cross[cut], x, acts[after].to(device, self.dtype), self.precision)
 
         return update
 

@@ -152,10 +152,24 @@ class LinearStats:
         return LinearStats(self.cut, self.mtm.to(device), self.mtr.to(device), self.r_sq, self.n_tokens)
 
 
+PRECISIONS = ("float64", "float32")
+
+
+def add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor, precision: str) -> None:
+    """``total += a^T b`` for (n, d) inputs and a float64 (d, d) ``total``: the product in float64,
+    or (``precision="float32"``, for GPUs with slow FP64) in float32 per batch and added to the
+    float64 total, so rounding does not grow with the number of batches."""
+    if precision == "float64":
+        total.addmm_(a.T, b)
+    else:
+        total.add_(torch.mm(a.T, b).to(torch.float64))
+
+
 class LinearStatistics:
     """Accumulates :class:`LinearStats` in float64 for every requested cut. Cuts sharing a start
     share one ``M^T M`` (unless the token rule depends on the cut's end); each batch's input is
-    converted to float64 once per start.
+    converted once per start: to float64, or with ``precision="float32"`` to float32, each
+    batch's products then being summed in float64 (:func:`add_product`).
 
     ``placement="fused"``: input ``M_{start-1}``, target ``L_{end-1} - Y_{start-1}`` (T fused into
     the down-projection). ``placement="separate"``: input ``L_{start-1}``, target ``L_{end-1}``
@@ -170,10 +184,15 @@ class LinearStatistics:
         device: torch.device,
         placement: str = "fused",
         rule: TokenRule | None = None,
+        precision: str = "float64",
     ):
         if placement not in PLACEMENTS:
             raise ValueError(f"lt_placement={placement!r}: choose one of {PLACEMENTS}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"capture.precision={precision!r}: choose one of {PRECISIONS}")
         self.cuts, self.placement, self.rule = list(cuts), placement, rule or TokenRule()
+        self.precision = precision
+        self.dtype = torch.float64 if precision == "float64" else torch.float32
         self.by_start: dict[int, list[Cut]] = {}
         for cut in self.cuts:
             self.by_start.setdefault(cut[0], []).append(cut)
@@ -197,7 +216,7 @@ class LinearStatistics:
         return out
 
     def _accumulate_input(self, group, x: torch.Tensor) -> None:
-        self.mtm[group].addmm_(x.T, x)
+        add_product(self.mtm[group], x, x, self.precision)
         self.n_tokens[group] += x.shape[0]
 
     def _updater(self, start: int, cuts: list[Cut]):
@@ -209,18 +228,18 @@ class LinearStatistics:
                 after = acts[("L", cut[1] - 1)]
                 mask = self.rule.keep(tokens, prev, after) if self.rule.per_cut else shared
                 if self.rule.per_cut or not inputs:
-                    p = kept(prev.double(), mask)
+                    p = kept(prev.to(self.dtype), mask)
                     if self.placement == "fused":
-                        x = kept(acts[("M", start - 1)].double(), mask)
+                        x = kept(acts[("M", start - 1)].to(self.dtype), mask)
                         inputs = {"x": x, "base": p - x}  # Y_{start-1}
                     else:
                         inputs = {"x": p, "base": None}
                     self._accumulate_input(self._group(cut), inputs["x"])
-                r = kept(after.double(), mask)
+                r = kept(after.to(self.dtype), mask)
                 if inputs["base"] is not None:
                     r = r - inputs["base"]
-                self.mtr[cut].addmm_(inputs["x"].T, r)
-                self.r_sq[cut] += float(r.pow(2).sum())
+                add_product(self.mtr[cut], inputs["x"], r, self.precision)
+                self.r_sq[cut] += float(r.double().pow(2).sum())
 
         return update
 

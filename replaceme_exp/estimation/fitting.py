@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from replaceme_exp.capture import LinearStatistics, TransformDistances, run_capture
+from replaceme_exp.capture.execution import capture_precision
 from replaceme_exp.capture.runner import input_device
 from replaceme_exp.capture.statistics import TokenCollector, split_columns
 from replaceme_exp.capture.token_rules import TokenRule
@@ -44,7 +45,10 @@ def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row,
     }
     # An LS start point needs the statistics of its cut: gathered in the same pass when missing.
     missing = [cut for cut in cuts if estimator.init == "ls" and cut not in stats]
-    extra = [LinearStatistics(missing, adapter.hidden_size, device, cfg.lt_placement, rule)] if missing else []
+    precision = capture_precision(cfg)
+    extra = (
+        [LinearStatistics(missing, adapter.hidden_size, device, cfg.lt_placement, rule, precision)] if missing else []
+    )
     collectors = {cut: TokenCollector(cut, store, cfg.lt_placement, rule) for cut, store in stores.items()}
     try:
         with timer("capture", "capture (tokens)"):
@@ -129,8 +133,9 @@ def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, s
             if removed == 0 and cut in stats:
                 stage_stats = {shifted: stats[cut]}
             else:
+                device, precision = input_device(adapter), capture_precision(cfg)
                 accumulator = LinearStatistics(
-                    [shifted], adapter.hidden_size, input_device(adapter), cfg.lt_placement, rule
+                    [shifted], adapter.hidden_size, device, cfg.lt_placement, rule, precision
                 )
                 with timer("capture", f"capture (stage {list(cut)})"):
                     run_capture(adapter, calibration, [accumulator], desc=f"capture (stage {list(cut)})")

@@ -5,7 +5,7 @@ expansion (``experiment=uidl_baseline`` vs ``objective=identity selection=uidl``
 vs ``l2`` at alpha 0. The hash is taken over the *effective* settings:
 
 - keys that change where or how a job runs, not what it computes, are left out (``results_dir``,
-  ``cache_dir``, ``save_model``, ``force``, ``capture`` except what changes numbers, ``store``,
+  ``cache_dir``, ``save_model``, ``force``, ``capture`` except its precision when float32, ``store``,
   ``tracking``, ``progress``, ``model.device``, ``model.device_map``, ``eval.samples``,
   ``healing.log_every``, ``healing.gradient_checkpointing``);
 - numbers hash by value (``0`` == ``0.0``);
@@ -32,6 +32,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from replaceme_exp.capture.execution import capture_precision
 from replaceme_exp.models.fingerprint import file_digest
 
 # Bump when the code changes what an unchanged configuration computes.
@@ -128,6 +129,11 @@ def effective_settings(cfg: DictConfig, weights: dict | None = None) -> dict:
             if files:
                 memo = Path(str(cfg.get("cache_dir", ".cache"))) / "fingerprints"
                 section[f"{field}_sha256"] = [file_digest(f, memo) for f in files]
+    precision = capture_precision(cfg)
+    takes_products = getattr(estimator, "needs_statistics", True) or objective.get("init") == "ls"
+    selects_by_products = data.get("cuts") is None and selection.get("metric") in ("ls_residual", "cka", "cca")
+    if precision != "float64" and (takes_products or selects_by_products):
+        data["capture_precision"] = precision  # float32 products round differently from float64
     if not float(data.get("mask_ratio") or 0):
         data["mask_ratio"] = 0
         data.pop("mask_passes", None)

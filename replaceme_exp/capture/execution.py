@@ -1,0 +1,271 @@
+"""How a capture runs, planned from measured free memory: whole-model or layer-wise, where the
+layer-wise block inputs wait, how much memory the statistics may take, and in which precision
+their products are taken.
+
+Every budget is a ``capture`` key; ``null`` means "measured": free GPU memory
+(``torch.cuda.mem_get_info``) or available host memory (``/proc/meminfo``). Each decision comes
+with a one-line reason that the job logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.capture.token_store import available_cpu_bytes
+from replaceme_exp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "whole", "layerwise")
+STORE_LOCATIONS = ("auto", "gpu", "cpu", "disk")
+PRECISIONS = ("auto", "float64", "float32")
+GIB = 2**30
+# Compute capabilities whose FP64 rate is half the FP32 rate (P100, V100, A100, H100, B100/B200);
+# other GPUs run FP64 at 1/32 to 1/64 of FP32.
+FULL_RATE_FP64 = ((6, 0), (7, 0), (8, 0), (9, 0), (10, 0))
+DEFAULT_STATS_GB = 8.0  # the statistics budget when free memory cannot be measured
+
+
+def gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class CaptureExecution:
+    """The plan of the captures of one job.
+
+    ``mode``: ``whole`` (each batch through the model as loaded) or ``layerwise`` (one block at a
+    time on ``device``, the model in host memory). ``store``, ``max_gpu_gb``, ``max_cpu_gb``,
+    ``chunk_batches``, ``directory``: where layer-wise block inputs and kept activations wait
+    (:func:`choose_store_layout`). ``stats_bytes``: what the statistics may take on ``device``.
+    ``reason``: why, in one line.
+    """
+
+    mode: str = "whole"
+    device: torch.device = torch.device("cpu")
+    store: str = "auto"
+    max_gpu_gb: float | None = None
+    max_cpu_gb: float | None = None
+    chunk_batches: int | None = None
+    directory: str | None = None
+    stats_bytes: float = DEFAULT_STATS_GB * GIB
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Where layer-wise block inputs wait (``gpu`` = on the compute device, ``cpu`` = pinned host
+    memory, ``disk``), how many batches run through the blocks together, and why."""
+
+    location: str
+    chunk_batches: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """Bytes of the model's parameters (all, and its largest block) in the load dtype, and the
+    shapes that size a forward pass."""
+
+    weights: int
+    largest_block: int
+    hidden: int
+    intermediate: int
+    heads: int
+    itemsize: int
+
+    def forward_activations(self, batch_size: int, seq_len: int) -> int:
+        """Peak bytes of one block's inference activations on a (batch, seq) batch: hidden-size
+        tensors (residual, norm, attention output, MLP output), the MLP's intermediate tensors,
+        and attention scores as if materialised (an upper bound; fused attention needs less)."""
+        tokens = batch_size * seq_len
+        dense = tokens * (6 * self.hidden + 3 * self.intermediate)
+        scores = batch_size * self.heads * seq_len * seq_len
+        return (dense + scores) * self.itemsize
+
+
+def model_memory(model_cfg: DictConfig, cache_dir: str = ".cache") -> ModelMemory | None:
+    """The parameter bytes of ``model_cfg``'s model from its config alone (instantiated on the
+    meta device: nothing is allocated or downloaded beyond the config). None when the config
+    cannot be read (the load that follows reports why)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from replaceme_exp.models.adapters import adapter_for
+    from replaceme_exp.models.loading import resolve_dtype
+
+    try:
+        if model_cfg.source == "random":
+            config = AutoConfig.for_model(**OmegaConf.to_container(model_cfg.config, resolve=True))
+        elif model_cfg.source == "embedded":
+            from replaceme_exp.models.loading import embedded_checkpoint
+
+            config = AutoConfig.from_pretrained(embedded_checkpoint(cache_dir))
+        else:
+            config = AutoConfig.from_pretrained(model_cfg.pretrained, revision=model_cfg.get("revision"))
+        dtype = resolve_dtype(model_cfg.dtype)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except Exception as err:  # noqa: BLE001 - planning falls back to the whole-model capture
+        log.info("capture plan: the model's size is unknown (%s)", err)
+        return None
+    itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
+    adapter = adapter_for(model)
+    block = max(sum(p.numel() for p in layer.parameters()) for layer in adapter.layers)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return ModelMemory(
+        weights=sum(p.numel() for p in model.parameters()) * itemsize,
+        largest_block=block * itemsize,
+        hidden=int(text.hidden_size),
+        intermediate=int(
+            getattr(text, "intermediate_size", None) or getattr(text, "ffn_hidden_size", None) or 4 * text.hidden_size
+        ),
+        heads=int(text.num_attention_heads),
+        itemsize=itemsize,
+    )
+
+
+def compute_device(capture_cfg: DictConfig) -> torch.device:
+    name = capture_cfg.get("device", "auto")
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def free_gpu_bytes(device: torch.device, all_devices: bool = False) -> int:
+    """Free memory of ``device`` (or of every visible GPU) as the driver reports it."""
+    if device.type != "cuda":
+        return 0
+    if all_devices:
+        return sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def plan_execution(
+    cfg: DictConfig, memory: ModelMemory | None = None, free_bytes: int | None = None, cache_dir: str = ".cache"
+) -> CaptureExecution:
+    """Whole-model or layer-wise capture for ``cfg`` (``capture.mode``), and the statistics
+    budget, from the model's size (``memory``, computed from its config when None) and the
+    measured free memory of the compute device (``free_bytes`` overrides the measurement).
+
+    ``auto`` takes the whole-model capture when the weights, one batch's activations and the
+    statistics budget fit in ``capture.max_gpu_gb`` (null: 90% of the free GPU memory, all GPUs
+    with ``model.device_map``), else layer-wise; on a machine without GPU always whole-model
+    (the model is in host memory either way)."""
+    capture = cfg.capture
+    mode = capture.get("mode", "auto")
+    if mode not in MODES:
+        raise ConfigError("capture.mode", mode, f"choose one of {MODES}")
+    device = compute_device(capture)
+    store = capture.get("layerwise") or {}
+    base = CaptureExecution(
+        device=device,
+        store=store.get("location", "auto"),
+        max_gpu_gb=store.get("max_gpu_gb"),
+        max_cpu_gb=store.get("max_cpu_gb"),
+        chunk_batches=store.get("chunk_batches"),
+        directory=store.get("directory"),
+    )
+    spread = cfg.model.get("device_map") is not None
+    if free_bytes is None:
+        free_bytes = free_gpu_bytes(device, all_devices=spread) if device.type == "cuda" else available_cpu_bytes()
+    budget = float(capture.max_gpu_gb) * GIB if capture.get("max_gpu_gb") is not None else 0.9 * free_bytes
+    if device.type != "cuda" and capture.get("max_gpu_gb") is None:
+        budget = 0.5 * free_bytes
+    if memory is None and mode != "whole":
+        memory = model_memory(cfg.model, cache_dir)
+    calibration = cfg.calibration
+    activations = memory.forward_activations(int(calibration.batch_size), int(calibration.seq_len)) if memory else 0
+    where = "GPU memory" if device.type == "cuda" else "host memory"
+    if mode == "layerwise" or (mode == "auto" and device.type == "cuda" and memory is not None):
+        whole_need = memory.weights + activations if memory else None
+        if mode == "auto" and whole_need <= budget:
+            stats = _stats_budget(capture, budget - whole_need)
+            reason = (
+                f"whole-model capture: weights {gib(memory.weights)} + activations {gib(activations)} fit in "
+                f"{gib(budget)} of {where}; statistics may take {gib(stats)}"
+            )
+            return replace(base, mode="whole", stats_bytes=stats, reason=reason)
+        resident = (memory.largest_block + activations) if memory else 0
+        stats = _stats_budget(capture, budget - resident)
+        why = (
+            "capture.mode=layerwise"
+            if mode == "layerwise"
+            else f"weights {gib(memory.weights)} + activations {gib(activations)} exceed {gib(budget)} of {where}"
+        )
+        size = f"; one block at a time on {device} ({gib(memory.largest_block)})" if memory else f" on {device}"
+        reason = f"layer-wise capture: {why}{size}; statistics may take {gib(stats)}"
+        return replace(base, mode="layerwise", stats_bytes=stats, reason=reason)
+    if mode == "auto" and device.type == "cuda":
+        reason = "whole-model capture: the model's size is unknown"
+        return replace(base, mode="whole", stats_bytes=_stats_budget(capture, None), reason=reason)
+    weights = memory.weights if memory else 0
+    stats = _stats_budget(capture, budget - weights - activations if memory else None)
+    why = "capture.mode=whole" if mode == "whole" else f"no GPU: the model runs in {where}"
+    reason = f"whole-model capture: {why}; statistics may take {gib(stats)}"
+    return replace(base, mode="whole", stats_bytes=stats, reason=reason)
+
+
+def _stats_budget(capture: DictConfig, left: float | None) -> float:
+    """``capture.max_stats_gb`` when set, else what is left of the memory budget (at least one
+    cut's statistics must fit, so never below 0), else the default."""
+    if capture.get("max_stats_gb") is not None:
+        return float(capture.max_stats_gb) * GIB
+    if left is None:
+        return DEFAULT_STATS_GB * GIB
+    return max(float(left), 0.0)
+
+
+def choose_store_layout(execution: CaptureExecution, hidden_bytes: list[int], kept_bytes: list[int]) -> StoreLayout:
+    """Where a layer-wise capture keeps each batch's block input (``hidden_bytes``) and the
+    activations it keeps for pending statistics (``kept_bytes``, at their peak), per batch.
+
+    ``auto``: on the compute device when everything fits in ``capture.layerwise.max_gpu_gb`` (null: half of
+    its free memory), else pinned host memory within ``capture.layerwise.max_cpu_gb`` (null: half of the
+    available memory), else the block inputs on disk; batches then run in chunks whose kept
+    activations fit in host memory. ``capture.layerwise.chunk_batches`` fixes the chunk."""
+    n = len(hidden_bytes)
+    total = sum(hidden_bytes) + sum(kept_bytes)
+    device = execution.device
+    if execution.max_gpu_gb is not None:
+        device_budget = execution.max_gpu_gb * GIB
+    elif device.type == "cuda":
+        device_budget = free_gpu_bytes(device) / 2
+    else:
+        device_budget = available_cpu_bytes() / 2
+    host_budget = execution.max_cpu_gb * GIB if execution.max_cpu_gb is not None else available_cpu_bytes() / 2
+    location = execution.store
+    if location not in STORE_LOCATIONS:
+        raise ConfigError("capture.layerwise.location", location, f"choose one of {STORE_LOCATIONS}")
+    if location == "auto":
+        location = "gpu" if total <= device_budget else "cpu" if total <= host_budget else "disk"
+    chunk = execution.chunk_batches or n
+    if execution.chunk_batches is None and location == "disk" and kept_bytes and max(kept_bytes) > 0:
+        chunk = max(1, min(n, int(host_budget // max(kept_bytes))))
+    what = f"block inputs {gib(sum(hidden_bytes))} + kept activations {gib(sum(kept_bytes))}"
+    place = {"gpu": f"on {device}", "cpu": "in pinned host memory", "disk": "block inputs on disk"}[location]
+    budgets = f"budgets: {device} {gib(device_budget)}, host {gib(host_budget)}"
+    chunks = f", {-(-n // chunk)} chunks of {chunk} batches" if chunk < n else ""
+    return StoreLayout(location, max(1, chunk), f"{what} {place}{chunks} ({budgets})")
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """``float64`` or ``float32`` for the statistics' products. ``auto``: float64 on CPUs and on
+    GPUs with full-rate FP64 (compute capability in :data:`FULL_RATE_FP64`), float32 products
+    summed in float64 elsewhere."""
+    if name not in PRECISIONS:
+        raise ConfigError("capture.precision", name, f"choose one of {PRECISIONS}")
+    if name != "auto":
+        return name
+    if device.type != "cuda":
+        return "float64"
+    return "float64" if torch.cuda.get_device_capability(device) in FULL_RATE_FP64 else "float32"
+
+
+def capture_precision(cfg: DictConfig) -> str:
+    """The precision ``cfg``'s statistics are taken in on this machine (part of the config hash)."""
+    capture = cfg.get("capture") or {}
+    return resolve_precision(capture.get("precision", "auto"), compute_device(capture))
