@@ -14,6 +14,13 @@ Prints progress, then as its last line one JSON object:
   configuration found that reaches the paper recipe's held-out distance (Adam, lr 1e-3, one
   epoch); cosine_lbfgs_*: full-batch L-BFGS (25 iterations), slower but lower distance.
   store_bytes_per_token: the token store of the cosine objective (M and L - Y in bfloat16).
+- capture_layerwise_over_whole: the one-pass capture with the model in host memory and one block
+  at a time on the compute device (``capture.mode=layerwise``) / the same whole-model.
+- statistics_float32_over_float64: a capture of every candidate's LS statistics with float32
+  products (``capture.precision=float32``) / with float64 products. ls_solve_s: one cut's solve.
+- whole_peak_gib / layerwise_peak_gib (GPU only): peak memory above the resident weights during the
+  one-pass capture, against *_planned_gib: what the capture plan counts for it (one batch's
+  activations, the statistics and, layer-wise, the largest block).
 - ls_peak_mem_ratio_4x_data: peak memory of the LS path (statistics capture and solve) with 4x
   the calibration tokens / the same with 1x (full windows of 128 tokens). Peak CUDA memory on a
   GPU; on a CPU the peak of live tensor bytes from the profiler's allocation events.
@@ -48,7 +55,8 @@ from replaceme_exp.data.calibration import calibration_documents  # noqa: E402
 from replaceme_exp.estimation import ridge_solve  # noqa: E402
 from replaceme_exp.estimation.numerical import NumericalEstimator  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
-from replaceme_exp.planning import all_candidates_fit  # noqa: E402
+from replaceme_exp.capture.execution import CaptureExecution, model_memory, plan_execution  # noqa: E402
+from replaceme_exp.planning import all_candidates_fit, cut_stats_bytes  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
 
 
@@ -191,7 +199,32 @@ def main(overrides):
     two_s, cuts_two = timed(two_passes)
     assert cuts == cuts_two
     print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
-    auto_one = all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates))
+    plan = plan_execution(cfg, model_memory(cfg.model, str(ROOT / ".cache")))
+    auto_one = all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates), plan)
+    whole_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
+    memory = model_memory(cfg.model, str(ROOT / ".cache"))
+    stats_bytes = len(candidates) * cut_stats_bytes(adapter.hidden_size)
+    act_bytes = memory.forward_activations(int(cfg.calibration.batch_size), int(cfg.calibration.seq_len))
+
+    def statistics_time(precision: str) -> float:
+        stats = LinearStatistics(candidates, adapter.hidden_size, device, precision=precision)
+        return timed(lambda: run_capture(adapter, batches, [stats]))[0]
+
+    float64_s, float32_s = statistics_time("float64"), statistics_time("float32")
+    print(f"statistics of every candidate: float64 {float64_s:.2f} s, float32 {float32_s:.2f} s", flush=True)
+    solve_stats = LinearStatistics(cuts[:1], adapter.hidden_size, device)
+    run_capture(adapter, batches, [solve_stats])
+    solve_s, _ = timed(lambda: ridge_solve(solve_stats.result()[cuts[0]], 0.0), repeats=3)
+
+    # Layer-wise: the model in host memory, blocks one at a time on the compute device.
+    loaded.model.to("cpu")
+    adapter.execution = CaptureExecution(mode="layerwise", device=device)
+    layerwise_s, cuts_layerwise = timed(one_pass)
+    layerwise_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
+    adapter.execution = None
+    loaded.model.to(device)
+    assert cuts_layerwise == cuts
+    print(f"layer-wise capture, one pass: {layerwise_s:.2f} s", flush=True)
 
     cosine = cosine_solvers(adapter, loaded.tokenizer, cfg, batches, cuts[0])
 
@@ -212,6 +245,15 @@ def main(overrides):
         "capture_over_forward": round((one_s if auto_one else two_s) / forward_s, 3),
         "capture_one_pass_over_forward": round(one_s / forward_s, 3),
         "capture_two_passes_over_forward": round(two_s / forward_s, 3),
+        "capture_layerwise_over_whole": round(layerwise_s / one_s, 3),
+        "statistics_float32_over_float64": round(float32_s / float64_s, 3),
+        "ls_solve_s": round(solve_s, 4),
+        "capture_plan": plan.reason,
+        # GPU only: peak memory of the one-pass capture against what the plan counts for it
+        "whole_peak_gib": round(whole_peak / 2**30, 3) if whole_peak is not None else None,
+        "whole_planned_gib": round((act_bytes + stats_bytes) / 2**30, 3),
+        "layerwise_peak_gib": round(layerwise_peak / 2**30, 3) if layerwise_peak is not None else None,
+        "layerwise_planned_gib": round((memory.largest_block + act_bytes + stats_bytes) / 2**30, 3),
         **cosine,
         "ls_mem_tokens_1x": tokens_1x,
         "ls_mem_tokens_4x": tokens_4x,

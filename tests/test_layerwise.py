@@ -254,3 +254,15 @@ def test_bad_capture_settings_are_refused_in_one_line(tmp_path, override, messag
     caplog.set_level(logging.INFO)
     row = run_recorded(job_config(tmp_path, override), raise_on_failure=False)
     assert row["status"] == "failed" and message in row["error"] and "\n" not in row["error"]
+
+
+def test_blocks_moved_during_a_capture_keep_trainable_weights():
+    """A capture runs in inference mode; a block moved there (to the GPU and back) must not come
+    back as inference tensors, which healing could not train. A dtype move stands in for the
+    device move on this CPU machine."""
+    from replaceme_exp.capture.layerwise import _place
+
+    block = torch.nn.Linear(4, 4)
+    with torch.inference_mode():
+        _place(block, torch.float64)
+    assert block.weight.dtype == torch.float64 and not block.weight.is_inference()

@@ -100,7 +100,7 @@ TINY = [
 
 @pytest.mark.parametrize("metric", ["cka", "cca"])
 def test_a_job_selects_the_cut_of_largest_similarity_and_records_it(tmp_path, metric):
-    overrides = TINY + [f"results_dir={tmp_path}", f"cache_dir={tmp_path}/cache", f"selection={metric}"]
+    overrides = TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", f"selection={metric}"]
     row = run_recorded(compose_config(overrides))
     assert row["status"] == "finished" and row["selection_metric"] == metric
     distances = {(s, e): d for s, e, d in row["candidate_distances"]}

@@ -130,6 +130,13 @@ def _block_device(block: torch.nn.Module) -> torch.device:
     return next(block.parameters()).device
 
 
+def _place(block: torch.nn.Module, device: torch.device) -> None:
+    """Move ``block``'s weights; outside inference mode, so the moved weights stay ordinary
+    tensors that healing can later train."""
+    with torch.inference_mode(False):
+        block.to(device)
+
+
 def run_layerwise(
     adapter: DecoderAdapter, batches: TokenBatches, plan: CaptureRequests, execution: CaptureExecution, desc: str
 ) -> StoreLayout:
@@ -169,7 +176,7 @@ def _run_chunk(adapter, batches, plan, execution, layout, desc) -> None:
             for k in progress(range(plan.last_block + 1), desc=desc, unit="block"):
                 block = adapter.layers[k]
                 home = _block_device(block)
-                block.to(device)
+                _place(block, device)
                 try:
                     for i in range(len(batches)):
                         current["batch"] = captures[i]
@@ -178,7 +185,7 @@ def _run_chunk(adapter, batches, plan, execution, layout, desc) -> None:
                         if k < plan.last_block:
                             inputs.put(i, output[0] if isinstance(output, tuple) else output)
                 finally:
-                    block.to(home)
+                    _place(block, home)
         finally:
             for handle in handles:
                 handle.remove()
