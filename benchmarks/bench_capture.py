@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, plain_forward, run_capture  # noqa: E402
+from replaceme_exp.capture.execution import CaptureExecution, model_memory, plan_execution  # noqa: E402
 from replaceme_exp.capture.statistics import TokenCollector  # noqa: E402
 from replaceme_exp.capture.token_store import TokenStore  # noqa: E402
 from replaceme_exp.data import (  # noqa: E402
@@ -55,7 +56,6 @@ from replaceme_exp.data.calibration import calibration_documents  # noqa: E402
 from replaceme_exp.estimation import ridge_solve  # noqa: E402
 from replaceme_exp.estimation.numerical import NumericalEstimator  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
-from replaceme_exp.capture.execution import CaptureExecution, model_memory, plan_execution  # noqa: E402
 from replaceme_exp.planning import all_candidates_fit, cut_stats_bytes  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
 

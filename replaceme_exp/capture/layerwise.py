@@ -149,7 +149,7 @@ def run_layerwise(
     hidden = adapter.hidden_size
     layout = choose_store_layout(
         execution,
-        hidden_bytes=[b.input_ids.numel() * hidden * itemsize for b in batches],
+        hidden_bytes=[b.attention_mask.numel() * hidden * itemsize for b in batches],
         kept_bytes=[plan.live_keys_peak() * b.n_tokens * hidden * itemsize for b in batches],
     )
     log.info("layer-wise %s on %s: %s", desc, execution.device, layout.reason)

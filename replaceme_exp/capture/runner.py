@@ -18,7 +18,7 @@ import logging
 import torch
 
 from replaceme_exp.capture.statistics import ActKey, BatchTokens
-from replaceme_exp.data.batching import TokenBatch, TokenBatches
+from replaceme_exp.data.batching import TokenBatch, TokenBatches, position_ids_for
 from replaceme_exp.models.adapters import DecoderAdapter
 from replaceme_exp.progress import progress
 
@@ -27,11 +27,6 @@ log = logging.getLogger(__name__)
 
 class _StopForward(Exception):
     """Raised in the hook of the last needed block to skip the rest of the model."""
-
-
-def position_ids_for(mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over non-padding tokens, so left padding does not shift RoPE."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def embedding_device(adapter: DecoderAdapter) -> torch.device:
@@ -49,15 +44,7 @@ def input_device(adapter: DecoderAdapter) -> torch.device:
 
 
 def _backbone_forward(adapter: DecoderAdapter, batch: TokenBatch):
-    device = embedding_device(adapter)
-    mask = batch.attention_mask.to(device)
-    positions = batch.position_ids.to(device) if batch.position_ids is not None else position_ids_for(mask)
-    return adapter.backbone(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=False,
-    )
+    return adapter.forward_batch(batch, embedding_device(adapter))
 
 
 @torch.inference_mode()

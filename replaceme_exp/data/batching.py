@@ -24,6 +24,26 @@ class TokenBatch:
 
 
 @dataclass
+class ImageBatch:
+    """``pixel_values`` (batch, 3, height, width) as the model's image processor makes them;
+    ``attention_mask`` (batch, positions) all ones: every patch position and the class token is a
+    token of the capture (a vision encoder has no padding)."""
+
+    pixel_values: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def position_ids_for(mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over non-padding tokens, so left padding does not shift RoPE."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
 class TokenBatches:
     batches: list[TokenBatch]
     seq_len: int

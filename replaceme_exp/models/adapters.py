@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import nn
 
 from replaceme_exp.errors import ConfigError, UnsupportedModelError
@@ -43,9 +44,20 @@ class DecoderAdapter:
         return self.model.model
 
     @property
-    def embeddings(self) -> nn.Embedding:
-        """The token embedding: its device is where a batch's input ids go."""
+    def embeddings(self) -> nn.Module:
+        """The input embedding (a module with a ``weight``): its device is where a batch goes."""
         return self.backbone.embed_tokens
+
+    def forward_batch(self, batch, device: torch.device):
+        """Run the blocks on one batch (a :class:`~replaceme_exp.data.batching.TokenBatch`) on
+        ``device``; the capture hooks read what they need on the way."""
+        from replaceme_exp.data.batching import position_ids_for
+
+        mask = batch.attention_mask.to(device)
+        positions = batch.position_ids.to(device) if batch.position_ids is not None else position_ids_for(mask)
+        return self.backbone(
+            input_ids=batch.input_ids.to(device), attention_mask=mask, position_ids=positions, use_cache=False
+        )
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -180,6 +192,57 @@ class Gemma3Adapter(DecoderAdapter):
     unfusable_reason = POST_MLP_NORM.format("Gemma 3")
 
 
+class ClipVisionAdapter(DecoderAdapter):
+    """CLIP's vision encoder (``CLIPModel``, ``CLIPVisionModel``, ``CLIPVisionModelWithProjection``):
+    ``vision_model.encoder.layers[i]``, pre-norm blocks ``L = Y + fc2(gelu(fc1(norm(Y))))``. T is
+    fused into ``fc2``, bias included (``T^T W``, ``T^T b``). Every image position (the class token
+    and each patch) is a token of the capture. Depth lives in ``vision_config.num_hidden_layers``
+    (the text tower of a ``CLIPModel`` is left as it is)."""
+
+    model_types = ("clip", "clip_vision_model")
+    mlp_projection_names = ("fc1", "fc2")
+    per_layer_config_fields = ()
+
+    @property
+    def config(self):
+        config = self.model.config
+        return getattr(config, "vision_config", config)
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The vision transformer: ``forward(pixel_values) -> last_hidden_state, pooler_output``
+        (a ``CLIPModel``'s ``vision_model``; a ``CLIPVisionModel`` is one itself)."""
+        return getattr(self.model, "vision_model", self.model)
+
+    @property
+    def embeddings(self) -> nn.Module:
+        return self.backbone.embeddings.patch_embedding
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.backbone.encoder.layers
+
+    def forward_batch(self, batch, device: torch.device):
+        return self.backbone(pixel_values=batch.pixel_values.to(device=device, dtype=self.embeddings.weight.dtype))
+
+    def fusion_target(self, index: int) -> nn.Linear:
+        return self.layers[index].mlp.fc2
+
+    def replace_layers(self, layers: nn.ModuleList) -> None:
+        self.backbone.encoder.layers = layers
+
+    def reindex_layer(self, layer: nn.Module, new_index: int) -> None:
+        """CLIP's attention keeps no layer index (it has no KV cache)."""
+
+    def image_embeddings(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The model's image embeddings, (batch, projection_dim), before normalisation: the pooled
+        class token through ``visual_projection`` (``CLIPModel`` / ``...WithProjection``), or the
+        pooled output of a bare ``CLIPVisionModel``."""
+        pooled = self.backbone(pixel_values=pixel_values.to(self.embeddings.weight.dtype)).pooler_output
+        projection = getattr(self.model, "visual_projection", None)
+        return projection(pooled) if projection is not None else pooled
+
+
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
     model_type: cls
     for cls in (
@@ -191,6 +254,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
         Olmo2Adapter,
         Gemma2Adapter,
         Gemma3Adapter,
+        ClipVisionAdapter,
     )
     for model_type in cls.model_types
 }

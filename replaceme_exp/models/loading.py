@@ -168,7 +168,10 @@ def load_model(
     source = cfg.source
     if source == "hub_clip_vision":
         raise ConfigError(
-            "model.source", source, f"{cfg.name}: CLIP vision encoders are not supported yet (decoder LLMs only)"
+            "model.source",
+            source,
+            f"{cfg.name}: CLIP jobs are not supported yet (the vision-encoder adapter exists; image calibration, "
+            "the CLIP benchmarks and the job come next)",
         )
     if source == "embedded":
         path = embedded_checkpoint(cache_dir)

@@ -1,0 +1,142 @@
+"""CLIP's vision encoder (random weights: no CLIP checkpoint is available offline): capture
+against activations computed module by module, the pruned encoder against a hand-built one with
+the blocks bypassed and T applied explicitly, save / reload, layer-wise capture."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
+
+from replaceme_exp.capture import LinearStatistics, run_capture
+from replaceme_exp.capture.execution import CaptureExecution
+from replaceme_exp.data.batching import ImageBatch, TokenBatches
+from replaceme_exp.estimation import ridge_solve
+from replaceme_exp.models import adapter_for
+from replaceme_exp.surgery import prune
+
+VISION = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4, image_size=32, patch_size=8
+)
+POSITIONS = (32 // 8) ** 2 + 1  # 16 patches and the class token
+CUTS = [(2, 4), (5, 7)]
+
+
+def tiny_clip(seed: int = 0) -> CLIPModel:
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64)
+    config = CLIPConfig(
+        text_config={**text, "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1},
+        vision_config=VISION,
+        projection_dim=16,
+    )
+    torch.manual_seed(seed)
+    model = CLIPModel(config).eval().requires_grad_(False)
+    with torch.no_grad():  # larger weights than the default init, so blocks visibly change the stream
+        for name, p in model.vision_model.encoder.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
+def images(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def image_batches(pixels: torch.Tensor, batch_size: int) -> TokenBatches:
+    chunks = pixels.split(batch_size)
+    return TokenBatches([ImageBatch(c, torch.ones(len(c), POSITIONS, dtype=torch.long)) for c in chunks], POSITIONS)
+
+
+class Bypass(nn.Module):
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+class TransformedMLP(nn.Module):
+    def __init__(self, mlp, transform):
+        super().__init__()
+        self.mlp, self.transform = mlp, transform
+
+    def forward(self, x):
+        return self.mlp(x) @ self.transform.to(x.dtype)
+
+
+def module_by_module(model: CLIPModel, pixels: torch.Tensor, cut) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M_{start-1}, L_{end-1} - Y_{start-1}) over every image position, (n * positions, hidden),
+    from the encoder's hidden states and block ``start-1``'s attention and MLP called directly."""
+    start, end = cut
+    vision = model.vision_model
+    hidden = vision(pixel_values=pixels, output_hidden_states=True).hidden_states  # hidden[k] = input of block k
+    block = vision.encoder.layers[start - 1]
+    x = hidden[start - 1]
+    y = x + block.self_attn(block.layer_norm1(x))[0]
+    m = block.mlp(block.layer_norm2(y))
+    return m.reshape(-1, m.shape[-1]), (hidden[end] - y).reshape(-1, m.shape[-1])
+
+
+def test_clip_statistics_give_the_lstsq_transform_of_activations_computed_module_by_module():
+    model, pixels = tiny_clip(), images(6, 1)
+    adapter = adapter_for(model)
+    assert adapter.num_layers == 8 and adapter.hidden_size == 32
+    statistics = LinearStatistics(CUTS, 32, torch.device("cpu"))
+    run_capture(adapter, image_batches(pixels, 4), [statistics])
+    for cut in CUTS:
+        m, r = (t.double() for t in module_by_module(model, pixels, cut))
+        stats = statistics.result()[cut]
+        assert stats.n_tokens == 6 * POSITIONS
+        torch.testing.assert_close(stats.mtm, m.T @ m, rtol=1e-4, atol=1e-4)
+        expected = torch.linalg.lstsq(m, r).solution
+        torch.testing.assert_close(ridge_solve(stats, 0.0), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_pruned_clip_embeds_images_as_the_hand_built_encoder_and_reloads(tmp_path):
+    model, pixels = tiny_clip(seed=2), images(5, 3)
+    g = torch.Generator().manual_seed(0)
+    transforms = {
+        cut: torch.eye(32, dtype=torch.float64) + 0.2 * torch.randn(32, 32, generator=g, dtype=torch.float64)
+        for cut in CUTS
+    }
+    reference = copy.deepcopy(model)
+    layers = reference.vision_model.encoder.layers
+    for start, end in CUTS:
+        layers[start - 1].mlp = TransformedMLP(layers[start - 1].mlp, transforms[(start, end)])
+        for i in range(start, end):
+            layers[i] = Bypass()
+    expected = adapter_for(reference).image_embeddings(pixels)
+    adapter = adapter_for(model)
+    kept = prune(adapter, CUTS, transforms)
+    assert kept == [0, 1, 4, 7] and model.config.vision_config.num_hidden_layers == 4
+    assert model.config.text_config.num_hidden_layers == 2  # the text tower is untouched
+    assert model.vision_model.encoder.layers[1].mlp.fc2.bias is not None  # the bias took T^T b
+    torch.testing.assert_close(adapter.image_embeddings(pixels), expected, rtol=1e-4, atol=1e-5)
+    model.save_pretrained(tmp_path / "pruned")
+    reloaded = CLIPModel.from_pretrained(tmp_path / "pruned").eval()
+    assert len(reloaded.vision_model.encoder.layers) == 4
+    torch.testing.assert_close(adapter_for(reloaded).image_embeddings(pixels), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_bare_vision_model_is_adapted_too():
+    torch.manual_seed(0)
+    model = CLIPVisionModel(CLIPVisionConfig(**VISION)).eval()
+    adapter = adapter_for(model)
+    assert adapter.num_layers == 8 and adapter.image_embeddings(images(2, 0)).shape == (2, 32)
+    prune(adapter, [(2, 4)], {(2, 4): torch.eye(32)})
+    assert model.config.num_hidden_layers == 6
+
+
+@pytest.mark.parametrize("location", ["gpu", "disk"])
+def test_layerwise_capture_of_clip_equals_the_whole_model_capture(location):
+    adapter, batches = adapter_for(tiny_clip(seed=4)), image_batches(images(7, 5), 3)
+    whole = LinearStatistics(CUTS, 32, torch.device("cpu"))
+    run_capture(adapter, batches, [whole])
+    adapter.execution = CaptureExecution(mode="layerwise", device=torch.device("cpu"), store=location)
+    layerwise = LinearStatistics(CUTS, 32, torch.device("cpu"))
+    run_capture(adapter, batches, [layerwise])
+    for cut in CUTS:
+        assert torch.equal(whole.result()[cut].mtm, layerwise.result()[cut].mtm)
+        assert torch.equal(whole.result()[cut].mtr, layerwise.result()[cut].mtr)
