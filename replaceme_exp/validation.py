@@ -145,6 +145,16 @@ class Key:
     required: bool = False
 
 
+TEXT_SOURCES = ("pydoc", "pydoc_chat", "text_file", "hf_dataset", "generated", "mix")
+IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")  # replaceme_exp.data.images
+
+
+def is_vision_model(data: dict) -> bool:
+    model = data.get("model") or {}
+    config = model.get("config") or {}
+    return model.get("source") == "hub_clip_vision" or config.get("model_type") in ("clip", "clip_vision_model")
+
+
 SCHEMA: tuple[Key, ...] = (
     # top level
     Key("n_prune", n_prune_value, True),
@@ -167,12 +177,12 @@ SCHEMA: tuple[Key, ...] = (
     Key("model.device", device_value),
     Key("model.capture_4bit", boolean),
     # calibration
-    Key("calibration.source", choice("pydoc", "pydoc_chat", "text_file", "hf_dataset", "generated", "mix"), True),
+    Key("calibration.source", choice(*TEXT_SOURCES, *IMAGE_SOURCES), True),
     Key("calibration.max_new_tokens", positive_int),
     Key("calibration.generation_batch_size", positive_int),
     Key("calibration.temperature", finite_non_negative),
     Key("calibration.n_samples", positive_int, True),
-    Key("calibration.seq_len", positive_int, True),
+    Key("calibration.seq_len", positive_int),  # required for text sources (validate_config)
     Key("calibration.batch_size", positive_int, True),
     Key("calibration.seed", any_int),
     Key("calibration.padding_side", choice("left", "right")),
@@ -308,6 +318,17 @@ def validate_config(cfg: DictConfig) -> None:
     if metric in ("ls_residual", "cka", "cca") and _value(data, "selection.tokens") == "last":
         raise ConfigError("selection.tokens", "last", f"selection.metric={metric} is computed over all tokens")
     source = _value(data, "calibration.source")
+    if source in IMAGE_SOURCES:
+        if not is_vision_model(data):
+            name = _value(data, "model.name")
+            raise ConfigError("calibration.source", source, f"is image data for vision encoders, not model={name}")
+        if source == "image_folder" and not Path(str(_value(data, "calibration.path"))).expanduser().is_dir():
+            raise ConfigError("calibration.path", _value(data, "calibration.path"), "no such image folder")
+        dataset = _value(data, "calibration.dataset")
+        if source == "hub_images" and (not isinstance(dataset, str) or dataset in ("", "???")):
+            raise ConfigError("calibration.dataset", dataset, "name the hub image dataset (owner/name)")
+    elif _value(data, "calibration.seq_len") is _MISSING:
+        raise ConfigError("calibration.seq_len", None, "is missing")
     if source == "text_file" or (source == "hf_dataset" and _value(data, "calibration.dataset") == "json"):
         path = _value(data, "calibration.path")
         paths = path if isinstance(path, list) and path else [path]

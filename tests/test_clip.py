@@ -140,3 +140,71 @@ def test_layerwise_capture_of_clip_equals_the_whole_model_capture(location):
     for cut in CUTS:
         assert torch.equal(whole.result()[cut].mtm, layerwise.result()[cut].mtm)
         assert torch.equal(whole.result()[cut].mtr, layerwise.result()[cut].mtr)
+
+
+# -- image calibration -------------------------------------------------------------------------
+
+
+def tiny_processor():
+    from transformers import CLIPImageProcessor
+
+    return CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+
+
+def image_calibration(tmp_path, **overrides):
+    from omegaconf import OmegaConf
+
+    from replaceme_exp.data.images import build_image_calibration
+
+    cfg = OmegaConf.create({"source": "bundled_images", "n_samples": 40, "batch_size": 16, "seed": 0, **overrides})
+    return build_image_calibration(cfg, tiny_processor(), 8, tmp_path / "cache")
+
+
+def test_bundled_images_are_real_photographs_shipped_with_installed_packages():
+    from replaceme_exp.data.images import bundled_images
+
+    found = bundled_images()
+    assert len(found) >= 28 and {"chelsea", "coffee", "astronaut", "rocket", "china", "flower"} <= set(found)
+    assert all(image.mode == "RGB" and min(image.size) >= 25 for image in found.values())
+
+
+def test_image_calibration_is_processed_augmented_to_n_samples_cached_and_captured(tmp_path):
+    batches = image_calibration(tmp_path)
+    assert [b.pixel_values.shape[0] for b in batches] == [16, 16, 8] and batches.seq_len == POSITIONS
+    assert batches.batches[0].pixel_values.shape[1:] == (3, 32, 32) and batches.n_tokens == 40 * POSITIONS
+    assert len(list((tmp_path / "cache" / "images").glob("*.pt"))) == 1
+    again = image_calibration(tmp_path)  # from the cache
+    assert again.content_hash() == batches.content_hash()
+    reseeded = image_calibration(tmp_path, seed=1)
+    first, other = (torch.cat([b.pixel_values for b in x.batches]) for x in (batches, reseeded))
+    assert torch.equal(first[:28], other[:28]) and not torch.equal(first[28:], other[28:])  # only the crops move
+    statistics = LinearStatistics(CUTS, 32, torch.device("cpu"))
+    run_capture(adapter_for(tiny_clip()), batches, [statistics])
+    assert statistics.result()[CUTS[0]].n_tokens == 40 * POSITIONS
+
+
+def test_an_image_folder_calibrates_and_a_missing_one_is_refused(tmp_path):
+    from PIL import Image
+
+    from replaceme_exp.errors import ConfigError
+
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    for i, path in enumerate([folder / "a.png", folder / "sub" / "b.jpg"]):
+        Image.new("RGB", (40 + i, 50), color=(10 * i, 100, 200)).save(path)
+    (folder / "notes.txt").write_text("not an image")
+    batches = image_calibration(tmp_path, source="image_folder", path=str(folder), n_samples=5)
+    assert sum(b.pixel_values.shape[0] for b in batches) == 5
+    with pytest.raises(ConfigError, match="calibration.path='/nowhere': no such image folder"):
+        image_calibration(tmp_path, source="image_folder", path="/nowhere")
+
+
+def test_image_calibration_for_a_text_model_is_refused_in_one_line():
+    from conftest import compose_config
+
+    from replaceme_exp.errors import ConfigError
+    from replaceme_exp.validation import validate_config
+
+    with pytest.raises(ConfigError, match=r"^calibration.source='bundled_images': is image data for vision encoders"):
+        validate_config(compose_config(["calibration=bundled_images"]))
+    validate_config(compose_config(["calibration=bundled_images", "model=clip_vit_l14"]))

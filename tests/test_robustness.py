@@ -330,6 +330,12 @@ def test_every_shipped_option_passes_validation_and_resolves(group, option):
     from replaceme_exp.validation import validate_config
 
     overrides = [f"{group}={option}"]
+    if group == "calibration" and option in ("bundled_images", "image_folder", "hub_images"):
+        overrides.append("model=clip_vit_l14")
+        overrides += {
+            "image_folder": [f"calibration.path={ROOT}"],
+            "hub_images": ["calibration.dataset=owner/images"],
+        }.get(option, [])
     if group == "calibration" and option in ("text_file", "jsonl"):
         overrides.append(f"calibration.path={ROOT / 'README.md'}")
     if option == "jsonl":

@@ -64,9 +64,15 @@ class TokenBatches:
         return sum(b.n_tokens for b in self.batches)
 
     def content_hash(self) -> str:
-        """Hash of the token ids that the model sees (order-independent of batching)."""
+        """Hash of the token ids (or, for images, the pixels) that the model sees
+        (order-independent of batching)."""
         h = hashlib.sha256()
         for batch in self.batches:
+            if isinstance(batch, ImageBatch):  # the pixels the model sees
+                for image in batch.pixel_values:
+                    h.update(f"{tuple(image.shape)}|{image.dtype}|".encode())
+                    h.update(image.contiguous().view(torch.uint8).numpy().tobytes() + b"|")
+                continue
             for row, (ids, mask) in enumerate(zip(batch.input_ids, batch.attention_mask)):
                 h.update(ids[mask.bool()].numpy().astype("int64").tobytes())
                 if batch.position_ids is not None:  # which tokens a masked copy hides

@@ -1,0 +1,160 @@
+"""Image calibration data for vision encoders: real images from a folder, a hub image dataset, or
+(offline) the photographs and scans that ship inside scikit-image and scikit-learn, processed by
+the model's image processor into :class:`~replaceme_exp.data.batching.ImageBatch` batches and
+cached as tensors.
+
+When a source holds fewer images than ``n_samples``, the rest are seeded random crops (a quarter
+to all of the image's area) with random horizontal flips of its images, the usual augmentation of
+image pretraining; the number of distinct source images is recorded with the batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from replaceme_exp.data.batching import ImageBatch, TokenBatches
+from replaceme_exp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
+
+
+def bundled_images() -> dict[str, "Image.Image"]:  # noqa: F821
+    """The real images bundled in the installed scikit-image wheel (``skimage/data``: astronaut,
+    cat, coffee, coins, moon, motorcycle, rocket, retina, Hubble deep field, ...) and
+    scikit-learn's two sample photographs (``china``, ``flower``), as RGB PIL images by name."""
+    import numpy as np
+    import skimage.data
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    folder = Path(skimage.data.__file__).parent
+    files = sorted(p for p in folder.glob("*") if p.suffix in (".png", ".jpg"))  # not the test TIFFs
+    out = {path.stem: Image.open(path).convert("RGB") for path in files}
+    samples = load_sample_images()
+    for name, array in zip(samples.filenames, samples.images):
+        out[Path(name).stem] = Image.fromarray(np.asarray(array, dtype=np.uint8)).convert("RGB")
+    return out
+
+
+def _is_image(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+
+
+def folder_images(path: str) -> dict[str, "Image.Image"]:  # noqa: F821
+    """Every image file under ``path`` (recursively, sorted), as RGB PIL images by relative path."""
+    from PIL import Image
+
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise ConfigError("calibration.path", path, "no such image folder")
+    files = sorted(p for p in root.rglob("*") if _is_image(p))
+    if not files:
+        raise ConfigError("calibration.path", path, f"holds no image file ({', '.join(IMAGE_SUFFIXES)})")
+    return {str(p.relative_to(root)): Image.open(p).convert("RGB") for p in files}
+
+
+def hub_images(cfg: DictConfig, n: int) -> dict[str, "Image.Image"]:  # noqa: F821
+    """The first ``n`` images of ``cfg.dataset`` (``cfg.split``, column ``cfg.image_column``),
+    streamed from the hub (the paper calibrates CLIP on MIMIC)."""
+    from datasets import load_dataset
+
+    try:
+        records = load_dataset(cfg.dataset, cfg.get("subset"), split=cfg.split, streaming=True)
+    except Exception as err:  # noqa: BLE001 - offline, gated, no such dataset
+        raise ConfigError("calibration.dataset", cfg.dataset, f"cannot be loaded ({err})") from err
+    out = {}
+    for i, record in enumerate(records):
+        if i >= n:
+            break
+        if cfg.image_column not in record:
+            raise ConfigError("calibration.image_column", cfg.image_column, f"not a column of {cfg.dataset}")
+        out[f"{cfg.dataset}/{i}"] = record[cfg.image_column].convert("RGB")
+    return out
+
+
+def source_images(cfg: DictConfig) -> dict[str, "Image.Image"]:  # noqa: F821
+    source = cfg.source
+    if source == "bundled_images":
+        return bundled_images()
+    if source == "image_folder":
+        return folder_images(cfg.path)
+    if source == "hub_images":
+        return hub_images(cfg, int(cfg.n_samples))
+    raise ConfigError("calibration.source", source, f"an image calibration source is one of {IMAGE_SOURCES}")
+
+
+def augmented(images: list["Image.Image"], n: int, seed: int) -> list["Image.Image"]:  # noqa: F821
+    """``n`` images: the given ones, then seeded random crops (25-100% of the area, aspect 3:4 to
+    4:3) with random horizontal flips of them, in order."""
+    from PIL import Image
+
+    out = list(images[:n])
+    rng = random.Random(seed)
+    while len(out) < n:
+        image = images[len(out) % len(images)]
+        width, height = image.size
+        area = rng.uniform(0.25, 1.0) * width * height
+        aspect = rng.uniform(3 / 4, 4 / 3)
+        w = min(width, max(1, round((area * aspect) ** 0.5)))
+        h = min(height, max(1, round((area / aspect) ** 0.5)))
+        left, top = rng.randint(0, width - w), rng.randint(0, height - h)
+        crop = image.crop((left, top, left + w, top + h))
+        out.append(crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else crop)
+    return out
+
+
+def image_digest(images: dict) -> str:
+    """Hash of the images' names and pixels."""
+    h = hashlib.sha256()
+    for name, image in sorted(images.items()):
+        h.update(name.encode() + b"|" + f"{image.size}".encode() + image.tobytes())
+    return h.hexdigest()[:16]
+
+
+def build_image_calibration(cfg: DictConfig, processor, patch_size: int, cache_dir: str | os.PathLike) -> TokenBatches:
+    """``cfg.n_samples`` images from ``cfg.source``, augmented when the source has fewer (see the
+    module docstring), processed by ``processor`` (a transformers image processor) into batches
+    of ``cfg.batch_size``; every image position (a ``patch_size`` patch, and the class token) is a
+    token. The pixel tensor is cached under ``cache_dir/images`` by (images, processor settings,
+    n_samples, seed)."""
+    n, batch_size, seed = int(cfg.n_samples), int(cfg.batch_size), int(cfg.get("seed", 0))
+    for key, value in (("n_samples", n), ("batch_size", batch_size)):
+        if value <= 0:
+            raise ConfigError(f"calibration.{key}", value, "must be a positive integer")
+    images = source_images(cfg)
+    settings = json.dumps(processor.to_dict(), sort_keys=True, default=str)
+    key = hashlib.sha256(f"{image_digest(images)}|{settings}|{n}|{seed}".encode()).hexdigest()[:24]
+    path = Path(cache_dir) / "images" / f"{key}.pt"
+    pixels = None
+    if path.is_file():
+        try:
+            pixels = torch.load(path, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - a corrupt entry is recomputed
+            log.warning("image cache entry %s unreadable (%s): recomputed", path, err)
+    if pixels is None or pixels.shape[0] != n:
+        ordered = [images[name] for name in sorted(images)]
+        pixels = processor(images=augmented(ordered, n, seed), return_tensors="pt")["pixel_values"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(pixels, buffer)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_bytes(buffer.getvalue())
+        os.replace(tmp, path)
+    positions = (pixels.shape[-2] // patch_size) * (pixels.shape[-1] // patch_size) + 1
+    batches = [
+        ImageBatch(chunk, torch.ones(chunk.shape[0], positions, dtype=torch.long)) for chunk in pixels.split(batch_size)
+    ]
+    log.info("image calibration: %d images (%d distinct, %s), %d positions each", n, len(images), cfg.source, positions)
+    return TokenBatches(batches, positions)
