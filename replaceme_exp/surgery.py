@@ -107,7 +107,7 @@ def load_pruned(path: str | os.PathLike, **kwargs):
     return model
 
 
-def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict) -> Path:
+def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, processor=None) -> Path:
     """Save model and tokenizer as safetensors under ``path`` (atomically), with the pruning
     metadata in ``replaceme.json``. Loadable by ``AutoModelForCausalLM.from_pretrained``; a model
     with separate transforms also gets ``separate_transforms.safetensors`` and needs
@@ -119,6 +119,8 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict) -
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if processor is not None:  # a vision model's image processor
+            processor.save_pretrained(tmp)
         separate = getattr(model, "_replaceme_separate_transforms", None)
         if separate:
             from safetensors.torch import save_file

@@ -231,6 +231,8 @@ SCHEMA: tuple[Key, ...] = (
     Key("eval.seq_len", positive_int, True),
     Key("eval.max_windows", positive_int, True),
     Key("eval.batch_size", positive_int, True),
+    Key("eval.limit", optional(positive_int)),
+    Key("eval.amp", boolean),
     Key("eval.harness.batch_size", positive_int),
     Key("eval.harness.add_bos_token", boolean),
     Key("eval.harness.max_length", optional(positive_int)),
@@ -318,6 +320,25 @@ def validate_config(cfg: DictConfig) -> None:
     if metric in ("ls_residual", "cka", "cca") and _value(data, "selection.tokens") == "last":
         raise ConfigError("selection.tokens", "last", f"selection.metric={metric} is computed over all tokens")
     source = _value(data, "calibration.source")
+    benchmarks = _value(data, "eval.benchmarks")
+    if is_vision_model(data):
+        name = _value(data, "model.name")
+        if source not in IMAGE_SOURCES:
+            reason = f"model={name} is a vision encoder: calibrate it on images ({', '.join(IMAGE_SOURCES)})"
+            raise ConfigError("calibration.source", source, reason)
+        if benchmarks in (_MISSING, None):
+            raise ConfigError(
+                "eval", _value(data, "eval.name"), f"has no image benchmarks for model={name} (eval=clip)"
+            )
+    elif benchmarks not in (_MISSING, None):
+        raise ConfigError(
+            "eval.benchmarks", benchmarks, "are image benchmarks, for vision encoders (model=clip_vit_l14)"
+        )
+    if benchmarks not in (_MISSING, None):
+        from replaceme_exp.evaluation.clip_benchmarks import benchmark_task
+
+        for name in benchmarks if isinstance(benchmarks, list) else [benchmarks]:
+            benchmark_task(name)
     if source in IMAGE_SOURCES:
         if not is_vision_model(data):
             name = _value(data, "model.name")

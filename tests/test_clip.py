@@ -146,9 +146,9 @@ def test_layerwise_capture_of_clip_equals_the_whole_model_capture(location):
 
 
 def tiny_processor():
-    from transformers import CLIPImageProcessor
+    from transformers import CLIPImageProcessorPil
 
-    return CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    return CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
 
 
 def image_calibration(tmp_path, **overrides):
@@ -207,4 +207,110 @@ def test_image_calibration_for_a_text_model_is_refused_in_one_line():
 
     with pytest.raises(ConfigError, match=r"^calibration.source='bundled_images': is image data for vision encoders"):
         validate_config(compose_config(["calibration=bundled_images"]))
-    validate_config(compose_config(["calibration=bundled_images", "model=clip_vit_l14"]))
+    validate_config(compose_config(["calibration=bundled_images", "model=clip_vit_l14", "eval=clip"]))
+
+
+# -- clip-benchmark evaluation on the in-memory model ---------------------------------------------
+
+
+def text_clip(seed: int = 0) -> CLIPModel:
+    """A random CLIP whose text tower reads SmolLM2's tokenizer (the only tokenizer offline)."""
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=49152)
+    ids = dict(max_position_embeddings=16, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(seed)
+    config = CLIPConfig(text_config={**text, **ids}, vision_config=VISION, projection_dim=16)
+    return CLIPModel(config).eval().requires_grad_(False)
+
+
+def test_zero_shot_classification_and_retrieval_equal_a_direct_computation(smollm2_tokenizer):
+    import torch.nn.functional as F
+
+    from replaceme_exp.evaluation.clip_benchmarks import (
+        BUNDLED_TEMPLATES,
+        TextTokenizer,
+        bundled_dataset,
+        evaluate_benchmark,
+        image_text_logits,
+    )
+
+    model, processor, cpu = text_clip(), tiny_processor(), torch.device("cpu")
+    adapter = adapter_for(model)
+    text = TextTokenizer(smollm2_tokenizer, 16)
+    objects = bundled_dataset("bundled_objects", processor)
+    assert len(objects) == 12 and "cat" in objects.classes
+    # The zero-shot classifier by hand: per class, the renormalised mean of its prompts' unit embeddings.
+    with torch.no_grad():
+        weights = []
+        for name in objects.classes:
+            prompts = text([t.format(c=name) for t in BUNDLED_TEMPLATES])
+            unit = F.normalize(model.text_projection(model.text_model(input_ids=prompts).pooler_output), dim=-1)
+            weights.append(F.normalize(unit.mean(0), dim=0))
+        logits = 100 * F.normalize(adapter.image_embeddings(objects.pixels), dim=-1) @ torch.stack(weights, 1)
+    top5 = logits.topk(5, dim=1).indices
+    expected_acc1 = float((logits.argmax(1) == objects.targets).float().mean())
+    expected_acc5 = float((top5 == objects.targets[:, None]).any(1).float().mean())
+    metrics = evaluate_benchmark(model, adapter, smollm2_tokenizer, processor, "bundled_objects", 5, cpu)
+    assert metrics["acc1"] == pytest.approx(expected_acc1) and metrics["acc5"] == pytest.approx(expected_acc5)
+    # Retrieval: one caption per image, recall@5 = the true partner among the 5 most similar.
+    captions = bundled_dataset("bundled_captions", processor)
+    with torch.no_grad():
+        scores = image_text_logits(model, adapter, captions.pixels, text([c[0] for c in captions.targets]))
+    diagonal = torch.arange(len(captions))
+    image_recall = float((scores.T.topk(5, dim=1).indices == diagonal[:, None]).any(1).float().mean())
+    text_recall = float((scores.topk(5, dim=1).indices == diagonal[:, None]).any(1).float().mean())
+    metrics = evaluate_benchmark(model, adapter, smollm2_tokenizer, processor, "bundled_captions", 5, cpu)
+    assert metrics["image_retrieval_recall@5"] == pytest.approx(image_recall)
+    assert metrics["text_retrieval_recall@5"] == pytest.approx(text_recall)
+
+
+# -- the CLIP job ------------------------------------------------------------------------------
+
+CLIP_JOB = [
+    "model=tiny_clip",
+    "calibration=bundled_images",
+    "calibration.n_samples=48",
+    "eval=clip_offline",
+    "n_prune=2",
+    "tracking.wandb.mode=disabled",
+    "tracking.codecarbon.enabled=false",
+]
+
+
+def test_a_clip_job_prunes_the_vision_encoder_and_records_what_the_saved_model_scores(tmp_path, smollm2_tokenizer):
+    from conftest import compose_config
+
+    from replaceme_exp.evaluation.clip_benchmarks import evaluate_benchmark
+    from replaceme_exp.job import run_recorded
+
+    row = run_recorded(compose_config([*CLIP_JOB, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]))
+    assert row["status"] == "finished" and row["num_layers"] == 8 and row["n_prune"] == 2
+    assert row["vision_compression_ratio"] == 0.25 and row["calib_seq_len"] == POSITIONS
+    assert row["n_calib_tokens"] == 48 * POSITIONS and len(row["candidate_distances"]) == 6
+    assert 0 <= row["cos_dist_after"] < row["cos_dist_before"]  # LS brings block `end` its input closer
+    reloaded = CLIPModel.from_pretrained(row["pruned_model_path"]).eval()
+    assert len(reloaded.vision_model.encoder.layers) == 6
+    from transformers import CLIPImageProcessorPil
+
+    processor = CLIPImageProcessorPil.from_pretrained(row["pruned_model_path"])
+    cpu = torch.device("cpu")
+    adapter = adapter_for(reloaded)
+    objects = evaluate_benchmark(reloaded, adapter, smollm2_tokenizer, processor, "bundled_objects", 16, cpu)
+    captions = evaluate_benchmark(reloaded, adapter, smollm2_tokenizer, processor, "bundled_captions", 16, cpu)
+    assert row["acc1_bundled_objects"] == pytest.approx(objects["acc1"])
+    assert row["acc5_bundled_objects"] == pytest.approx(objects["acc5"])
+    assert row["text_recall5_bundled_captions"] == pytest.approx(captions["text_retrieval_recall@5"])
+    assert row["vision_recall5_bundled_captions"] == pytest.approx(captions["image_retrieval_recall@5"])
+    assert row["baseline_acc5_bundled_objects"] is not None
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [("calibration=pydoc", "calibration.source"), ("healing=lora", "healing"), ("eval=quick", "eval")],
+)
+def test_text_settings_for_a_clip_job_are_refused_in_one_line(tmp_path, override, key):
+    from conftest import compose_config
+
+    from replaceme_exp.job import run_recorded
+
+    row = run_recorded(compose_config([*CLIP_JOB, override, f"results_dir={tmp_path}"]), raise_on_failure=False)
+    assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {key}=") and "\n" not in row["error"]

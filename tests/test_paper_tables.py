@@ -314,12 +314,12 @@ def test_figure_numbers(paper_tables):
     assert heat[heat.panel == "row_0"]["mean"].tolist() == pytest.approx(matrix[0])
 
 
-def test_clip_options_compose_and_fail_with_a_clear_error(tmp_path):
-    cfg = compose_config(["model=clip_vit_l14", "eval=clip"])
+def test_the_hub_clip_model_offline_fails_with_a_clear_error(tmp_path):
+    cfg = compose_config(["model=clip_vit_l14", "eval=clip", "calibration=bundled_images"])
     from replaceme_exp.errors import ConfigError
     from replaceme_exp.models import load_model
 
-    with pytest.raises(ConfigError, match="model.source='hub_clip_vision'.*not supported"):
+    with pytest.raises(ConfigError, match=r"model.pretrained='openai/clip-vit-large-patch14': cannot be loaded"):
         load_model(cfg.model)
 
 

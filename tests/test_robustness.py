@@ -330,8 +330,12 @@ def test_every_shipped_option_passes_validation_and_resolves(group, option):
     from replaceme_exp.validation import validate_config
 
     overrides = [f"{group}={option}"]
+    vision = {("model", "clip_vit_l14"), ("model", "tiny_clip"), ("eval", "clip"), ("eval", "clip_offline")}
+    if (group, option) in vision or option in ("bundled_images", "image_folder", "hub_images"):
+        overrides += [
+            o for o in ("model=clip_vit_l14", "calibration=bundled_images", "eval=clip") if o.split("=")[0] != group
+        ]
     if group == "calibration" and option in ("bundled_images", "image_folder", "hub_images"):
-        overrides.append("model=clip_vit_l14")
         overrides += {
             "image_folder": [f"calibration.path={ROOT}"],
             "hub_images": ["calibration.dataset=owner/images"],

@@ -77,6 +77,7 @@ class ModelMemory:
     intermediate: int
     heads: int
     itemsize: int
+    positions: int | None = None  # tokens per input of a vision encoder (patches and the class token)
 
     def forward_activations(self, batch_size: int, seq_len: int) -> int:
         """Peak bytes of one block's inference activations on a (batch, seq) batch: hidden-size
@@ -92,11 +93,12 @@ def model_memory(model_cfg: DictConfig, cache_dir: str = ".cache") -> ModelMemor
     """The parameter bytes of ``model_cfg``'s model from its config alone (instantiated on the
     meta device: nothing is allocated or downloaded beyond the config). None when the config
     cannot be read (the load that follows reports why)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, CLIPModel
 
     from replaceme_exp.models.adapters import adapter_for
-    from replaceme_exp.models.loading import resolve_dtype
+    from replaceme_exp.models.loading import is_vision_config, resolve_dtype
 
+    model_class = CLIPModel if is_vision_config(model_cfg) else AutoModelForCausalLM
     try:
         if model_cfg.source == "random":
             config = AutoConfig.for_model(**OmegaConf.to_container(model_cfg.config, resolve=True))
@@ -108,14 +110,14 @@ def model_memory(model_cfg: DictConfig, cache_dir: str = ".cache") -> ModelMemor
             config = AutoConfig.from_pretrained(model_cfg.pretrained, revision=model_cfg.get("revision"))
         dtype = resolve_dtype(model_cfg.dtype)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = CLIPModel(config) if model_class is CLIPModel else model_class.from_config(config, dtype=dtype)
     except Exception as err:  # noqa: BLE001 - planning falls back to the whole-model capture
         log.info("capture plan: the model's size is unknown (%s)", err)
         return None
     itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
     adapter = adapter_for(model)
     block = max(sum(p.numel() for p in layer.parameters()) for layer in adapter.layers)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = adapter.config  # the blocks' own config (a CLIP's vision config)
     return ModelMemory(
         weights=sum(p.numel() for p in model.parameters()) * itemsize,
         largest_block=block * itemsize,
@@ -125,6 +127,7 @@ def model_memory(model_cfg: DictConfig, cache_dir: str = ".cache") -> ModelMemor
         ),
         heads=int(text.num_attention_heads),
         itemsize=itemsize,
+        positions=(text.image_size // text.patch_size) ** 2 + 1 if hasattr(text, "patch_size") else None,
     )
 
 
@@ -178,7 +181,8 @@ def plan_execution(
     if memory is None and mode != "whole":
         memory = model_memory(cfg.model, cache_dir)
     calibration = cfg.calibration
-    activations = memory.forward_activations(int(calibration.batch_size), int(calibration.seq_len)) if memory else 0
+    seq_len = calibration.get("seq_len") or (memory.positions if memory else None) or 1
+    activations = memory.forward_activations(int(calibration.batch_size), int(seq_len)) if memory else 0
     where = "GPU memory" if device.type == "cuda" else "host memory"
     if mode == "layerwise" or (mode == "auto" and device.type == "cuda" and memory is not None):
         whole_need = memory.weights + activations if memory else None

@@ -36,10 +36,11 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 @dataclass
 class LoadedModel:
-    model: Any  # transformers PreTrainedModel (a *ForCausalLM), in eval mode
+    model: Any  # transformers PreTrainedModel (a *ForCausalLM, or a CLIPModel), in eval mode
     tokenizer: Any
     name: str
     identity: dict = field(default_factory=dict)  # what makes its activations what they are
+    processor: Any = None  # the image processor of a vision model
 
     @property
     def identity_hash(self) -> str:
@@ -121,6 +122,47 @@ def load_tokenizer(cfg: DictConfig, cache_dir: str | os.PathLike):
     return tok
 
 
+def is_vision_config(cfg: DictConfig) -> bool:
+    """A CLIP model (``source: hub_clip_vision``, or random weights of ``model_type: clip``)."""
+    config = cfg.get("config") or {}
+    return cfg.get("source") == "hub_clip_vision" or config.get("model_type") == "clip"
+
+
+def load_vision_model(cfg: DictConfig, cache_dir: str | os.PathLike, weights: dict) -> LoadedModel:
+    """A ``CLIPModel`` (both towers: the text tower makes the zero-shot classifiers), its
+    tokenizer and its image processor. ``hub_clip_vision``: ``from_pretrained(pretrained)``;
+    ``random``: random weights from ``cfg.config`` with the tokenizer of ``cfg.tokenizer`` and an
+    image processor at the config's image size (tests, benchmarks)."""
+    from transformers import AutoConfig, AutoTokenizer, CLIPImageProcessorPil, CLIPModel
+
+    dtype = resolve_dtype(cfg.dtype)
+    if cfg.source == "hub_clip_vision":
+        try:
+            model = CLIPModel.from_pretrained(cfg.pretrained, revision=cfg.get("revision"), dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.get("revision"))
+            processor = CLIPImageProcessorPil.from_pretrained(cfg.pretrained, revision=cfg.get("revision"))
+        except OSError as err:
+            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+            hint = "not in the local cache and HF_HUB_OFFLINE=1" if offline else "not found or not accessible"
+            raise ConfigError("model.pretrained", cfg.pretrained, f"cannot be loaded: {hint} ({err})") from err
+    else:
+        config = AutoConfig.for_model(**OmegaConf.to_container(cfg.config, resolve=True))
+        with torch.random.fork_rng():
+            torch.manual_seed(int(cfg.get("init_seed", 0)))
+            model = CLIPModel(config).to(dtype)
+        tokenizer = load_tokenizer(cfg, cache_dir)
+        size = int(config.vision_config.image_size)
+        processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    if cfg.get("device_map") is None:
+        model.to(resolve_device(cfg.get("device")))
+    model.eval()
+    model.requires_grad_(False)
+    identity = {"weights": weights, "dtype": cfg.dtype}
+    if cfg.source == "hub_clip_vision" and getattr(model.config, "_commit_hash", None):
+        identity["commit"] = model.config._commit_hash
+    return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name, identity=identity, processor=processor)
+
+
 def check_nf4_capture(cfg: DictConfig) -> None:
     """``model.capture_4bit=true`` (the official code's ``use_4bit``) needs bitsandbytes and a CUDA
     GPU; refused clearly elsewhere, before anything is loaded."""
@@ -166,13 +208,8 @@ def load_model(
     device_map = cfg.get("device_map")
     device = resolve_device(cfg.get("device"))
     source = cfg.source
-    if source == "hub_clip_vision":
-        raise ConfigError(
-            "model.source",
-            source,
-            f"{cfg.name}: CLIP jobs are not supported yet (the vision-encoder adapter exists; image calibration, "
-            "the CLIP benchmarks and the job come next)",
-        )
+    if is_vision_config(cfg):
+        return load_vision_model(cfg, cache_dir, weights)
     if source == "embedded":
         path = embedded_checkpoint(cache_dir)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
