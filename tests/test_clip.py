@@ -314,3 +314,32 @@ def test_text_settings_for_a_clip_job_are_refused_in_one_line(tmp_path, override
 
     row = run_recorded(compose_config([*CLIP_JOB, override, f"results_dir={tmp_path}"]), raise_on_failure=False)
     assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {key}=") and "\n" not in row["error"]
+
+
+def test_the_clip_template_fills_the_papers_clip_table_from_tiny_clip_runs(tmp_path, capsys):
+    """The four jobs of ``+paper=clip`` (LS and UIDL at 1 and 2 of 8 blocks: the paper's 13% and
+    25%) on the random CLIP, then the CLIP table retargeted to them (``eval=clip_offline``: the
+    bundled-image benchmarks stand in for MS-COCO and CIFAR-10)."""
+    from conftest import compose_config
+
+    from replaceme_exp.job import run_recorded
+    from replaceme_exp.results.render_paper import main as render_paper
+
+    common = ["+paper=clip", *CLIP_JOB, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]
+    rows = {}
+    for n_prune in (1, 2):
+        for experiment in ("replaceme_ls", "uidl_baseline"):
+            cfg = compose_config([*common, f"n_prune={n_prune}", f"experiment={experiment}", "save_model=false"])
+            assert cfg.estimation.tokens == "all" and cfg.eval.name == "clip_offline"
+            rows[n_prune, experiment] = run_recorded(cfg)
+    render_paper(["--results", str(tmp_path), "--out", str(tmp_path / "tables"), "--model", "tiny_clip"])
+    out = capsys.readouterr().out
+    assert "clip: 4 runs found (model=tiny_clip, eval=clip_offline), 4 matched a cell, 4 shown" in out
+    table = (tmp_path / "tables" / "tiny_clip_bundled_images_clip_offline" / "clip.md").read_text()
+    assert "12.5% = 1 of 8 blocks, 25% = 2 of 8 blocks" in table
+    lines = {line.split("|")[1].strip() + line.split("|")[2].strip(): line for line in table.splitlines()[4:9]}
+    ls_25 = lines["ReplaceMe (LS)25%"].split("|")
+    assert float(ls_25[6]) == pytest.approx(rows[2, "replaceme_ls"]["acc1_bundled_objects"], abs=1e-4)
+    assert float(ls_25[4]) == pytest.approx(rows[2, "replaceme_ls"]["text_recall5_bundled_captions"], abs=1e-4)
+    baseline = lines["CLIP-L/14-"].split("|")
+    assert float(baseline[7]) == pytest.approx(rows[1, "replaceme_ls"]["baseline_acc5_bundled_objects"], abs=1e-4)

@@ -285,6 +285,15 @@ def translate_n_prune(n: float, paper_depth: int, depth: int) -> int:
     return int(math.floor(n / paper_depth * depth + 0.5))
 
 
+# eval=clip_offline: the CLIP table's columns -> (the bundled-image benchmark's column, its header)
+OFFLINE_CLIP_COLUMNS = {
+    "text_recall5_mscoco": ("text_recall5_bundled_captions", "Bundled captions text recall@5"),
+    "vision_recall5_mscoco": ("vision_recall5_bundled_captions", "Bundled captions vision recall@5"),
+    "acc1_cifar10": ("acc1_bundled_objects", "Bundled objects acc1"),
+    "acc5_cifar10": ("acc5_bundled_objects", "Bundled objects acc5"),
+}
+
+
 class Retargeting:
     """Applies a :class:`Target` to conditions and metrics, and remembers what it changed (for
     the caption of one table or figure). With no target (or the paper's) it changes nothing."""
@@ -295,6 +304,7 @@ class Retargeting:
         self.fractions: dict[float, int] = {}
         self.calib_samples = False
         self.ppl_replaced: list[str] = []
+        self.clip_replaced: list[str] = []
         self.problems: list[str] = []
         self.seen: set[str] = set()  # the target's keys that some condition named
 
@@ -353,8 +363,14 @@ class Retargeting:
 
     def metric(self, metric: str) -> tuple[str, str | None]:
         """The column to read for ``metric`` and, when it changed, the header naming it: a
-        perplexity the target suite does not record becomes the suite's own."""
+        perplexity the target suite does not record becomes the suite's own; with
+        ``eval=clip_offline`` the CLIP table's columns read the bundled-image benchmarks."""
         t = self.target
+        if t.eval == "clip_offline" and metric in OFFLINE_CLIP_COLUMNS:
+            column, header = OFFLINE_CLIP_COLUMNS[metric]
+            if metric not in self.clip_replaced:
+                self.clip_replaced.append(metric)
+            return column, header
         if t.eval is None or t.ppl is None or not metric.startswith("ppl_") or metric in t.suite_ppl_columns:
             return metric, None
         if metric not in self.ppl_replaced:
@@ -386,6 +402,8 @@ class Retargeting:
             text += f"; {PAPER_CALIB_SAMPLES} calibration samples = {t.calibration}'s default {t.calib_samples}"
         if self.ppl_replaced:
             text += f"; perplexity: {t.ppl[0]} ({t.ppl[1]}) instead of {', '.join(self.ppl_replaced)}"
+        if self.clip_replaced:
+            text += "; the offline bundled-image benchmarks stand in for MS-COCO and CIFAR-10 (VOC2007, EuroSAT: none)"
         return text + "".join(f"; {p}" for p in self.problems) + "."
 
 
@@ -398,6 +416,7 @@ def _text(value) -> str:
 def _values(frame: pd.DataFrame, key: str) -> str:
     if key not in frame.columns:
         return f"no {key} column"
+
     def order(text: str) -> tuple:
         try:
             return (0, float(text), "")
