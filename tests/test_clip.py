@@ -343,3 +343,8 @@ def test_the_clip_template_fills_the_papers_clip_table_from_tiny_clip_runs(tmp_p
     assert float(ls_25[4]) == pytest.approx(rows[2, "replaceme_ls"]["text_recall5_bundled_captions"], abs=1e-4)
     baseline = lines["CLIP-L/14-"].split("|")
     assert float(baseline[7]) == pytest.approx(rows[1, "replaceme_ls"]["baseline_acc5_bundled_objects"], abs=1e-4)
+    from replaceme_exp.results.report import write_report
+
+    write_report(str(tmp_path), None)
+    runs_table = (tmp_path / "report" / "all.md").read_text()
+    assert "vision_compression_ratio" in runs_table and "acc1_bundled_objects" in runs_table

@@ -43,6 +43,7 @@ TABLE_METRICS = (
     "cos_dist_before",
     "cos_dist_after",
     "compression_ratio",
+    "vision_compression_ratio",
     "time_capture_s",
     "time_estimate_s",
     "time_heal_s",
@@ -52,6 +53,8 @@ TABLE_METRICS = (
     "co2_kg",
 )
 ACCURACY_PREFIXES = ("acc_", "acc_norm_")
+# The CLIP benchmarks' columns (replaceme_exp/vision_job.py), pruned model only.
+CLIP_PREFIXES = ("acc1_", "acc5_", "mean_avg_p_", "text_recall5_", "vision_recall5_")
 # Metrics drawn against each swept setting, where recorded.
 PLOTTED_METRICS = ("ppl_heldout", "avg_acc", "rp", "cos_dist_after", "time_total_s", "energy_kwh")
 MAX_SERIES = 8
@@ -149,7 +152,8 @@ def metric_columns(frame: pd.DataFrame) -> list[str]:
         return c in frame.columns and pd.to_numeric(frame[c], errors="coerce").notna().any()
 
     accuracy = sorted(c for c in frame.columns if c.startswith(ACCURACY_PREFIXES) and "stderr" not in c)
-    return [c for c in TABLE_METRICS if recorded(c)] + [c for c in accuracy if recorded(c)]
+    clip = sorted(c for c in frame.columns if c.startswith(CLIP_PREFIXES))
+    return [c for c in TABLE_METRICS if recorded(c)] + [c for c in accuracy + clip if recorded(c)]
 
 
 def _cell(value) -> str:
