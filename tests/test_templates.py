@@ -55,11 +55,16 @@ def template_override(template: str) -> str:
     return f"+{group}={name}"
 
 
+# What a user must add to a template: the CLIP template calibrates on their own images (the paper's MIMIC).
+USER_OVERRIDES = {"paper/clip": [f"calibration.path={ROOT}"]}
+
+
 def compose_config_with_hydra(template: str):
     from hydra import compose, initialize_config_dir
 
+    overrides = [template_override(template), *USER_OVERRIDES.get(template, [])]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[template_override(template)], return_hydra_config=True)
+        return compose("config", overrides=overrides, return_hydra_config=True)
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
@@ -72,6 +77,18 @@ def test_template_jobs_pass_validation(template):
     with open_dict(cfg):
         del cfg["hydra"]
     validate_config(cfg)
+
+
+def test_the_clip_template_without_images_is_refused_in_one_line():
+    from hydra import compose, initialize_config_dir
+
+    from replaceme_exp.errors import ConfigError
+    from replaceme_exp.validation import validate_config
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["+paper=clip"])
+    with pytest.raises(ConfigError, match=r"^calibration.path='\?\?\?': no such image folder"):
+        validate_config(cfg)
 
 
 def test_every_template_is_counted():
