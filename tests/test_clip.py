@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from torch import nn
+from explicit_modules import Bypass, TransformedMLP, random_transform
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
 
 from replaceme_exp.capture import LinearStatistics, run_capture
@@ -52,20 +52,6 @@ def image_batches(pixels: torch.Tensor, batch_size: int) -> TokenBatches:
     return TokenBatches([ImageBatch(c, torch.ones(len(c), POSITIONS, dtype=torch.long)) for c in chunks], POSITIONS)
 
 
-class Bypass(nn.Module):
-    def forward(self, hidden_states, *args, **kwargs):
-        return hidden_states
-
-
-class TransformedMLP(nn.Module):
-    def __init__(self, mlp, transform):
-        super().__init__()
-        self.mlp, self.transform = mlp, transform
-
-    def forward(self, x):
-        return self.mlp(x) @ self.transform.to(x.dtype)
-
-
 def module_by_module(model: CLIPModel, pixels: torch.Tensor, cut) -> tuple[torch.Tensor, torch.Tensor]:
     """(M_{start-1}, L_{end-1} - Y_{start-1}) over every image position, (n * positions, hidden),
     from the encoder's hidden states and block ``start-1``'s attention and MLP called directly."""
@@ -96,11 +82,7 @@ def test_clip_statistics_give_the_lstsq_transform_of_activations_computed_module
 
 def test_pruned_clip_embeds_images_as_the_hand_built_encoder_and_reloads(tmp_path):
     model, pixels = tiny_clip(seed=2), images(5, 3)
-    g = torch.Generator().manual_seed(0)
-    transforms = {
-        cut: torch.eye(32, dtype=torch.float64) + 0.2 * torch.randn(32, 32, generator=g, dtype=torch.float64)
-        for cut in CUTS
-    }
+    transforms = {cut: random_transform(32, i) for i, cut in enumerate(CUTS)}
     reference = copy.deepcopy(model)
     layers = reference.vision_model.encoder.layers
     for start, end in CUTS:
@@ -227,10 +209,10 @@ def test_zero_shot_classification_and_retrieval_equal_a_direct_computation(smoll
 
     from replaceme_exp.evaluation.clip_benchmarks import (
         BUNDLED_TEMPLATES,
+        ClipForBenchmark,
         TextTokenizer,
         bundled_dataset,
         evaluate_benchmark,
-        image_text_logits,
     )
 
     model, processor, cpu = text_clip(), tiny_processor(), torch.device("cpu")
@@ -254,7 +236,10 @@ def test_zero_shot_classification_and_retrieval_equal_a_direct_computation(smoll
     # Retrieval: one caption per image, recall@5 = the true partner among the 5 most similar.
     captions = bundled_dataset("bundled_captions", processor)
     with torch.no_grad():
-        scores = image_text_logits(model, adapter, captions.pixels, text([c[0] for c in captions.targets]))
+        wrapped = ClipForBenchmark(model, adapter)
+        images = F.normalize(wrapped.encode_image(captions.pixels), dim=-1)
+        texts = F.normalize(wrapped.encode_text(text([c[0] for c in captions.targets])), dim=-1)
+        scores = images @ texts.T
     diagonal = torch.arange(len(captions))
     image_recall = float((scores.T.topk(5, dim=1).indices == diagonal[:, None]).any(1).float().mean())
     text_recall = float((scores.topk(5, dim=1).indices == diagonal[:, None]).any(1).float().mean())

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from conftest import MORE_FAMILY_CONFIGS, batches_of, compose_config, random_sequences, tiny_model
-from torch import nn
+from explicit_modules import Bypass, TransformedBlock, TransformedMLP, random_transform
 from transformers import AutoModelForCausalLM
 
 from replaceme_exp.capture import LinearStatistics, run_capture
@@ -22,48 +22,6 @@ FUSABLE = ["falcon", "falcon_sequential", "phi3"]
 SEPARATE_ONLY = ["olmo2", "gemma2", "gemma3_text"]
 assert sorted(FUSABLE + SEPARATE_ONLY) == sorted(MORE_FAMILY_CONFIGS)
 CUTS = [(1, 3), (4, 6)]
-
-
-class Bypass(nn.Module):
-    """A removed block: passes the residual stream through (as a tuple where the family's
-    blocks return one, as Falcon's do)."""
-
-    def __init__(self, returns_tuple: bool):
-        super().__init__()
-        self.returns_tuple = returns_tuple
-
-    def forward(self, hidden_states, *args, **kwargs):
-        return (hidden_states, None) if self.returns_tuple else hidden_states
-
-
-class TransformedMLP(nn.Module):
-    """``M T``: the original MLP followed by an explicit T."""
-
-    def __init__(self, mlp, transform):
-        super().__init__()
-        self.mlp, self.transform = mlp, transform
-
-    def forward(self, x):
-        return self.mlp(x) @ self.transform.to(x.dtype)
-
-
-class TransformedBlock(nn.Module):
-    """``L T``: the original block followed by an explicit T on its whole output."""
-
-    def __init__(self, block, transform):
-        super().__init__()
-        self.block, self.transform = block, transform
-
-    def forward(self, *args, **kwargs):
-        out = self.block(*args, **kwargs)
-        if isinstance(out, tuple):
-            return (out[0] @ self.transform.float(), *out[1:])
-        return out @ self.transform.float()
-
-
-def random_transform(d: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.eye(d, dtype=torch.float64) + 0.2 * torch.randn(d, d, generator=g, dtype=torch.float64)
 
 
 def reference_model(model, cuts, transforms, placement):

@@ -7,30 +7,12 @@ import copy
 import pytest
 import torch
 from conftest import FAMILY_CONFIGS, tiny_model
-from torch import nn
+from explicit_modules import Bypass, TransformedBlock, TransformedMLP, random_transform
 from transformers import AutoModelForCausalLM
 
 from replaceme_exp.errors import UnsupportedModelError
 from replaceme_exp.models import adapter_for, count_parameters
 from replaceme_exp.surgery import prune, save_checkpoint
-
-
-class Bypass(nn.Module):
-    """Stands in for a removed block: passes the residual stream through."""
-
-    def forward(self, hidden_states, *args, **kwargs):
-        return hidden_states
-
-
-class TransformedMLP(nn.Module):
-    """The original MLP followed by an explicit T: ``M T``."""
-
-    def __init__(self, mlp, transform):
-        super().__init__()
-        self.mlp, self.transform = mlp, transform
-
-    def forward(self, x):
-        return self.mlp(x) @ self.transform.to(x.dtype)
 
 
 def reference_model(model, cuts, transforms):
@@ -43,11 +25,6 @@ def reference_model(model, cuts, transforms):
         for i in range(start, end):
             layers[i] = Bypass()
     return ref
-
-
-def random_transform(d, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.eye(d, dtype=torch.float64) + 0.2 * torch.randn(d, d, generator=g, dtype=torch.float64)
 
 
 @pytest.mark.parametrize(
@@ -116,17 +93,6 @@ def test_unknown_families_are_refused():
     gpt2 = Auto.from_config(AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(UnsupportedModelError, match="gpt2.*no adapter"):
         adapter_for(gpt2)
-
-
-class TransformedBlock(nn.Module):
-    """A block followed by an explicit T on its full output: ``L T``."""
-
-    def __init__(self, block, transform):
-        super().__init__()
-        self.block, self.transform = block, transform
-
-    def forward(self, *args, **kwargs):
-        return self.block(*args, **kwargs) @ self.transform.to(torch.float32)
 
 
 @pytest.mark.parametrize("cuts", [[(2, 4)], [(1, 3), (5, 7)]], ids=["one", "two"])
