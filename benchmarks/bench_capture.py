@@ -199,10 +199,10 @@ def main(overrides):
     two_s, cuts_two = timed(two_passes)
     assert cuts == cuts_two
     print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
-    plan = plan_execution(cfg, model_memory(cfg.model, str(ROOT / ".cache")))
+    memory = model_memory(cfg.model, str(ROOT / ".cache"))
+    plan = plan_execution(cfg, memory)
     auto_one = all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates), plan)
     whole_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
-    memory = model_memory(cfg.model, str(ROOT / ".cache"))
     stats_bytes = len(candidates) * cut_stats_bytes(adapter.hidden_size)
     act_bytes = memory.forward_activations(int(cfg.calibration.batch_size), int(cfg.calibration.seq_len))
 

@@ -175,12 +175,13 @@ def check_weights_finite(model) -> None:
             raise NonFiniteError("load", f"the weight {name} is")
 
 
-def library_versions() -> dict[str, str | None]:
-    """Versions of the libraries whose code computes the numbers (recorded in every row)."""
+def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str | None]:
+    """Versions of the libraries whose code computes the numbers (recorded in every row), and of
+    the ``extra`` packages a kind of job also depends on."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for package in ("torch", "transformers"):
+    for package in ("torch", "transformers", *extra):
         try:
             out[package] = version(package)
         except PackageNotFoundError:
@@ -354,8 +355,10 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
         raise ConfigError("multi_lt", cfg.multi_lt, "choose independent or sequential")
     check_nf4_capture(cfg.model)
     nf4 = bool(cfg.model.get("capture_4bit", False))
-    if nf4 and cfg.multi_lt == "sequential" and (
-        len(cfg.cuts) > 1 if OmegaConf.is_list(cfg.cuts) else cfg.cuts is None and cfg.num_lts != 1
+    if (
+        nf4
+        and cfg.multi_lt == "sequential"
+        and (len(cfg.cuts) > 1 if OmegaConf.is_list(cfg.cuts) else cfg.cuts is None and cfg.num_lts != 1)
     ):
         raise ConfigError(
             "model.capture_4bit", True, "not with multi_lt=sequential and several cuts (the 4-bit copy is not pruned)"
@@ -568,12 +571,17 @@ def prune_and_evaluate(cfg: DictConfig, row: dict, timer: Timer) -> dict:
                 {k: row[k] for k in ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")},
             )
             row["pruned_model_path"] = str(target)
+    return finish_row(row, timer, device, healed=healing != "none")
+
+
+def finish_row(row: dict, timer: Timer, device: torch.device, healed: bool = False) -> dict:
+    """``row`` marked finished, with each stage's seconds and the peak memory."""
     row["stage_seconds"] = dict(timer.labelled)
     row.update(
         time_capture_s=timer.seconds.get("capture", 0.0),
         time_estimate_s=timer.seconds.get("estimate", 0.0),
         time_eval_s=timer.seconds.get("eval", 0.0),
-        time_heal_s=timer.seconds.get("heal") if healing != "none" else None,
+        time_heal_s=timer.seconds.get("heal") if healed else None,
         peak_mem_gb=peak_memory_gb(device),
         status="finished",
     )
@@ -672,9 +680,7 @@ def run_recorded(
             done["status"] = "skipped"
             done["row_path"] = str(row_path(store, done))
             return done
-        return _run_and_record(
-            cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name, sweep_name
-        )
+        return _run_and_record(cfg, store, chash, weights, sweep_id, raise_on_failure, job_dir, run_name, sweep_name)
 
 
 class JobInterrupted(Exception):

@@ -28,14 +28,15 @@ from replaceme_exp.data.images import build_image_calibration
 from replaceme_exp.errors import ConfigError, check_finite
 from replaceme_exp.estimation.fitting import estimate
 from replaceme_exp.evaluation.baseline import BaselineCache
-from replaceme_exp.evaluation.clip_benchmarks import benchmark_task, evaluate_benchmark
+from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, benchmark_task, evaluate_benchmark
 from replaceme_exp.job import (
     cached_stages,
     device_name,
     effective_method_columns,
     effective_regularizer,
+    finish_row,
     heldout_distances_pass,
-    peak_memory_gb,
+    library_versions,
     token_rule_columns,
 )
 from replaceme_exp.models.adapters import adapter_for, count_parameters
@@ -152,6 +153,7 @@ def prune_and_evaluate_vision(cfg: DictConfig, row: dict, timer) -> dict:
         "amp": bool(cfg.eval.get("amp", False)),
     }
     row.update({f"eval_{k}": v for k, v in settings.items()}, eval_benchmarks=benchmarks)
+    row.update({f"{package}_version": v for package, v in library_versions(LIBRARIES).items()})
 
     def scores(name: str) -> dict[str, float]:
         return evaluate_benchmark(
@@ -167,7 +169,13 @@ def prune_and_evaluate_vision(cfg: DictConfig, row: dict, timer) -> dict:
         )
 
     for name in benchmarks:
-        key = {"model": loaded.identity_hash, "metric": f"clip/{name}", **settings}
+        key = {
+            "model": loaded.identity_hash,
+            "metric": f"clip/{name}",
+            "benchmarks_version": BENCHMARKS_VERSION,
+            "libraries": library_versions(LIBRARIES),
+            **settings,
+        }
         with timer("eval", f"baseline {name}"):
             baseline = baselines.get_or_compute(key, lambda name=name: scores(name))
         row.update({f"baseline_{c}": v for c, v in benchmark_columns(name, baseline).items()})
@@ -189,13 +197,4 @@ def prune_and_evaluate_vision(cfg: DictConfig, row: dict, timer) -> dict:
             }
             save_checkpoint(model, loaded.tokenizer, target, metadata, processor)
             row["pruned_model_path"] = str(target)
-    row["stage_seconds"] = dict(timer.labelled)
-    row.update(
-        time_capture_s=timer.seconds.get("capture", 0.0),
-        time_estimate_s=timer.seconds.get("estimate", 0.0),
-        time_eval_s=timer.seconds.get("eval", 0.0),
-        time_heal_s=None,
-        peak_mem_gb=peak_memory_gb(device),
-        status="finished",
-    )
-    return row
+    return finish_row(row, timer, device)

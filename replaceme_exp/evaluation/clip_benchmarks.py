@@ -23,7 +23,6 @@ import logging
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from replaceme_exp.errors import ConfigError
@@ -53,6 +52,10 @@ BUNDLED_OBJECTS = {
     "hubble_deep_field": ("galaxies", "a telescope image of distant galaxies"),
 }
 BUNDLED_TEMPLATES = ["a photo of a {c}.", "a picture of a {c}.", "an image of a {c}."]
+# Bump when the benchmarks' data or metrics change here (cached unpruned scores are keyed by it).
+BENCHMARKS_VERSION = 1
+# What the scores also depend on: the metrics, and the bundled images' packages.
+LIBRARIES = ("clip-benchmark", "scikit-image", "scikit-learn")
 BUNDLED = ("bundled_objects", "bundled_captions")
 
 
@@ -207,12 +210,3 @@ def classification_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[s
         "acc5": float(hits.any(1).float().mean()) if logits.shape[1] >= 5 else float("nan"),
         "mean_per_class_recall": float(balanced_accuracy_score(target.numpy(), logits.argmax(1).numpy())),
     }
-
-
-def image_text_logits(model, adapter, pixel_values, input_ids) -> torch.Tensor:
-    """Cosine similarity x 100 of every image with every text, (n_images, n_texts): the zero-shot
-    logits clip-benchmark computes (a check of :class:`ClipForBenchmark`)."""
-    wrapped = ClipForBenchmark(model, adapter)
-    images = F.normalize(wrapped.encode_image(pixel_values), dim=-1)
-    texts = F.normalize(wrapped.encode_text(input_ids), dim=-1)
-    return 100.0 * images @ texts.T
