@@ -1,5 +1,6 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
-# make test  : set up what is missing and run the test suite offline
+# make test  : set up what is missing and run the test suite offline (all of it: what CI runs)
+# make test-fast : the inner loop: every test not marked slow, on 2 processes (about 2 minutes)
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
 # make report : tables and figures of any results (RESULTS=dir) under RESULTS/report
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup run test bench report paper-tables wandb-sync clean-cache
+.PHONY: setup run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
-	$(OFFLINE) $(PY) -c "from replaceme_exp.models.loading import embedded_checkpoint; print('embedded model at', embedded_checkpoint('$${REPLACEME_CACHE:-.cache}'))"
+	$(OFFLINE) $(PY) -c "from replaceme_exp.models.embedded import embedded_checkpoint; print('embedded model at', embedded_checkpoint('$${REPLACEME_CACHE:-.cache}'))"
 
 run: setup
 	$(OFFLINE) $(PY) run.py $(ARGS)
@@ -35,17 +36,26 @@ run: setup
 test: setup
 	$(OFFLINE) $(PY) -m pytest -q $(ARGS)
 
+# The inner loop: all but the tests marked slow, on TEST_WORKERS pytest-xdist processes (one torch thread each).
+TEST_WORKERS ?= 2
+test-fast: setup
+	$(OFFLINE) $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
+
 bench: setup
 	$(OFFLINE) $(PY) benchmarks/bench_capture.py $(ARGS)
 
 # MODEL=, CALIBRATION=, EVAL=: the same tables from runs of another model, calibration set or suite (README).
 paper-tables: setup
-	$(PY) -m replaceme_exp.results.render_paper --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables \
+	$(PY) -m replaceme_exp.reporting.render_paper --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables \
 		$(if $(MODEL),--model $(MODEL)) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(EVAL),--eval $(EVAL))
+
+# The configuration reference, generated from the schema (tests/test_config_reference.py checks it is current).
+docs-reference: setup
+	$(OFFLINE) $(PY) -m replaceme_exp.reporting.config_reference > docs/configuration.md
 
 # Any results (RESULTS=dir): per sweep and for all runs, tables of the runs, failures and figures under RESULTS/report.
 report: setup
-	$(PY) -m replaceme_exp.results.report --results $${RESULTS:-results}
+	$(PY) -m replaceme_exp.reporting.report --results $${RESULTS:-results}
 
 # Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online.
 wandb-sync: setup

@@ -24,14 +24,27 @@ Prints progress, then as its last line one JSON object:
 - ls_peak_mem_ratio_4x_data: peak memory of the LS path (statistics capture and solve) with 4x
   the calibration tokens / the same with 1x (full windows of 128 tokens). Peak CUDA memory on a
   GPU; on a CPU the peak of live tensor bytes from the profiler's allocation events.
+- the fixed cost of a job, each / the same plain forward pass (``*_s``: the seconds):
+  import_job_over_forward: ``import run`` (run.py's imports: the job's modules, torch, Hydra) in a
+  fresh interpreter (best of 3);
+  start_to_first_stage_over_forward: from launching ``run.py`` (the ``debug=smoke`` job on the
+  same model without generation samples, with the default tracking: W&B offline and CodeCarbon)
+  to its first ``stage ...`` log line, Hydra's start-up included; outside_stages_over_forward: all
+  of that job's time outside its stages (before the first, ``between_stages_s`` between them,
+  ``after_last_stage_s`` from the last one to the process's exit), from the stage lines' log
+  timestamps (1 ms).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,8 +69,8 @@ from replaceme_exp.data.calibration import calibration_documents  # noqa: E402
 from replaceme_exp.estimation import ridge_solve  # noqa: E402
 from replaceme_exp.estimation.numerical import NumericalEstimator  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
-from replaceme_exp.planning import all_candidates_fit, cut_stats_bytes  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
+from replaceme_exp.selection.passes import all_candidates_fit, cut_stats_bytes  # noqa: E402
 
 
 def config(overrides):
@@ -164,6 +177,102 @@ def cosine_solvers(adapter, tokenizer, cfg, batches, cut) -> dict:
     return out
 
 
+# What run.py logs for each stage ("stage <name> ..." and "stage <name> done in <s> s") in Hydra's log format.
+STAGE_LINE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[[^\]]*\]\[[A-Z]+\] - stage (.+?) (\.\.\.|done in \S+ s)$"
+)
+
+
+def import_seconds(repeats: int = 3) -> float:
+    """``import run`` (every module a job imports before Hydra starts) in a fresh interpreter, best
+    of ``repeats``."""
+    code = "import time; t = time.perf_counter(); import run; print(time.perf_counter() - t)"
+    best = float("inf")
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+        best = min(best, float(out.stdout.split()[-1]))
+    return best
+
+
+def stage_intervals(log: str) -> list[tuple[float, float]]:
+    """(start, end) epoch seconds of every stage in a job's log (nested ones too)."""
+    open_stages: dict[str, list[float]] = {}
+    intervals = []
+    for line in log.splitlines():
+        match = STAGE_LINE.match(line.strip())
+        if not match:
+            continue
+        stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        name, what = match.group(2), match.group(3)
+        if what == "...":
+            open_stages.setdefault(name, []).append(stamp)
+        elif open_stages.get(name):
+            intervals.append((open_stages[name].pop(), stamp))
+    return sorted(intervals)
+
+
+def job_fixed_cost(overrides: list[str]) -> dict:
+    """Seconds of a ``run.py`` job outside its stages: launch -> first stage, between stages, last
+    stage -> exit (results, capture statistics and W&B files in a temporary directory)."""
+    with tempfile.TemporaryDirectory(prefix="bench-fixed-cost-") as tmp:
+        args = [*overrides, f"results_dir={tmp}", f"capture.cache_dir={tmp}/stats", "save_model=false"]
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        launched = time.time()
+        proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        exited = time.time()
+    log = proc.stdout + proc.stderr
+    intervals = stage_intervals(log)
+    if proc.returncode != 0 or not intervals:
+        raise SystemExit(f"the fixed-cost job (run.py {' '.join(args)}) failed:\n{log[-3000:]}")
+    between, covered_until = 0.0, intervals[0][1]
+    for start, end in intervals[1:]:
+        between += max(0.0, start - covered_until)
+        covered_until = max(covered_until, end)
+    first = intervals[0][0] - launched
+    after = max(0.0, exited - covered_until)
+    return {
+        "start_to_first_stage_s": first,
+        "between_stages_s": between,
+        "after_last_stage_s": after,
+        "outside_stages_s": first + between + after,
+        "job_wall_s": exited - launched,
+    }
+
+
+def model_choice(overrides: list[str]) -> str:
+    """The ``model`` config the bench runs (its ``model=`` override, else the default)."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["calibration=pydoc", *overrides], return_hydra_config=True)
+    return cfg.hydra.runtime.choices.model
+
+
+def fixed_cost(overrides: list[str], forward_s: float) -> dict:
+    """The fixed cost of a job on the bench's model, as seconds and as ratios to ``forward_s``."""
+    job = [
+        "debug=smoke",
+        f"model={model_choice(overrides)}",
+        "tracking.wandb.mode=offline",
+        "tracking.codecarbon.enabled=true",
+        "eval.samples=null",  # greedy generation is a stage's work, not a fixed cost
+        *(o for o in overrides if o.split("=", 1)[0].lstrip("+~").startswith(("model.", "tracking."))),
+    ]
+    seconds = {"import_job_s": import_seconds(), **job_fixed_cost(job)}
+    out = {"fixed_cost_job": " ".join(job)}
+    for key, value in seconds.items():
+        out[key] = round(value, 3)
+    for key in ("import_job", "start_to_first_stage", "outside_stages"):
+        out[f"{key}_over_forward"] = round(seconds[f"{key}_s"] / forward_s, 3)
+    print(
+        f"fixed cost ({out['fixed_cost_job']}): import run.py's modules {seconds['import_job_s']:.2f} s "
+        f"({out['import_job_over_forward']}x forward); launch to first stage {seconds['start_to_first_stage_s']:.2f} s "
+        f"({out['start_to_first_stage_over_forward']}x); outside stages {seconds['outside_stages_s']:.2f} s "
+        f"({out['outside_stages_over_forward']}x: {seconds['between_stages_s']:.2f} s between stages, "
+        f"{seconds['after_last_stage_s']:.2f} s after the last) of {seconds['job_wall_s']:.1f} s",
+        flush=True,
+    )
+    return out
+
+
 def main(overrides):
     cfg = config(overrides)
     loaded = load_model(cfg.model, str(ROOT / ".cache"))
@@ -181,6 +290,7 @@ def main(overrides):
     plain_forward(adapter, batches)  # warm-up
     forward_s, _ = timed(lambda: plain_forward(adapter, batches))
     print(f"plain forward: {forward_s:.2f} s", flush=True)
+    fixed = fixed_cost(overrides, forward_s)
 
     def one_pass():
         dist = CutDistances(candidates)
@@ -260,6 +370,7 @@ def main(overrides):
         "ls_peak_mem_mb_1x": round(peak_1x / 2**20, 2),
         "ls_peak_mem_mb_4x": round(peak_4x / 2**20, 2),
         "ls_peak_mem_ratio_4x_data": round(peak_4x / peak_1x, 3),
+        **fixed,
     }
     print(json.dumps(result))
 

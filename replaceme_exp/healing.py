@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from replaceme_exp.config.schema import HealingConfig
 from replaceme_exp.data.batching import TokenBatches, pack_windows
 from replaceme_exp.data.calibration import healing_documents
 from replaceme_exp.errors import ConfigError
@@ -170,7 +170,7 @@ class HealingResult:
         return out
 
 
-def healing_windows(cfg: DictConfig, tokenizer) -> TokenBatches:
+def healing_windows(cfg: HealingConfig, tokenizer) -> TokenBatches:
     """The training windows: ``healing.data``'s documents packed into full windows of
     ``healing.context_length`` tokens (BOS-prefixed when the tokenizer has one), one per batch row,
     at most as many as ``max_steps`` would use."""
@@ -180,7 +180,7 @@ def healing_windows(cfg: DictConfig, tokenizer) -> TokenBatches:
     documents = healing_documents(cfg.data, tokenizer, context, int(cfg.seed))
     windows = pack_windows(documents, tokenizer, context, needed, int(cfg.batch_size))
     if len(windows) == 0:
-        raise ConfigError("healing.data", cfg.data.get("name"), f"holds less text than one window of {context} tokens")
+        raise ConfigError("healing.data", cfg.data.name, f"holds less text than one window of {context} tokens")
     if windows.n_sequences < per_step:
         raise ConfigError(
             "healing.batch_size",
@@ -227,7 +227,7 @@ def _lm_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tu
     return loss, int((targets != -100).sum())
 
 
-def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBatches, cfg: DictConfig, mode: str):
+def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBatches, cfg: HealingConfig, mode: str):
     """Adam on ``parameters`` (everything else frozen) with the LM loss for ``cfg.max_steps`` steps.
     Returns a :class:`HealingResult`."""
     device = model.get_input_embeddings().weight.device
@@ -241,9 +241,9 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
     if checkpointing:
         set_activation_checkpointing(model, True)
     optimizer = torch.optim.Adam(
-        parameters, lr=float(cfg.lr), betas=tuple(cfg.get("betas", (0.9, 0.999))), weight_decay=float(cfg.weight_decay)
+        parameters, lr=float(cfg.lr), betas=tuple(cfg.betas), weight_decay=float(cfg.weight_decay)
     )
-    max_grad_norm = cfg.get("max_grad_norm")
+    max_grad_norm = cfg.max_grad_norm
     steps, accumulate, log_every = int(cfg.max_steps), int(cfg.gradient_accumulation_steps), int(cfg.log_every)
     batches = _micro_batches(windows, int(cfg.seed))
     curve, window_losses, tokens, epoch = [], [], 0, 0
@@ -297,7 +297,7 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
     )
 
 
-def lora_config(cfg: DictConfig, adapter: DecoderAdapter):
+def lora_config(cfg: HealingConfig, adapter: DecoderAdapter):
     """peft's ``LoraConfig`` from ``healing.lora`` (r, alpha, dropout, target_modules: a list of
     linear layer names, or ``mlp`` for the family's MLP projections,
     :attr:`DecoderAdapter.mlp_projection_names`)."""
@@ -307,7 +307,7 @@ def lora_config(cfg: DictConfig, adapter: DecoderAdapter):
     if lora.target_modules == "mlp":
         targets = list(adapter.mlp_projection_names)
     else:
-        targets = OmegaConf.to_container(lora.target_modules) if OmegaConf.is_list(lora.target_modules) else None
+        targets = list(lora.target_modules) if isinstance(lora.target_modules, list) else None
     if not targets:
         raise ConfigError("healing.lora.target_modules", lora.target_modules, "give mlp or a list of module names")
     return LoraConfig(
@@ -323,7 +323,7 @@ def lora_config(cfg: DictConfig, adapter: DecoderAdapter):
 def heal(
     adapter: DecoderAdapter,
     windows: TokenBatches,
-    cfg: DictConfig,
+    cfg: HealingConfig,
     trainable: TrainableTransforms | None = None,
 ) -> HealingResult:
     """Fine-tune ``adapter.model`` in place according to ``cfg`` (the ``healing`` group) on
@@ -346,7 +346,7 @@ def heal(
     raise ConfigError("healing.name", mode, f"choose none or one of {HEALING_MODES}")
 
 
-def heal_with_lora(adapter: DecoderAdapter, windows: TokenBatches, cfg: DictConfig) -> HealingResult:
+def heal_with_lora(adapter: DecoderAdapter, windows: TokenBatches, cfg: HealingConfig) -> HealingResult:
     """LoRA adapters from peft on the configured modules of ``adapter.model``, trained, then merged
     into the base weights (``merge_and_unload``): the model object keeps its modules, now with
     ``W + B A * alpha / r`` in the targeted linears."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -52,13 +53,10 @@ def configure(every_percent: float | None = None, every_seconds: float | None = 
         _settings["every_seconds"] = float(every_seconds)
 
 
-def configure_from(cfg_progress) -> None:
-    """:func:`configure` from the config's ``progress`` block (a mapping or DictConfig; None or
-    missing keys keep the defaults)."""
-    if cfg_progress is None:
-        return
-    get = cfg_progress.get
-    configure(every_percent=get("every_percent"), every_seconds=get("every_seconds"), mode=get("mode"))
+def configure_from(settings) -> None:
+    """:func:`configure` from the config's ``progress`` block (its ``mode``, ``every_percent`` and
+    ``every_seconds``)."""
+    configure(every_percent=settings.every_percent, every_seconds=settings.every_seconds, mode=settings.mode)
 
 
 def settings() -> dict[str, Any]:
@@ -89,18 +87,20 @@ def progress_listener(listener: Callable[[str, int, "int | None"], None]) -> Ite
 
 def quiet_library_bars() -> None:
     """Turn off the tqdm bars of transformers (``Loading weights``) and datasets when progress is
-    not a bar: in a log file they are lines of carriage returns."""
+    not a bar: in a log file they are lines of carriage returns.
+
+    datasets is not imported for this (most jobs never load it): already imported, its bars are
+    turned off; otherwise ``HF_DATASETS_DISABLE_PROGRESS_BARS=1`` (unless set) turns them off when it is."""
     if resolved_mode() == "bar":
         return
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    try:
-        import datasets
-
+    datasets = sys.modules.get("datasets")
+    if datasets is not None and hasattr(datasets, "disable_progress_bars"):
         datasets.disable_progress_bars()
-    except ImportError:
-        pass
+    else:
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 def _notify(desc: str, done: int, total: int | None) -> None:

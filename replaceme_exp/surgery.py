@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from replaceme_exp.models.adapters import DecoderAdapter
+from replaceme_exp.models.adapters import DecoderAdapter, adapter_for
 
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
@@ -96,8 +96,6 @@ def load_pruned(path: str | os.PathLike, **kwargs):
     """Load a pruned checkpoint; for the separate placement, re-attach its transforms."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
-
-    from replaceme_exp.models.adapters import adapter_for
 
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     file = Path(path) / SEPARATE_TRANSFORMS_FILE

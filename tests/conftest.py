@@ -1,4 +1,5 @@
-"""Shared fixtures: random-weight 2-to-6-block models per family, padded token batches."""
+"""Fixtures, and the rule that every test names its tier (unit, integration or e2e; pyproject.toml).
+What tests share lives in ``tests/helpers/`` (one module per concept)."""
 
 from __future__ import annotations
 
@@ -8,97 +9,49 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
+from helpers.config import CACHE  # noqa: E402
 
-from replaceme_exp.data.batching import TokenBatches, pad_sequences  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
-CACHE = Path(os.environ.get("REPLACEME_CACHE", ROOT / ".cache"))
-
-FAMILY_CONFIGS = {
-    "llama": dict(model_type="llama"),
-    "mistral": dict(model_type="mistral", sliding_window=None),
-    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=2),
-    "qwen3": dict(model_type="qwen3", head_dim=16),
-}
-# Further families, each a random 2-8 block model in its own layout (tests/test_model_families.py).
-MORE_FAMILY_CONFIGS = {
-    # Falcon 2 11B's layout: parallel attention and MLP from one norm, grouped KV heads.
-    "falcon": dict(
-        model_type="falcon",
-        new_decoder_architecture=True,
-        parallel_attn=True,
-        num_ln_in_parallel_attn=1,
-        num_kv_heads=2,
-        ffn_hidden_size=64,
-        bias=False,
-        alibi=False,
-    ),
-    # The original Falcon layout with sequential attention and MLP and biased linears.
-    "falcon_sequential": dict(
-        model_type="falcon", new_decoder_architecture=False, parallel_attn=False, multi_query=True, bias=True
-    ),
-    "phi3": dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2),
-    "olmo2": dict(model_type="olmo2", pad_token_id=0, bos_token_id=1, eos_token_id=2),
-    "gemma2": dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=16, sliding_window=4),
-    "gemma3_text": dict(model_type="gemma3_text", head_dim=16, query_pre_attn_scalar=16, sliding_window=4),
-}
+TIERS = ("unit", "integration", "e2e")
 
 
-def tiny_model(family: str = "llama", num_layers: int = 6, seed: int = 0, vocab: int = 128, **overrides):
-    """A random-weight causal LM of the given family, eval mode, float32."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def pytest_configure(config):
+    # pytest-xdist workers share the cores: one torch thread each instead of all cores per worker
+    # (also for the run.py processes the tests start).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        import torch
 
-    kwargs = dict(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    kwargs.update({**FAMILY_CONFIGS, **MORE_FAMILY_CONFIGS}[family])
-    kwargs.update(overrides)
-    config = AutoConfig.for_model(**kwargs)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Larger weights than the default init so that blocks change the residual stream visibly.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.normal_(0.0, 0.15)
-    return model.eval().requires_grad_(False)
+        torch.set_num_threads(1)
 
 
-def random_sequences(n: int, min_len: int, max_len: int, vocab: int = 128, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g)
-    return [torch.randint(0, vocab, (int(k),), generator=g).tolist() for k in lengths]
+TIER_PROBLEM = pytest.StashKey[str]()
 
 
-def batches_of(sequences: list[list[int]], batch_size: int, side: str = "right") -> TokenBatches:
-    return TokenBatches(
-        [pad_sequences(sequences[i : i + batch_size], 0, side) for i in range(0, len(sequences), batch_size)],
-        max(len(s) for s in sequences),
-    )
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails any selection
+def pytest_collection_modifyitems(config, items):
+    wrong = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            item.stash[TIER_PROBLEM] = (
+                f"{item.nodeid}: {', '.join(tiers) or 'no tier marker'}; it needs exactly one of "
+                f"{', '.join(TIERS)} (pytestmark of the module or a decorator of the test; pyproject.toml)"
+            )
+            wrong.append(item.stash[TIER_PROBLEM])
+    if wrong and not hasattr(config, "workerinput"):  # a pytest-xdist worker cannot stop the run: see below
+        raise pytest.UsageError(f"{len(wrong)} tests without exactly one tier:\n" + "\n".join(wrong))
 
 
-def compose_config(overrides: list[str] | None = None):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=overrides or [])
+def pytest_runtest_setup(item):
+    if TIER_PROBLEM in item.stash:  # under pytest-xdist: the test fails, named, instead of the whole run stopping
+        pytest.fail(item.stash[TIER_PROBLEM], pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
-    from replaceme_exp.models.loading import embedded_checkpoint
+    from replaceme_exp.models.embedded import embedded_checkpoint
 
     return AutoTokenizer.from_pretrained(embedded_checkpoint(CACHE))

@@ -7,12 +7,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import batches_of, random_sequences, tiny_model
-from explicit import explicit_blocks
+from helpers.batches import batches_of, random_sequences
+from helpers.explicit import explicit_blocks
+from helpers.models import tiny_model
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
+from replaceme_exp.capture.statistics import cosine_distance
 from replaceme_exp.models import adapter_for
 from replaceme_exp.selection import candidate_cuts
+from replaceme_exp.selection.metrics import angular_distance
+
+pytestmark = pytest.mark.integration
 
 NUM_LAYERS = 6
 
@@ -66,8 +71,8 @@ def test_hooks_follow_the_index_convention(model, length):
     cuts = candidate_cuts(NUM_LAYERS, length)
     assert cuts[0] == (1, 1 + length) and cuts[-1][1] == NUM_LAYERS
     dist_all, dist_last, stats = (
-        CutDistances(cuts, "cosine", "all"),
-        CutDistances(cuts, "angular", "last"),
+        CutDistances(cuts, cosine_distance, "all"),
+        CutDistances(cuts, angular_distance, "last"),
         LinearStatistics(cuts, 32, torch.device("cpu")),
     )
     run_capture(adapter, batches_of(sequences, 2), [dist_all, dist_last, stats])
@@ -103,7 +108,7 @@ def test_padded_batches_equal_unpadded_sequences(model, side):
         stats, dist, last = (
             LinearStatistics(cuts, 32, torch.device("cpu")),
             CutDistances(cuts),
-            CutDistances(cuts, "angular", "last"),
+            CutDistances(cuts, angular_distance, "last"),
         )
         run_capture(adapter, batches, [stats, dist, last])
         return stats.result(), dist.result(), last.result()

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from explicit_modules import Bypass, TransformedMLP, random_transform
+from helpers.explicit_modules import Bypass, TransformedMLP, random_transform
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
 
 from replaceme_exp.capture import LinearStatistics, run_capture
@@ -65,6 +65,7 @@ def module_by_module(model: CLIPModel, pixels: torch.Tensor, cut) -> tuple[torch
     return m.reshape(-1, m.shape[-1]), (hidden[end] - y).reshape(-1, m.shape[-1])
 
 
+@pytest.mark.integration
 def test_clip_statistics_give_the_lstsq_transform_of_activations_computed_module_by_module():
     model, pixels = tiny_clip(), images(6, 1)
     adapter = adapter_for(model)
@@ -80,6 +81,7 @@ def test_clip_statistics_give_the_lstsq_transform_of_activations_computed_module
         torch.testing.assert_close(ridge_solve(stats, 0.0), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_pruned_clip_embeds_images_as_the_hand_built_encoder_and_reloads(tmp_path):
     model, pixels = tiny_clip(seed=2), images(5, 3)
     transforms = {cut: random_transform(32, i) for i, cut in enumerate(CUTS)}
@@ -102,6 +104,7 @@ def test_pruned_clip_embeds_images_as_the_hand_built_encoder_and_reloads(tmp_pat
     torch.testing.assert_close(adapter_for(reloaded).image_embeddings(pixels), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_a_bare_vision_model_is_adapted_too():
     torch.manual_seed(0)
     model = CLIPVisionModel(CLIPVisionConfig(**VISION)).eval()
@@ -111,6 +114,7 @@ def test_a_bare_vision_model_is_adapted_too():
     assert model.config.num_hidden_layers == 6
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("location", ["gpu", "disk"])
 def test_layerwise_capture_of_clip_equals_the_whole_model_capture(location):
     adapter, batches = adapter_for(tiny_clip(seed=4)), image_batches(images(7, 5), 3)
@@ -134,14 +138,15 @@ def tiny_processor():
 
 
 def image_calibration(tmp_path, **overrides):
-    from omegaconf import OmegaConf
-
+    from replaceme_exp.config.validate import build_option
     from replaceme_exp.data.images import build_image_calibration
 
-    cfg = OmegaConf.create({"source": "bundled_images", "n_samples": 40, "batch_size": 16, "seed": 0, **overrides})
+    settings = {"source": "bundled_images", "n_samples": 40, "batch_size": 16, "seed": 0, **overrides}
+    cfg = build_option("calibration", {"name": settings["source"], **settings}, "calibration")
     return build_image_calibration(cfg, tiny_processor(), 8, tmp_path / "cache")
 
 
+@pytest.mark.unit
 def test_bundled_images_are_real_photographs_shipped_with_installed_packages():
     from replaceme_exp.data.images import bundled_images
 
@@ -150,6 +155,7 @@ def test_bundled_images_are_real_photographs_shipped_with_installed_packages():
     assert all(image.mode == "RGB" and min(image.size) >= 25 for image in found.values())
 
 
+@pytest.mark.integration
 def test_image_calibration_is_processed_augmented_to_n_samples_cached_and_captured(tmp_path):
     batches = image_calibration(tmp_path)
     assert [b.pixel_values.shape[0] for b in batches] == [16, 16, 8] and batches.seq_len == POSITIONS
@@ -165,6 +171,7 @@ def test_image_calibration_is_processed_augmented_to_n_samples_cached_and_captur
     assert statistics.result()[CUTS[0]].n_tokens == 40 * POSITIONS
 
 
+@pytest.mark.unit
 def test_an_image_folder_calibrates_and_a_missing_one_is_refused(tmp_path):
     from PIL import Image
 
@@ -181,11 +188,11 @@ def test_an_image_folder_calibrates_and_a_missing_one_is_refused(tmp_path):
         image_calibration(tmp_path, source="image_folder", path="/nowhere")
 
 
+@pytest.mark.unit
 def test_image_calibration_for_a_text_model_is_refused_in_one_line():
-    from conftest import compose_config
+    from helpers.config import compose_config, validate_config
 
     from replaceme_exp.errors import ConfigError
-    from replaceme_exp.validation import validate_config
 
     with pytest.raises(ConfigError, match=r"^calibration.source='bundled_images': is image data for vision encoders"):
         validate_config(compose_config(["calibration=bundled_images"]))
@@ -204,6 +211,7 @@ def text_clip(seed: int = 0) -> CLIPModel:
     return CLIPModel(config).eval().requires_grad_(False)
 
 
+@pytest.mark.integration
 def test_zero_shot_classification_and_retrieval_equal_a_direct_computation(smollm2_tokenizer):
     import torch.nn.functional as F
 
@@ -261,11 +269,12 @@ CLIP_JOB = [
 ]
 
 
+@pytest.mark.integration
 def test_a_clip_job_prunes_the_vision_encoder_and_records_what_the_saved_model_scores(tmp_path, smollm2_tokenizer):
-    from conftest import compose_config
+    from helpers.config import compose_config
 
     from replaceme_exp.evaluation.clip_benchmarks import evaluate_benchmark
-    from replaceme_exp.job import run_recorded
+    from replaceme_exp.runtime import run_recorded
 
     row = run_recorded(compose_config([*CLIP_JOB, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]))
     assert row["status"] == "finished" and row["num_layers"] == 8 and row["n_prune"] == 2
@@ -288,27 +297,30 @@ def test_a_clip_job_prunes_the_vision_encoder_and_records_what_the_saved_model_s
     assert row["baseline_acc5_bundled_objects"] is not None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "override,key",
     [("calibration=pydoc", "calibration.source"), ("healing=lora", "healing"), ("eval=quick", "eval")],
 )
 def test_text_settings_for_a_clip_job_are_refused_in_one_line(tmp_path, override, key):
-    from conftest import compose_config
+    from helpers.config import compose_config
 
-    from replaceme_exp.job import run_recorded
+    from replaceme_exp.runtime import run_recorded
 
     row = run_recorded(compose_config([*CLIP_JOB, override, f"results_dir={tmp_path}"]), raise_on_failure=False)
     assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {key}=") and "\n" not in row["error"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_clip_template_fills_the_papers_clip_table_from_tiny_clip_runs(tmp_path, capsys):
     """The four jobs of ``+paper=clip`` (LS and UIDL at 1 and 2 of 8 blocks: the paper's 13% and
     25%) on the random CLIP, then the CLIP table retargeted to them (``eval=clip_offline``: the
     bundled-image benchmarks stand in for MS-COCO and CIFAR-10)."""
-    from conftest import compose_config
+    from helpers.config import compose_config
 
-    from replaceme_exp.job import run_recorded
-    from replaceme_exp.results.render_paper import main as render_paper
+    from replaceme_exp.reporting.render_paper import main as render_paper
+    from replaceme_exp.runtime import run_recorded
 
     common = ["+paper=clip", *CLIP_JOB, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]
     rows = {}
@@ -328,7 +340,7 @@ def test_the_clip_template_fills_the_papers_clip_table_from_tiny_clip_runs(tmp_p
     assert float(ls_25[4]) == pytest.approx(rows[2, "replaceme_ls"]["text_recall5_bundled_captions"], abs=1e-4)
     baseline = lines["CLIP-L/14-"].split("|")
     assert float(baseline[7]) == pytest.approx(rows[1, "replaceme_ls"]["baseline_acc5_bundled_objects"], abs=1e-4)
-    from replaceme_exp.results.report import write_report
+    from replaceme_exp.reporting.report import write_report
 
     write_report(str(tmp_path), None)
     runs_table = (tmp_path / "report" / "all.md").read_text()

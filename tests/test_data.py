@@ -7,18 +7,27 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from omegaconf import OmegaConf
 
+from replaceme_exp.config import schema
+from replaceme_exp.config.validate import build, build_option
 from replaceme_exp.data import build_calibration, heldout_windows
-from replaceme_exp.data.calibration import calibration_documents
+from replaceme_exp.data.calibration import CALIBRATION_SOURCES
 from replaceme_exp.data.sources import CHAT_PROMPT, document_as_chat, pydoc_text
 from replaceme_exp.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 
 def calib_cfg(**kw):
+    """A typed calibration option (the shape its keys make, as a composed config gets)."""
     base = dict(name="t", source="pydoc", n_samples=8, seq_len=64, batch_size=3, padding_side="right", seed=0)
     base.update(kw)
-    return OmegaConf.create(base)
+    return build_option("calibration", base, "calibration")
+
+
+def calibration_documents(cfg, tokenizer, n, seed, answerer=None):
+    """The documents the configured source reads (the registry's reader)."""
+    return CALIBRATION_SOURCES.get(cfg.source).read(cfg, tokenizer, n, seed, answerer)
 
 
 def test_pydoc_calibration_and_heldout_text_are_disjoint():
@@ -118,7 +127,7 @@ def test_missing_jsonl_names_the_path(tmp_path, smollm2_tokenizer):
 
 
 def test_heldout_windows_are_full(smollm2_tokenizer):
-    cfg = OmegaConf.create(dict(name="quick", text="pydoc_heldout", seq_len=32, max_windows=5, batch_size=2))
+    cfg = build(schema.EvalConfig, dict(name="quick", text="pydoc_heldout", seq_len=32, max_windows=5, batch_size=2))
     windows = heldout_windows(cfg, smollm2_tokenizer)
     assert windows.n_sequences == 5 and windows.n_tokens == 5 * 32
 
@@ -177,16 +186,16 @@ def test_pydoc_chat_is_seeded_and_respects_n_samples(smollm2_tokenizer):
     with pytest.raises(ConfigError, match="pydoc_chat source holds only") as err:
         draw(10**6, 0)
     assert err.value.key == "calibration.n_samples"
-    with pytest.raises(ConfigError, match="choose pydoc, pydoc_chat, text_file") as err:
+    with pytest.raises(ConfigError, match="choose one of .*pydoc, pydoc_chat, text_file") as err:
         calibration_documents(calib_cfg(source="chat"), smollm2_tokenizer, 1, 0)
     assert err.value.key == "calibration.source"
 
 
 def test_pydoc_chat_config_composes_and_batches_start_with_the_template(smollm2_tokenizer):
-    from conftest import compose_config
+    from helpers.config import typed
 
     sizes = ["calibration.n_samples=6", "calibration.seq_len=64", "calibration.batch_size=4"]
-    cfg = compose_config(["calibration=pydoc_chat", *sizes]).calibration
+    cfg = typed(["calibration=pydoc_chat", *sizes]).calibration
     assert cfg.name == "pydoc_chat" and cfg.source == "pydoc_chat"
     batches = build_calibration(cfg, smollm2_tokenizer)
     assert batches.n_sequences == 6 and len(batches) == 2

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import batches_of, random_sequences, tiny_model
-from explicit import explicit_blocks
+from helpers.batches import batches_of, random_sequences
+from helpers.explicit import explicit_blocks
+from helpers.models import tiny_model
 
 from replaceme_exp.capture import LinearStatistics, LinearStats, run_capture
 from replaceme_exp.errors import ConfigError
@@ -31,6 +32,7 @@ def captured():
     return stats.result()[CUT], torch.cat(m_rows).double(), torch.cat(r_rows).double()
 
 
+@pytest.mark.integration
 def test_ls_equals_lstsq_on_activations(captured):
     stats, m, r = captured
     expected = torch.linalg.lstsq(m, r, driver="gelsd").solution
@@ -40,6 +42,7 @@ def test_ls_equals_lstsq_on_activations(captured):
     assert residual_sq(stats, t) < residual_sq(stats, torch.eye(32, dtype=torch.float64))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("alpha", [0.1, 10.0])
 def test_ridge_equals_its_normal_equations(captured, alpha):
     stats, m, r = captured
@@ -55,6 +58,7 @@ def test_ridge_equals_its_normal_equations(captured, alpha):
     )
 
 
+@pytest.mark.unit
 def test_too_few_tokens_says_how_many_are_needed():
     m = torch.randn(10, 32, dtype=torch.float64)
     stats = LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 10)
@@ -63,6 +67,7 @@ def test_too_few_tokens_says_how_many_are_needed():
     assert ridge_solve(stats, alpha=1.0).shape == (32, 32)  # ridge makes it well posed
 
 
+@pytest.mark.unit
 def test_singular_and_ill_conditioned_systems_suggest_alpha():
     m = torch.randn(100, 32, dtype=torch.float64)
     m[:, 5] = m[:, 4]  # exactly collinear columns
@@ -74,6 +79,7 @@ def test_singular_and_ill_conditioned_systems_suggest_alpha():
     assert torch.isfinite(ridge_solve(LinearStats((1, 3), m.T @ m, m.T @ m, 1.0, 100), alpha=1e-2)).all()
 
 
+@pytest.mark.integration
 def test_diagonal_closed_form_is_the_per_coordinate_least_squares(captured):
     stats, m, r = captured
     for alpha in (0.0, 3.0):
@@ -101,6 +107,7 @@ def test_diagonal_closed_form_is_the_per_coordinate_least_squares(captured):
     assert residual_sq(stats, LeastSquaresEstimator().estimate(stats, 0.0)) <= best  # generic is no worse
 
 
+@pytest.mark.integration
 def test_orthonormal_closed_form_is_the_procrustes_solution(captured):
     stats, m, r = captured
     t = LeastSquaresEstimator().estimate(stats, 0.0, "orthonormal")
@@ -115,11 +122,13 @@ def test_orthonormal_closed_form_is_the_procrustes_solution(captured):
     assert residual_sq(stats, torch.eye(32, dtype=torch.float64)) >= best
 
 
+@pytest.mark.integration
 def test_unknown_structure_names_the_key(captured):
     with pytest.raises(ConfigError, match="structure='banded'"):
         LeastSquaresEstimator().estimate(captured[0], 0.0, "banded")
 
 
+@pytest.mark.integration
 def test_separate_placement_statistics_regress_the_block_output(captured):
     model = tiny_model("llama", 5, seed=1)
     sequences = random_sequences(12, 4, 16, seed=5)

@@ -7,7 +7,8 @@ import json
 import math
 
 import pytest
-from conftest import CONF, compose_config, tiny_model
+from helpers.config import CONF, compose_config, typed
+from helpers.models import tiny_model
 from omegaconf import OmegaConf
 
 from replaceme_exp.data.batching import pack_windows
@@ -22,6 +23,7 @@ from replaceme_exp.evaluation.harness import (
 SUITES = sorted(p.stem for p in (CONF / "eval").glob("*.yaml"))
 
 
+@pytest.mark.unit
 def test_every_suite_declares_one_metric_per_task():
     with_harness = []
     for suite in SUITES:
@@ -33,13 +35,15 @@ def test_every_suite_declares_one_metric_per_task():
         metrics = OmegaConf.to_container(h.metrics)
         assert list(metrics) == list(tasks), suite  # same tasks, same order (the tables' column order)
         assert all(isinstance(m, str) and m for m in metrics.values()), suite
-        assert declared_metrics(h) == metrics and "accuracy_tasks" not in h, suite
+        declared = declared_metrics(typed([f"eval={suite}"]).eval.harness)
+        assert declared == metrics and "accuracy_tasks" not in h, suite
         assert int(h.bootstrap_iters) > 0, suite  # stderr on
     assert {"paper", "sciq", "offline", "leaderboard", "llama2_table"} <= set(with_harness)
 
 
+@pytest.mark.unit
 def test_paper_suite_uses_the_papers_metrics():
-    h = compose_config(["eval=paper"]).eval.harness
+    h = typed(["eval=paper"]).eval.harness
     assert declared_metrics(h) == {
         "race": "acc",
         "winogrande": "acc",
@@ -57,7 +61,7 @@ def test_paper_suite_uses_the_papers_metrics():
         "acc_norm_openbookqa",
         "acc_norm_sciq",
     ]
-    assert declared_metrics(compose_config(["eval=sciq"]).eval.harness) == {"sciq": "acc_norm"}
+    assert declared_metrics(typed(["eval=sciq"]).eval.harness) == {"sciq": "acc_norm"}
 
 
 def fake_results():
@@ -87,6 +91,7 @@ def fake_results():
     }
 
 
+@pytest.mark.unit
 def test_avg_acc_is_the_mean_of_the_declared_metrics():
     metrics = {"piqa": "acc_norm", "boolq": "acc", "lambada_openai": "perplexity", "gsm": "exact_match"}
     scores = collect_scores(fake_results(), metrics, {"lambada_openai": "lambada"})
@@ -106,16 +111,18 @@ def test_avg_acc_is_the_mean_of_the_declared_metrics():
         collect_scores(fake_results(), {"boolq": "acc_norm"})
 
 
+@pytest.mark.unit
 def test_declared_metrics_must_name_the_suites_tasks():
-    h = compose_config(["eval=paper"]).eval.harness
-    OmegaConf.set_struct(h, False)
+    h = typed(["eval=paper"]).eval.harness
     del h.metrics["sciq"]
     with pytest.raises(ValueError, match="sciq"):
         declared_metrics(h)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path, smollm2_tokenizer):
-    h = compose_config(["eval=offline", "eval.harness.limit=8"]).eval.harness
+    h = typed(["eval=offline", "eval.harness.limit=8"]).eval.harness
     model = tiny_model("llama", num_layers=2, vocab=len(smollm2_tokenizer), max_position_embeddings=1024)
     scores = run_harness(model, smollm2_tokenizer, h, tmp_path, seed=3)
     for task in ("replaceme_capitals", "replaceme_opposites"):
@@ -154,7 +161,7 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
         "lm_eval_version": settings["lm_eval_version"],
     }
     assert settings["lm_eval_version"].count(".") >= 1
-    paper = harness_settings(compose_config(["eval=paper"]).eval.harness, seed=0)
+    paper = harness_settings(typed(["eval=paper"]).eval.harness, seed=0)
     assert "eval_max_length" in paper and paper["eval_max_length"] is None and paper["eval_limit"] is None
     assert paper["eval_metrics"]["piqa"] == "acc_norm" and paper["eval_fewshot"]["winogrande"] == 5
 
@@ -175,6 +182,7 @@ def windows_of(batches):
     return [row.tolist() for b in batches for row in b.input_ids]
 
 
+@pytest.mark.unit
 def test_pack_windows_prefix_bos_and_keep_text_consecutive():
     docs = ["abcdefghij" * 3, "klmnopqrst" * 4, "uvwxyz" * 5]
     seq_len = 16
@@ -195,6 +203,7 @@ def test_pack_windows_prefix_bos_and_keep_text_consecutive():
             assert text == stream[: 5 * (seq_len - 1)]  # consecutive, non-overlapping
 
 
+@pytest.mark.unit
 def test_pack_windows_with_smollm2_start_with_its_bos(smollm2_tokenizer):
     tok = smollm2_tokenizer
     assert tok.bos_token_id is not None
@@ -205,4 +214,3 @@ def test_pack_windows_with_smollm2_start_with_its_bos(smollm2_tokenizer):
     windows = windows_of(pack_windows(docs, tok, 32, max_windows=4, batch_size=3))
     assert len(windows) == 4 and all(len(w) == 32 and w[0] == tok.bos_token_id for w in windows)
     assert [t for w in windows for t in w[1:]] == stream[: 4 * 31]
-

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_job import job_config
+from helpers.jobs import job_config
 
 from replaceme_exp.evaluation.harness import materialize_offline_tasks, metric_column
-from replaceme_exp.job import run_recorded
+from replaceme_exp.runtime import run_recorded
 
 OFFLINE = ["eval=offline", "eval.seq_len=64", "eval.max_windows=4", "save_model=false"]
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_path):
     first = run_recorded(job_config(tmp_path, *OFFLINE))
     assert first["status"] == "finished", first["error"]
@@ -46,6 +48,7 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
     assert "baseline_harness" not in reseeded["cached_stages"] and "baseline_ppl" in reseeded["cached_stages"]
 
 
+@pytest.mark.unit
 def test_offline_tasks_materialize_with_absolute_paths(tmp_path):
     target = materialize_offline_tasks(tmp_path / "tasks", n_ppl_docs=3)
     yamls = {p.name: p.read_text() for p in target.glob("*.yaml")}

@@ -8,21 +8,23 @@ import json
 
 import pytest
 import torch
-from conftest import batches_of, compose_config, random_sequences, tiny_model
-from test_job import TINY, job_config
+from helpers.batches import batches_of, random_sequences
+from helpers.config import compose_config, config_hash, setting_hash, typed
+from helpers.jobs import SMOKE, job_config
+from helpers.models import tiny_model
 
 from replaceme_exp.capture import LinearStatistics, run_capture
 from replaceme_exp.data.augmentation import with_masked_copies
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.data.sources import first_pair
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.job import run_recorded
 from replaceme_exp.models import adapter_for
 from replaceme_exp.models.fingerprint import directory_digest, file_digest
-from replaceme_exp.results import config_hash, setting_hash
+from replaceme_exp.runtime import run_recorded
 from replaceme_exp.tracking.emissions import job_gpu_ids
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "spellings",
     [
@@ -35,10 +37,11 @@ from replaceme_exp.tracking.emissions import job_gpu_ids
     ],
 )
 def test_equivalent_spellings_hash_equal(spellings):
-    hashes = {config_hash(compose_config(TINY + list(s))) for s in spellings}
+    hashes = {config_hash(compose_config(SMOKE + list(s))) for s in spellings}
     assert len(hashes) == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "one, other",
     [
@@ -55,26 +58,29 @@ def test_equivalent_spellings_hash_equal(spellings):
     ],
 )
 def test_different_settings_hash_apart(one, other):
-    assert config_hash(compose_config(TINY + one)) != config_hash(compose_config(TINY + other))
+    assert config_hash(compose_config(SMOKE + one)) != config_hash(compose_config(SMOKE + other))
 
 
+@pytest.mark.unit
 def test_a_local_data_file_enters_the_hash_by_content(tmp_path):
     data = tmp_path / "calib.txt"
     data.write_text("first version\n\nof the text")
     overrides = ["calibration=text_file", f"calibration.path={data}", f"cache_dir={tmp_path}/c"]
-    cfg = lambda: compose_config(TINY + overrides)  # noqa: E731
+    cfg = lambda: compose_config(SMOKE + overrides)  # noqa: E731
     before = config_hash(cfg())
     data.write_text("second version\n\nof the text")
     assert config_hash(cfg()) != before
 
 
+@pytest.mark.unit
 def test_setting_hash_ignores_only_the_seed():
-    base = compose_config(TINY)
-    assert setting_hash(base) == setting_hash(compose_config(TINY + ["seed=7"]))
-    assert setting_hash(base) != setting_hash(compose_config(TINY + ["alpha=1"]))
-    assert setting_hash(base) != setting_hash(compose_config(TINY + ["model.dtype=bfloat16"]))
+    base = compose_config(SMOKE)
+    assert setting_hash(base) == setting_hash(compose_config(SMOKE + ["seed=7"]))
+    assert setting_hash(base) != setting_hash(compose_config(SMOKE + ["alpha=1"]))
+    assert setting_hash(base) != setting_hash(compose_config(SMOKE + ["model.dtype=bfloat16"]))
 
 
+@pytest.mark.unit
 def test_file_digest_follows_content_not_path(tmp_path):
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"a" * 100)
@@ -92,13 +98,16 @@ def save_local_checkpoint(path, init_seed: int, tokenizer) -> None:
     tokenizer.save_pretrained(path)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_replaced_local_checkpoint_does_not_reuse_statistics(tmp_path, smollm2_tokenizer):
     checkpoint = tmp_path / "ckpt"
     save_local_checkpoint(checkpoint, 0, smollm2_tokenizer)
-    local = [
+    local = [  # a local checkpoint (model and tokenizer from its folder), in float32 as tiny_llama
+        "model=smollm2_135m",
         "model.source=local",
-        f"+model.pretrained={checkpoint}",
-        "model.tokenizer=local",
+        f"model.pretrained={checkpoint}",
+        "model.dtype=float32",
         "cuts=[[2,4]]",
         "save_model=false",
     ]
@@ -115,6 +124,8 @@ def test_a_replaced_local_checkpoint_does_not_reuse_statistics(tmp_path, smollm2
     assert replaced["ppl_heldout_baseline"] != first["ppl_heldout_baseline"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_force_recomputes_caches_and_rows_say_what_was_cached(tmp_path):
     first = run_recorded(job_config(tmp_path, "save_model=false"))
     assert first["status"] == "finished" and first["cached_stages"] == []
@@ -125,6 +136,7 @@ def test_force_recomputes_caches_and_rows_say_what_was_cached(tmp_path):
     assert forced["time_capture_s"] > 0
 
 
+@pytest.mark.unit
 def test_masked_copies_are_seeded_keep_positions_and_never_hide_the_first_token():
     batches = batches_of(random_sequences(6, 10, 30, seed=3), 3)
     a = with_masked_copies(batches, 0.3, 2, seed=5)
@@ -146,6 +158,7 @@ def test_masked_copies_are_seeded_keep_positions_and_never_hide_the_first_token(
         with_masked_copies(batches, 0.5, 0, 0)
 
 
+@pytest.mark.integration
 def test_masking_changes_the_captured_statistics_reproducibly():
     adapter = adapter_for(tiny_model("llama", num_layers=4))
     batches = batches_of(random_sequences(8, 12, 24, seed=1), 4)
@@ -167,6 +180,8 @@ def test_masking_changes_the_captured_statistics_reproducibly():
     assert torch.allclose(first.mtm, plain.mtm + copies.mtm)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_masking_runs_for_closed_form_and_numerical_objectives(tmp_path):
     for objective in (["objective=ls"], ["objective=cosine", "objective.epochs=1"]):
         plain = run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_model=false", *objective))
@@ -179,6 +194,7 @@ def test_masking_runs_for_closed_form_and_numerical_objectives(tmp_path):
         assert masked["cos_dist_after"] != plain["cos_dist_after"]
 
 
+@pytest.mark.unit
 def test_official_slimorca_loader_takes_the_first_records_and_their_first_pair(tmp_path, smollm2_tokenizer):
     from replaceme_exp.data import build_calibration
 
@@ -196,7 +212,7 @@ def test_official_slimorca_loader_takes_the_first_records_and_their_first_pair(t
         for i in range(10)
     ]
     path.write_text("\n".join(json.dumps(r) for r in records))
-    cfg = compose_config(
+    cfg = typed(
         ["calibration=jsonl", f"calibration.path={path}", "calibration.chat_field=conversations"]
         + ["calibration.order=first", "calibration.chat_turns=first_pair", "calibration.n_samples=4"]
     ).calibration
@@ -215,6 +231,8 @@ def test_official_slimorca_loader_takes_the_first_records_and_their_first_pair(t
     assert settings == ("first", "first_pair", 8000, 1024)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_replaceme_official_runs_with_last_token_angular_selection_and_minibatch_solver_steps(tmp_path):
     cfg = job_config(
         tmp_path,
@@ -241,17 +259,19 @@ def test_replaceme_official_runs_with_last_token_angular_selection_and_minibatch
     assert compose_config(["experiment=uidl_official"]).objective.name == "identity"
 
 
+@pytest.mark.unit
 def test_nf4_capture_is_refused_clearly_without_bitsandbytes_or_a_gpu(tmp_path):
     row = run_recorded(job_config(tmp_path, "model.capture_4bit=true"), raise_on_failure=False)
     assert row["status"] == "failed" and row["error"].startswith("ConfigError: model.capture_4bit=True")
     if not torch.cuda.is_available():
-        cfg = compose_config(["model=llama3_8b_instruct", "model.capture_4bit=true"])
+        cfg = typed(["model=llama3_8b_instruct", "model.capture_4bit=true"])
         from replaceme_exp.models.loading import check_nf4_capture
 
         with pytest.raises(ConfigError, match="model.capture_4bit"):
             check_nf4_capture(cfg.model)
 
 
+@pytest.mark.unit
 def test_codecarbon_measures_the_jobs_own_gpus(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert job_gpu_ids("auto", None, False, 0) is None

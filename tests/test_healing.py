@@ -7,24 +7,26 @@ import json
 
 import pytest
 import torch
-from conftest import compose_config, tiny_model
-from omegaconf import OmegaConf
-from test_job import TINY
+from helpers.config import compose_config, config_hash
+from helpers.jobs import SMOKE
+from helpers.models import tiny_model
 from torch import nn
 
+from replaceme_exp.config import schema
+from replaceme_exp.config.validate import build_option, typed_config
 from replaceme_exp.data.batching import TokenBatch, TokenBatches
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal
-from replaceme_exp.job import run_recorded
 from replaceme_exp.models import adapter_for
-from replaceme_exp.results import ResultsStore, config_hash
+from replaceme_exp.results import ResultsStore
+from replaceme_exp.runtime import run_recorded
 from replaceme_exp.surgery import prune
 
 CUT = (2, 4)
 HIDDEN = 32
 
 
-def healing_cfg(name: str, **overrides) -> OmegaConf:
+def healing_cfg(name: str, **overrides) -> schema.HealingConfig:
     cfg = {
         "name": name,
         "optimizer": "adam",
@@ -40,9 +42,10 @@ def healing_cfg(name: str, **overrides) -> OmegaConf:
         "seed": 0,
         "log_every": 1,
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
+        "data": {"name": "pydoc", "source": "pydoc"},  # unread here: heal() is given its windows
     }
     cfg.update(overrides)
-    return OmegaConf.create(cfg)
+    return build_option("healing", cfg, "healing")
 
 
 def one_batch(seed: int = 0, n: int = 4, length: int = 16) -> TokenBatches:
@@ -73,6 +76,7 @@ def pruned_with_trainable_transform(placement: str, transform: torch.Tensor):
     return model, adapter, trainable
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("placement", ["fused", "separate"])
 def test_a_trainable_transform_computes_what_the_pruned_model_computes(placement):
     transform = random_transform()
@@ -96,6 +100,7 @@ class ExplicitTransform(nn.Module):
         return self.down(x) @ self.transform
 
 
+@pytest.mark.integration
 def test_lt_only_trains_exactly_t_like_a_hand_built_model_and_fuses_it_back():
     transform = random_transform()
     batches = one_batch()
@@ -138,6 +143,7 @@ def test_lt_only_trains_exactly_t_like_a_hand_built_model_and_fuses_it_back():
     assert result.loss_last < result.loss_first
 
 
+@pytest.mark.integration
 def test_lt_only_with_the_separate_placement_trains_the_hook_transform():
     transform = random_transform()
     model, adapter, trainable = pruned_with_trainable_transform("separate", transform)
@@ -148,6 +154,7 @@ def test_lt_only_with_the_separate_placement_trains_the_hook_transform():
     assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters())  # only T moved
 
 
+@pytest.mark.integration
 def test_full_model_healing_trains_every_weight():
     model = tiny_model(num_layers=6)
     adapter = adapter_for(model)
@@ -161,6 +168,7 @@ def test_full_model_healing_trains_every_weight():
     assert not any(p.requires_grad for p in model.parameters())  # frozen again: the tiny model came frozen
 
 
+@pytest.mark.integration
 def test_lora_heals_only_its_target_modules_and_merges_into_a_plain_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -184,6 +192,7 @@ def test_lora_heals_only_its_target_modules_and_merges_into_a_plain_model(tmp_pa
     torch.testing.assert_close(logits(reloaded, batches), logits(model, batches))
 
 
+@pytest.mark.integration
 def test_lora_names_a_target_module_the_model_lacks():
     model = tiny_model(num_layers=6)
     cfg = healing_cfg("lora")
@@ -192,6 +201,7 @@ def test_lora_names_a_target_module_the_model_lacks():
         heal(adapter_for(model), one_batch(), cfg, None)
 
 
+@pytest.mark.integration
 def test_lora_on_mlp_targets_the_familys_own_mlp_projections():
     model = tiny_model("falcon", num_layers=4)
     adapter = adapter_for(model)
@@ -206,6 +216,8 @@ def test_lora_on_mlp_targets_the_familys_own_mlp_projections():
 HEAL = ["cuts=[[2,4]]", "healing/data=pydoc", "healing.max_steps=6", "healing.context_length=64", "healing.log_every=2"]
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -213,9 +225,9 @@ def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
     from replaceme_exp.evaluation import perplexity
     from replaceme_exp.models.loading import load_model
 
-    plain = run_recorded(compose_config(TINY + [f"results_dir={tmp_path}", "cuts=[[2,4]]"]), sweep_id="h")
+    plain = run_recorded(compose_config(SMOKE + [f"results_dir={tmp_path}", "cuts=[[2,4]]"]), sweep_id="h")
     energy = ["tracking.codecarbon.enabled=true"]  # the healing stage's energy and CO2 in the row
-    cfg = compose_config(TINY + [f"results_dir={tmp_path}", *HEAL, "healing=lt_only", "healing.lr=1e-3", *energy])
+    cfg = compose_config(SMOKE + [f"results_dir={tmp_path}", *HEAL, "healing=lt_only", "healing.lr=1e-3", *energy])
     row = run_recorded(cfg, sweep_id="h")
     assert row["status"] == "finished", row["error"]
     # Before healing = the same pruning without healing; after = the saved healed checkpoint.
@@ -230,10 +242,12 @@ def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
     assert stored["healing"] == "lt_only" and json.loads(stored["healing_loss_curve"])[-1][0] == 6
     assert json.loads(stored["healing_settings"])["lr"] == 1e-3 and stored["healing_data"] == "pydoc"
     healed = AutoModelForCausalLM.from_pretrained(row["pruned_model_path"])
-    tokenizer = load_model(cfg.model, str(tmp_path / "cache")).tokenizer
-    assert perplexity(healed, heldout_windows(cfg.eval, tokenizer)) == pytest.approx(row["ppl_heldout"], rel=1e-5)
+    settings = typed_config(cfg)
+    tokenizer = load_model(settings.model, str(tmp_path / "cache")).tokenizer
+    assert perplexity(healed, heldout_windows(settings.eval, tokenizer)) == pytest.approx(row["ppl_heldout"], rel=1e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides,key",
     [
@@ -245,28 +259,29 @@ def test_a_healing_job_records_its_stage_and_saves_the_healed_model(tmp_path):
     ],
 )
 def test_bad_healing_settings_fail_before_any_model_loads(tmp_path, overrides, key):
-    cfg = compose_config(TINY + [f"results_dir={tmp_path}", *HEAL, *overrides])
+    cfg = compose_config(SMOKE + [f"results_dir={tmp_path}", *HEAL, *overrides])
     with pytest.raises(ConfigError) as err:
         run_recorded(cfg, sweep_id="h")
     assert err.value.key == key
 
 
+@pytest.mark.unit
 def test_the_config_hash_follows_what_healing_learns_not_how_it_logs():
-    base = compose_config(TINY + HEAL + ["healing=lt_only"])
-    assert config_hash(base) == config_hash(compose_config(TINY + HEAL + ["healing=lt_only", "healing.log_every=1"]))
-    assert config_hash(base) != config_hash(compose_config(TINY + HEAL + ["healing=lt_only", "healing.lr=1e-3"]))
-    assert config_hash(base) != config_hash(compose_config(TINY + HEAL + ["healing=full_model"]))
-    none = compose_config(TINY + ["cuts=[[2,4]]"])
+    base = compose_config(SMOKE + HEAL + ["healing=lt_only"])
+    assert config_hash(base) == config_hash(compose_config(SMOKE + HEAL + ["healing=lt_only", "healing.log_every=1"]))
+    assert config_hash(base) != config_hash(compose_config(SMOKE + HEAL + ["healing=lt_only", "healing.lr=1e-3"]))
+    assert config_hash(base) != config_hash(compose_config(SMOKE + HEAL + ["healing=full_model"]))
+    none = compose_config(SMOKE + ["cuts=[[2,4]]"])
     # A sweep sets healing keys for all its jobs, healing=none among them: inert there.
     inert = ["healing/data=pydoc", "healing.max_steps=3", "healing.lora.r=4"]
-    assert config_hash(none) == config_hash(compose_config(TINY + ["cuts=[[2,4]]", *inert]))
+    assert config_hash(none) == config_hash(compose_config(SMOKE + ["cuts=[[2,4]]", *inert]))
     assert compose_config(["healing=lt_only"]).healing.data.dataset == "allenai/c4"  # the paper's data by default
     assert compose_config(["healing=full_model"]).healing.gradient_accumulation_steps == 4
 
 
-
+@pytest.mark.unit
 def test_the_summary_line_shows_perplexity_before_and_after_healing():
-    from replaceme_exp.tracking.job_summary import summary_line
+    from replaceme_exp.runtime.job_summary import summary_line
 
     row = {"status": "finished", "run_id": "r", "cuts": [[2, 4]], "ppl_heldout_baseline": 10.0}
     row.update(ppl_heldout_before_healing=30.0, ppl_heldout=15.0, healing="lt_only", time_total_s=5)

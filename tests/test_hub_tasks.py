@@ -5,11 +5,12 @@ tasks are built on in-memory datasets, nothing is downloaded."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose_config
-from omegaconf import OmegaConf
+from helpers.config import compose_config, typed
 
 from replaceme_exp.evaluation import harness
 from replaceme_exp.evaluation.harness import HUB_TASKS
+
+pytestmark = pytest.mark.unit
 
 HUB_TASK_NAMES = {"replaceme_c3", "replaceme_cmnli", "replaceme_chid", "replaceme_race_middle", "replaceme_race_high"}
 
@@ -103,6 +104,7 @@ def test_hub_tasks_are_indexed_from_their_own_directory():
     assert {p.stem for p in HUB_TASKS.glob("*.yaml")} == HUB_TASK_NAMES  # task name = file stem
 
 
+@pytest.mark.slow
 def test_every_llama2_table_task_is_known_to_lm_eval(full_index):
     tasks = list(compose_config(["eval=llama2_table"]).eval.harness.tasks)
     assert HUB_TASK_NAMES <= set(tasks)
@@ -150,9 +152,9 @@ def test_chid_reads_fewclue_test_and_the_clue_tasks_read_dev():
 
 
 def test_llama2_table_suite_composes():
-    cfg = compose_config(["eval=llama2_table"]).eval
+    cfg = typed(["eval=llama2_table"]).eval
     h = cfg.harness
-    tasks = OmegaConf.to_container(h.tasks)
+    tasks = dict(h.tasks)
     assert cfg.name == "llama2_table"
     assert harness.declared_metrics(h) == {task: "acc" for task in tasks} and len(tasks) == 10
     assert tasks == {
@@ -167,7 +169,7 @@ def test_llama2_table_suite_composes():
         "mmlu": 5,
         "cmmlu": 5,
     }
-    assert OmegaConf.to_container(h.ppl_names) == {} and h.local_tasks is False
+    assert dict(h.ppl_names) == {} and h.local_tasks is False
     assert (h.batch_size, h.add_bos_token, h.max_length, h.limit) == (8, False, None, None)
     assert harness.accuracy_columns(h)[0] == "acc_replaceme_c3" and h.bootstrap_iters > 0
 
@@ -186,6 +188,6 @@ def test_run_harness_adds_hub_tasks_to_the_defaults(monkeypatch, tmp_path):
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", fake_manager)
     with pytest.raises(Stop):
-        harness.run_harness(None, None, compose_config(["eval=llama2_table"]).eval.harness, tmp_path)
+        harness.run_harness(None, None, typed(["eval=llama2_table"]).eval.harness, tmp_path)
     assert seen["include_path"] == str(HUB_TASKS) and seen["include_defaults"] is True
     assert not (tmp_path / "lm_eval_tasks").exists()  # offline tasks are not materialized

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from conftest import CACHE, ROOT, compose_config
+from helpers.config import CACHE, ROOT, compose_config, config_hash
+from helpers.jobs import SMOKE, job_config, run_cli
+from omegaconf import OmegaConf
 
-from replaceme_exp.job import run_recorded
-from replaceme_exp.results import ResultsStore, config_hash
+from replaceme_exp.config.validate import typed_config
+from replaceme_exp.results import ResultsStore
+from replaceme_exp.runtime import run_recorded
 
-TINY = [
+# What the debug=smoke preset stands for, spelled out as overrides (the tests' tiny job before the preset).
+SMOKE_SPELLED_OUT = [
     "model=tiny_llama",
     "calibration=pydoc",  # the default job's self-generated chats have their own tests
     "n_prune=2",
@@ -30,12 +30,6 @@ TINY = [
     "tracking.codecarbon.enabled=false",
 ]
 
-
-def job_config(tmp_path, *overrides):
-    """The tiny job, writing rows and capture statistics under ``tmp_path``."""
-    return compose_config(TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", *overrides])
-
-
 REQUIRED_COLUMNS = (
     "run_id sweep_id config_hash status error model num_layers calibration n_calib_samples calib_seq_len objective "
     "regularizer alpha num_lts n_prune cuts compression_ratio params_before params_after cos_dist_before "
@@ -44,6 +38,7 @@ REQUIRED_COLUMNS = (
 ).split()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -64,18 +59,42 @@ def test_configs_compose(overrides):
         assert cfg.model.device_map == "auto" and cfg.model.dtype == "bfloat16"
 
 
+@pytest.mark.unit
 def test_experiments_compose_and_override_groups():
     cfg = compose_config(["experiment=uidl_baseline"])
     assert cfg.objective.name == "identity" and cfg.selection.tokens == "last" and cfg.regularizer.name == "none"
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["calibration=text_file", f"calibration.path={ROOT / 'README.md'}"],
+        ["calibration=self_generated"],
+        ["experiment=uidl_baseline"],
+        ["eval=offline"],
+        ["model=tiny_falcon", "cuts=[[2,4]]", "calibration.seq_len=16"],
+    ],
+)
+def test_the_smoke_preset_composes_as_its_overrides_spelled_out(extra):
+    preset = compose_config(["debug=smoke", *extra])
+    spelled_out = compose_config(SMOKE_SPELLED_OUT + extra)
+    assert OmegaConf.to_container(preset) == OmegaConf.to_container(spelled_out)
+    assert config_hash(preset) == config_hash(spelled_out)
+    assert compose_config().model.name == "smollm2_135m"  # no debug preset unless asked for
+
+
+@pytest.mark.unit
 def test_config_hash_ignores_where_results_go():
-    a = compose_config(TINY + ["results_dir=/a", "save_model=false"])
-    b = compose_config(TINY + ["results_dir=/b"])
-    c = compose_config(TINY + ["alpha=1"])
+    a = compose_config(SMOKE + ["results_dir=/a", "save_model=false"])
+    b = compose_config(SMOKE + ["results_dir=/b"])
+    c = compose_config(SMOKE + ["alpha=1"])
     assert config_hash(a) == config_hash(b) != config_hash(c)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_tiny_job_writes_a_complete_row_and_a_loadable_model(tmp_path):
     cfg = job_config(tmp_path, "cuts=[[2,4]]")
     row = run_recorded(cfg, sweep_id="t")
@@ -98,6 +117,8 @@ def test_tiny_job_writes_a_complete_row_and_a_loadable_model(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(stored["pruned_model_path"]).config.num_hidden_layers == 4
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_finished_jobs_are_skipped_and_failed_jobs_leave_a_row(tmp_path, caplog):
     ok = job_config(tmp_path, "save_model=false")
     first = run_recorded(ok)
@@ -118,6 +139,7 @@ def test_finished_jobs_are_skipped_and_failed_jobs_leave_a_row(tmp_path, caplog)
     assert len(ResultsStore(tmp_path).load()) == 4
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -135,6 +157,8 @@ def test_bad_input_fails_with_the_key_and_value(tmp_path, override, message):
     assert message in row["error"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["text_file", "jsonl_chat"])
 def test_jobs_calibrate_on_a_users_own_data(tmp_path, kind):
     if kind == "text_file":
@@ -154,23 +178,10 @@ def test_jobs_calibrate_on_a_users_own_data(tmp_path, kind):
     assert row["n_calib_tokens"] > 64 and row["cos_dist_after"] >= 0
 
 
-def run_cli(args, results_dir):
-    args = [*args, f"capture.cache_dir={results_dir}/stats"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HYDRA_FULL_ERROR="1")
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "run.py", *args, f"results_dir={results_dir}", "save_model=false"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return proc, time.perf_counter() - start
-
-
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
-    sweep = ["-m", *TINY, "objective=ls,identity", "alpha=0,10"]
+    sweep = ["-m", *SMOKE, "objective=ls,identity", "alpha=0,10"]
     first, first_s = run_cli(sweep, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     table = ResultsStore(tmp_path).load()
@@ -201,9 +212,10 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
     assert second_s < first_s
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_failed_job_does_not_stop_the_sweep_but_the_sweep_exits_non_zero_with_a_summary(tmp_path):
-    tiny = [o for o in TINY if not o.startswith("n_prune=")]
-    proc, _ = run_cli(["-m", *tiny, "n_prune=2,99", "alpha=0.5,abc"], tmp_path)
+    proc, _ = run_cli(["-m", *SMOKE, "n_prune=2,99", "alpha=0.5,abc"], tmp_path)
     assert proc.returncode != 0  # after all jobs ran
     table = ResultsStore(tmp_path).load()
     assert len(table) == 4 and sorted(table["status"]) == ["failed", "failed", "failed", "finished"]
@@ -218,14 +230,18 @@ def test_a_failed_job_does_not_stop_the_sweep_but_the_sweep_exits_non_zero_with_
     assert "Traceback" not in log  # configuration errors are one line each
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_explicit_cuts_from_the_command_line(tmp_path):
-    proc, _ = run_cli([*TINY, "cuts=[[1,2],[4,6]]"], tmp_path)
+    proc, _ = run_cli([*SMOKE, "cuts=[[1,2],[4,6]]"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = ResultsStore(tmp_path).load().iloc[0]
     assert json.loads(row["cuts"]) == [[1, 2], [4, 6]] and row["n_prune"] == 3 and row["num_lts"] == 2
     assert pd.isna(row["selection_metric"])
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("selection", ["ls_residual", "l2", "uidl"])
 def test_selection_metric_is_recorded_and_followed(tmp_path, selection):
     row = run_recorded(job_config(tmp_path, f"selection={selection}", "save_model=false"))
@@ -237,6 +253,7 @@ def test_selection_metric_is_recorded_and_followed(tmp_path, selection):
         assert row["selection_distance"] == pytest.approx(min(c[2] for c in profile))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("structure", ["diagonal", "orthonormal"])
 def test_structured_transforms_run_end_to_end(tmp_path, structure):
     row = run_recorded(job_config(tmp_path, f"structure={structure}", "cuts=[[2,4]]", "save_model=false"))
@@ -244,6 +261,7 @@ def test_structured_transforms_run_end_to_end(tmp_path, structure):
     assert row["structure"] == structure and row["cos_dist_after"] != row["cos_dist_before"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "objective, extra",
     [
@@ -261,6 +279,7 @@ def test_numerical_objectives_run_end_to_end(tmp_path, objective, extra):
     assert list(row["loss_curves"]) == ["2-4"] and len(row["loss_curves"]["2-4"]) == 3
 
 
+@pytest.mark.unit
 def test_ls_refuses_l1_and_a_mask_ratio_out_of_range(tmp_path):
     row = run_recorded(job_config(tmp_path, "regularizer=l1", "alpha=1"), raise_on_failure=False)
     assert row["status"] == "failed" and "regularizer='l1': objective=ls supports none, l2" in row["error"]
@@ -268,6 +287,8 @@ def test_ls_refuses_l1_and_a_mask_ratio_out_of_range(tmp_path):
     assert row["status"] == "failed" and "mask_ratio=1.5: must be a number in [0, 1)" in row["error"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["ls", "cosine"])
 def test_separate_placement_is_evaluated_in_memory_and_flagged(tmp_path, objective):
     row = run_recorded(
@@ -287,6 +308,8 @@ def test_separate_placement_is_evaluated_in_memory_and_flagged(tmp_path, objecti
         assert fused["ppl_heldout"] != row["ppl_heldout"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model(tmp_path):
     import copy
 
@@ -319,13 +342,15 @@ def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model
     assert not torch.allclose(saved_independent(ids).logits, expected(ids).logits, atol=1e-4)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_parallel_local_workers_lose_no_row(tmp_path):
     proc, _ = run_cli(
         [
             "-m",
             "hydra/launcher=local_parallel",
             "hydra.launcher.n_jobs=2",
-            *TINY,
+            *SMOKE,
             "seed=1,2,3,4",
             "objective=ls,identity",
         ],
@@ -337,11 +362,12 @@ def test_parallel_local_workers_lose_no_row(tmp_path):
     assert not list((tmp_path / "runs").rglob("*.tmp"))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "launcher, keys", [("slurm_1gpu", {"gpus_per_node": 1}), ("slurm_multi_gpu", {"gpus_per_node": 4})]
 )
 def test_slurm_presets_compose(launcher, keys):
-    from conftest import CONF
+    from helpers.config import CONF
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -356,6 +382,8 @@ def test_slurm_presets_compose(launcher, keys):
     assert all(launcher_cfg[k] == v for k, v in keys.items())
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_numerical_objectives_apply_their_regulariser(tmp_path):
     common = ["objective=cosine", "objective.epochs=2", "objective.lr=1e-2", "cuts=[[2,4]]", "save_model=false"]
     plain = run_recorded(job_config(tmp_path, *common))
@@ -364,9 +392,11 @@ def test_numerical_objectives_apply_their_regulariser(tmp_path):
     assert l1["train_loss"] > plain["train_loss"]  # the reported loss includes the L1 penalty
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_an_ls_start_for_a_numerical_objective_costs_no_extra_pass(tmp_path, monkeypatch):
     import replaceme_exp.estimation.fitting as fitting
-    import replaceme_exp.planning as planning
+    import replaceme_exp.selection.passes as planning
 
     passes = []
     for module in (fitting, planning):
@@ -384,12 +414,14 @@ def test_an_ls_start_for_a_numerical_objective_costs_no_extra_pass(tmp_path, mon
     assert [p for p in passes if "held-out" not in p] == ["capture (tokens)"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_layer_distances_ride_on_the_selection_pass_and_are_cached(tmp_path, monkeypatch):
     """The matrix joins the selection pass (no pass of its own), a second job reads it from the
     cache, and a job with explicit cuts (no selection pass) runs one pass for it; all three equal
     a standalone LayerDistances capture over the same calibration batches."""
-    import replaceme_exp.job as job
-    import replaceme_exp.planning as planning
+    import replaceme_exp.pipeline.job as job
+    import replaceme_exp.selection.passes as planning
     from replaceme_exp.capture import LayerDistances, run_capture
     from replaceme_exp.data import build_calibration
     from replaceme_exp.models import adapter_for, load_model
@@ -415,7 +447,7 @@ def test_layer_distances_ride_on_the_selection_pass_and_are_cached(tmp_path, mon
     explicit = run_recorded(job_config(fresh, "record_layer_distances=true", "save_model=false", "cuts=[[2,4]]"))
     assert [p for p in passes if "held-out" not in p] == ["capture (statistics)", "layer distances"]
 
-    cfg = job_config(tmp_path)
+    cfg = typed_config(job_config(tmp_path))
     loaded = load_model(cfg.model, cfg.cache_dir)
     reference = LayerDistances(len(first["layer_distances"]))
     run_capture(adapter_for(loaded.model), build_calibration(cfg.calibration, loaded.tokenizer), [reference])
@@ -423,8 +455,9 @@ def test_layer_distances_ride_on_the_selection_pass_and_are_cached(tmp_path, mon
         assert torch.allclose(torch.tensor(matrix), torch.tensor(reference.result()), atol=1e-6)
 
 
+@pytest.mark.unit
 def test_the_git_sha_is_read_once_at_import_so_a_long_sweep_records_the_code_it_runs():
-    from replaceme_exp import job
+    from replaceme_exp.results import row as job
 
     assert job.git_sha.cache_info().currsize == 1  # read when the module was imported
     before = job.git_sha.cache_info().hits

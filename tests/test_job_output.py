@@ -14,17 +14,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import CACHE, ROOT, compose_config
-from test_job import TINY, job_config
+from helpers.config import CACHE, ROOT, compose_config
+from helpers.jobs import SMOKE, job_config
 
-from replaceme_exp.job import run_recorded
+from replaceme_exp.config.validate import typed_config
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.tracking.job_summary import sample_lines, summary_line
-from replaceme_exp.tracking.sweep_summary import summary_lines
+from replaceme_exp.runtime import run_recorded
+from replaceme_exp.runtime.job_summary import sample_lines, summary_line
+from replaceme_exp.runtime.sweep_summary import summary_lines
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-WANDB_ON = [o for o in TINY if not o.startswith("tracking.wandb")]
-DEFAULT_JOB = [o for o in WANDB_ON if o != "calibration=pydoc"]  # the default job's calibration: self-generated chats
+WANDB_ON = [*SMOKE, "tracking.wandb.mode=offline"]  # W&B as by default
+DEFAULT_JOB = [*WANDB_ON, "calibration=self_generated"]  # the default job's calibration: self-generated chats
 
 
 def run_logged(args: list[str], tmp_path: Path, name: str = "job.log") -> tuple[int, str]:
@@ -52,6 +53,8 @@ def default_tiny_job(tmp_path_factory):
     return tmp_path, first, second
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_stage_names_say_what_runs_and_the_log_is_quiet(default_tiny_job):
     _, (code, log), _ = default_tiny_job
     assert code == 0, log[-3000:]
@@ -62,6 +65,8 @@ def test_stage_names_say_what_runs_and_the_log_is_quiet(default_tiny_job):
     assert "Traceback" not in log
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_job_ends_with_one_summary_line_and_its_samples(default_tiny_job):
     tmp_path, (_, log), _ = default_tiny_job
     (row,) = ResultsStore(tmp_path).load().to_dict("records")
@@ -72,11 +77,13 @@ def test_a_job_ends_with_one_summary_line_and_its_samples(default_tiny_job):
     assert f"row {tmp_path}/runs/{row['config_hash']}/{row['run_id']}.parquet" in line
     assert f"model {row['pruned_model_path']}" in line
     samples = json.loads(row["generation_samples"])
-    assert [s["prompt"] for s in samples] == list(compose_config(TINY).eval.samples.prompts)
+    assert [s["prompt"] for s in samples] == list(compose_config(SMOKE).eval.samples.prompts)
     assert "generation samples (greedy, chat template): unpruned | pruned" in log
     assert log.count("  unpruned: ") == len(samples) and log.count("  pruned:   ") == len(samples)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_rerun_that_skips_prints_the_finished_jobs_summary(default_tiny_job):
     tmp_path, (_, first), (code, second) = default_tiny_job
     (row,) = ResultsStore(tmp_path).load().to_dict("records")
@@ -86,6 +93,7 @@ def test_a_rerun_that_skips_prints_the_finished_jobs_summary(default_tiny_job):
     assert "stage load" not in second
 
 
+@pytest.mark.integration
 def test_generation_samples_equal_greedy_decoding_of_the_models(tmp_path):
     """The row's answers are the greedy answers of the saved pruned model and of the unpruned
     model built again from its config, decoded here with plain transformers calls."""
@@ -96,7 +104,7 @@ def test_generation_samples_equal_greedy_decoding_of_the_models(tmp_path):
     cfg = job_config(tmp_path, "eval.samples.max_new_tokens=6")
     row = run_recorded(cfg)
     assert row["status"] == "finished", row["error"]
-    loaded = load_model(cfg.model, str(CACHE))
+    loaded = load_model(typed_config(cfg).model, str(CACHE))
     tokenizer = loaded.tokenizer
     pruned = AutoModelForCausalLM.from_pretrained(row["pruned_model_path"], dtype=torch.float32).eval()
     for sample in row["generation_samples"]:
@@ -109,24 +117,29 @@ def test_generation_samples_equal_greedy_decoding_of_the_models(tmp_path):
             assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip() == answer
 
 
+@pytest.mark.unit
 def test_samples_are_not_part_of_the_config_hash(tmp_path):
-    from replaceme_exp.results import config_hash
+    from helpers.config import config_hash
 
     assert config_hash(job_config(tmp_path)) == config_hash(job_config(tmp_path, "eval.samples=null"))
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_bad_samples_are_refused_in_one_line(tmp_path):
-    code, log = run_logged([*TINY, "eval.samples.max_new_tokens=0"], tmp_path)
+    code, log = run_logged([*SMOKE, "eval.samples.max_new_tokens=0"], tmp_path)
     assert code == 1
     assert "failed in stage validation: ConfigError: eval.samples.max_new_tokens=0: must be a positive integer" in log
     assert log.count("ConfigError") == 1 and "Traceback" not in log and "stage load" not in log
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_wandb_run_exists_from_the_start_and_a_midway_failure_finishes_it_as_failed(tmp_path, monkeypatch):
     """The offline run is open before evaluation starts; a job failing in its pruned-perplexity
     stage leaves a run holding run_id, config_hash, its group and status failed, and the row
     names the stage."""
-    import replaceme_exp.job as job
+    import replaceme_exp.pipeline.text as job
 
     cfg = compose_config(WANDB_ON + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"])
     seen = []
@@ -150,6 +163,8 @@ def test_the_wandb_run_exists_from_the_start_and_a_midway_failure_finishes_it_as
     assert row["wandb_dir"] == str(run_dir)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_stop_signal_leaves_a_failed_row_and_a_failed_wandb_run(tmp_path):
     """SIGTERM (a scheduler's kill) during the job: the row says so, the W&B run is finished as
     failed, and the process exits non-zero."""
@@ -173,6 +188,7 @@ def test_a_stop_signal_leaves_a_failed_row_and_a_failed_wandb_run(tmp_path):
     assert row["config_hash"].encode() in run_file.read_bytes()
 
 
+@pytest.mark.unit
 def test_the_sweep_table_lists_each_job():
     statuses = [
         {"overrides": "alpha=0", "status": "finished", "cuts": [[1, 3]], "ppl_heldout_baseline": 20.0,
@@ -186,6 +202,7 @@ def test_the_sweep_table_lists_each_job():
     assert lines[3].endswith("alpha=-1: failed in validation: ConfigError: alpha=-1: must be >= 0")
 
 
+@pytest.mark.unit
 def test_summary_line_of_a_failed_and_of_an_evaluated_row():
     failed = {"run_id": "r1", "status": "failed", "failed_stage": "capture (selection)", "time_total_s": 3.0,
               "error": "NonFiniteError: capture: nan\nmore"}  # fmt: skip
@@ -203,6 +220,8 @@ def test_summary_line_of_a_failed_and_of_an_evaluated_row():
     assert sample_lines(samples.to_dict())[1:] == ["  prompt:   Q?", "  unpruned: A ⏎ B", "  pruned:   "]
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_one_command_finds_every_offline_run_to_sync(default_tiny_job):
     tmp_path, _, _ = default_tiny_job
     proc = subprocess.run(

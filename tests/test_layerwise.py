@@ -6,9 +6,11 @@ import logging
 
 import pytest
 import torch
-from conftest import FAMILY_CONFIGS, MORE_FAMILY_CONFIGS, batches_of, compose_config, random_sequences, tiny_model
+from helpers.batches import batches_of, random_sequences
+from helpers.config import compose_config, config_hash, typed
+from helpers.jobs import job_config
+from helpers.models import FAMILY_CONFIGS, MORE_FAMILY_CONFIGS, tiny_model
 from safetensors.torch import load_file
-from test_job import job_config
 
 from replaceme_exp.capture import CutDistances, LayerDistances, LinearStatistics, TransformDistances, run_capture
 from replaceme_exp.capture.execution import (
@@ -20,15 +22,15 @@ from replaceme_exp.capture.execution import (
     resolve_precision,
 )
 from replaceme_exp.capture.layerwise import catch_block_inputs
-from replaceme_exp.capture.similarity import SimilarityStatistics
-from replaceme_exp.capture.statistics import TokenCollector
+from replaceme_exp.capture.similarity import SimilarityStatistics, linear_cka_per_cut
+from replaceme_exp.capture.statistics import TokenCollector, cosine_distance
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation import ridge_solve
-from replaceme_exp.job import run_recorded
 from replaceme_exp.models import adapter_for
-from replaceme_exp.planning import candidate_groups
-from replaceme_exp.results import config_hash
+from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.runtime import run_recorded
+from replaceme_exp.selection.passes import candidate_groups
 from replaceme_exp.surgery import attach_separate_transforms
 
 CPU = torch.device("cpu")
@@ -40,11 +42,17 @@ def layerwise(**kwargs) -> CaptureExecution:
     return CaptureExecution(mode="layerwise", device=CPU, **kwargs)
 
 
+def plan(overrides: list[str], **kwargs) -> CaptureExecution:
+    """The capture plan of the composed config, as a job plans it (its capture, model and batches)."""
+    c = typed(overrides)
+    return plan_execution(c.capture, c.model, c.calibration.batch_size, c.calibration.seq_len, **kwargs)
+
+
 def capture_everything(adapter, batches, placement: str):
     """Every kind of statistic at once: LS statistics, distances, CKA/CCA moments, the layer
     distance matrix, held-out transform checks and a token store."""
     linear = LinearStatistics(CUTS, adapter.hidden_size, CPU, placement)
-    distances = CutDistances(CUTS, "cosine")
+    distances = CutDistances(CUTS, cosine_distance)
     similarity = SimilarityStatistics(CUTS, adapter.hidden_size, CPU)
     layers = LayerDistances(adapter.num_layers)
     transform = torch.eye(adapter.hidden_size) + 0.01 * torch.randn(
@@ -57,7 +65,7 @@ def capture_everything(adapter, batches, placement: str):
     return {
         "stats": linear.result(),
         "distances": distances.result(),
-        "cka": similarity.result("cka"),
+        "cka": linear_cka_per_cut(similarity),
         "layers": torch.tensor(layers.result()),
         "check": check.result(),
         "store": {name: t[: collector.offset].clone() for name, t in store.tensors.items()},
@@ -78,6 +86,7 @@ def assert_same_capture(a: dict, b: dict) -> None:
         assert torch.equal(a["store"][name], b["store"][name])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", FAMILIES)
 def test_layerwise_capture_equals_the_whole_model_capture_for_every_family(family):
     # Gemma 2/3 and Qwen 2 (sliding_window 4, sequences up to 20 tokens) give blocks different masks.
@@ -89,6 +98,7 @@ def test_layerwise_capture_equals_the_whole_model_capture_for_every_family(famil
     assert_same_capture(whole, capture_everything(adapter, batches, placement))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("location,chunk", [("gpu", None), ("cpu", 2), ("disk", 1)])
 def test_every_store_location_and_chunking_gives_the_same_statistics(location, chunk):
     adapter = adapter_for(tiny_model("llama", num_layers=8))
@@ -98,6 +108,7 @@ def test_every_store_location_and_chunking_gives_the_same_statistics(location, c
     assert_same_capture(whole, capture_everything(adapter, batches, "fused"))
 
 
+@pytest.mark.integration
 def test_separate_transforms_attached_to_blocks_act_in_a_layerwise_capture():
     """A sequential multi-LT job captures on a model with T hooks from earlier stages."""
     adapter = adapter_for(tiny_model("llama", num_layers=8))
@@ -109,6 +120,7 @@ def test_separate_transforms_attached_to_blocks_act_in_a_layerwise_capture():
     assert_same_capture(whole, capture_everything(adapter, batches, "fused"))
 
 
+@pytest.mark.integration
 def test_the_catch_runs_no_block_and_records_each_blocks_own_mask():
     adapter = adapter_for(tiny_model("gemma2", num_layers=4))
     batch = next(iter(batches_of(random_sequences(2, 12, 12, seed=4), 2)))
@@ -123,6 +135,7 @@ def test_the_catch_runs_no_block_and_records_each_blocks_own_mask():
     assert not torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
 
 
+@pytest.mark.integration
 def test_a_layerwise_job_selects_estimates_and_prunes_as_the_whole_model_job(tmp_path):
     rows, weights = {}, {}
     for mode in ("whole", "layerwise"):
@@ -150,31 +163,34 @@ LLAMA3_8B = ModelMemory(
 )
 
 
+@pytest.mark.unit
 def test_the_plan_takes_layerwise_when_the_weights_do_not_fit_and_says_why(caplog):
-    cfg = compose_config(["capture.device=cuda", "calibration.batch_size=8", "calibration.seq_len=1024"])
-    roomy = plan_execution(cfg, memory=LLAMA3_8B, free_bytes=79 * GIB)
+    cfg = ["capture.device=cuda", "calibration.batch_size=8", "calibration.seq_len=1024"]
+    roomy = plan(cfg, memory=LLAMA3_8B, free_bytes=79 * GIB)
     assert roomy.mode == "whole" and "fit in" in roomy.reason
     activations = LLAMA3_8B.forward_activations(8, 1024)
     assert roomy.stats_bytes == pytest.approx(0.9 * 79 * GIB - LLAMA3_8B.weights - activations)
-    small = plan_execution(cfg, memory=LLAMA3_8B, free_bytes=16 * GIB)
+    small = plan(cfg, memory=LLAMA3_8B, free_bytes=16 * GIB)
     assert small.mode == "layerwise" and small.device == torch.device("cuda")
     assert "exceed" in small.reason and "14.96 GiB" in small.reason and "layer-wise" in small.reason
-    budget = compose_config(["capture.device=cuda", "capture.max_gpu_gb=12"])
-    assert plan_execution(budget, memory=LLAMA3_8B, free_bytes=79 * GIB).mode == "layerwise"
-    forced = compose_config(["capture.device=cuda", "capture.mode=whole"])
-    assert plan_execution(forced, memory=LLAMA3_8B, free_bytes=8 * GIB).mode == "whole"
+    budget = ["capture.device=cuda", "capture.max_gpu_gb=12"]
+    assert plan(budget, memory=LLAMA3_8B, free_bytes=79 * GIB).mode == "layerwise"
+    forced = ["capture.device=cuda", "capture.mode=whole"]
+    assert plan(forced, memory=LLAMA3_8B, free_bytes=8 * GIB).mode == "whole"
 
 
+@pytest.mark.unit
 def test_without_gpu_the_plan_is_whole_model_and_statistics_get_what_host_memory_leaves():
     cfg = compose_config(["capture.device=cpu"])
-    plan = plan_execution(cfg, memory=LLAMA3_8B, free_bytes=64 * GIB)
-    assert plan.mode == "whole" and "no GPU" in plan.reason
+    cpu_plan = plan(["capture.device=cpu"], memory=LLAMA3_8B, free_bytes=64 * GIB)
+    assert cpu_plan.mode == "whole" and "no GPU" in cpu_plan.reason
     activations = LLAMA3_8B.forward_activations(int(cfg.calibration.batch_size), int(cfg.calibration.seq_len))
-    assert plan.stats_bytes == pytest.approx(32 * GIB - LLAMA3_8B.weights - activations)
-    fixed = compose_config(["capture.device=cpu", "capture.max_stats_gb=2"])
-    assert plan_execution(fixed, memory=LLAMA3_8B, free_bytes=64 * GIB).stats_bytes == 2 * GIB
+    assert cpu_plan.stats_bytes == pytest.approx(32 * GIB - LLAMA3_8B.weights - activations)
+    fixed = ["capture.device=cpu", "capture.max_stats_gb=2"]
+    assert plan(fixed, memory=LLAMA3_8B, free_bytes=64 * GIB).stats_bytes == 2 * GIB
 
 
+@pytest.mark.unit
 def test_store_layout_falls_back_from_the_device_to_host_memory_to_disk_in_chunks():
     hidden, kept = [GIB] * 4, [GIB // 2] * 4  # 6 GiB in all
     on_device = choose_store_layout(layerwise(max_gpu_gb=8, max_cpu_gb=100), hidden, kept)
@@ -185,10 +201,12 @@ def test_store_layout_falls_back_from_the_device_to_host_memory_to_disk_in_chunk
     assert (on_disk.location, on_disk.chunk_batches) == ("disk", 2) and "2 chunks of 2 batches" in on_disk.reason
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_ls_residual_selection_splits_candidates_into_passes_that_fit_the_budget(tmp_path):
     cut_bytes = 2 * 64 * 64 * 8
-    capture = compose_config([f"capture.max_stats_gb={2.5 * cut_bytes / GIB}"]).capture
-    groups = candidate_groups(capture, 64, [(s, s + 2) for s in range(1, 5)])
+    request = JobSpec.from_config(compose_config([f"capture.max_stats_gb={2.5 * cut_bytes / GIB}"])).selection_request()
+    groups = candidate_groups(request, 64, [(s, s + 2) for s in range(1, 5)])
     assert [len(g) for g in groups] == [2, 2]
     one = run_recorded(job_config(tmp_path / "one", "selection=ls_residual", "capture.passes=one", "save_model=false"))
     split = run_recorded(
@@ -205,6 +223,7 @@ def test_ls_residual_selection_splits_candidates_into_passes_that_fit_the_budget
 # -- precision ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_float32_statistics_stay_within_the_tested_bound_of_float64():
     """float32 products per batch, float64 sums: relative error below 1e-6 on the statistics and
     below 1e-4 on the ridge-LS transform of a tiny model's real activations."""
@@ -222,18 +241,19 @@ def test_float32_statistics_stay_within_the_tested_bound_of_float64():
             assert 0 < error < 1e-6
         ta, tb = ridge_solve(a, 1e-3), ridge_solve(b, 1e-3)
         assert float((ta - tb).norm() / ta.norm()) < 1e-4
-    cka = {p: s.result("cka") for p, s in similarity.items()}
+    cka = {p: linear_cka_per_cut(s) for p, s in similarity.items()}
     assert cka["float32"] == pytest.approx(cka["float64"], abs=1e-6)
 
 
+@pytest.mark.unit
 def test_precision_follows_the_device_and_enters_the_config_hash(monkeypatch):
     assert resolve_precision("auto", CPU) == "float64"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))  # an L40S / RTX 4090
     assert resolve_precision("auto", torch.device("cuda")) == "float32"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
     assert resolve_precision("auto", torch.device("cuda")) == "float64"
-    with pytest.raises(ConfigError, match="capture.precision"):
-        resolve_precision("float16", CPU)
+    with pytest.raises(ConfigError, match="capture.precision"):  # checked with the config, before any resolution
+        typed(["capture.precision=float16"])
     base = config_hash(compose_config(["capture.device=cpu"]))
     assert config_hash(compose_config(["capture.device=cpu", "capture.precision=float64"])) == base
     assert config_hash(compose_config(["capture.device=cpu", "capture.precision=float32"])) != base
@@ -242,6 +262,7 @@ def test_precision_follows_the_device_and_enters_the_config_hash(monkeypatch):
     assert config_hash(compose_config(identity)) == config_hash(with_float32)  # nothing takes products
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "override,message",
     [
@@ -256,6 +277,7 @@ def test_bad_capture_settings_are_refused_in_one_line(tmp_path, override, messag
     assert row["status"] == "failed" and message in row["error"] and "\n" not in row["error"]
 
 
+@pytest.mark.unit
 def test_blocks_moved_during_a_capture_keep_trainable_weights():
     """A capture runs in inference mode; a block moved there (to the GPU and back) must not come
     back as inference tensors, which healing could not train. A dtype move stands in for the

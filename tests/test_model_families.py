@@ -8,15 +8,19 @@ import copy
 
 import pytest
 import torch
-from conftest import MORE_FAMILY_CONFIGS, batches_of, compose_config, random_sequences, tiny_model
-from explicit_modules import Bypass, TransformedBlock, TransformedMLP, random_transform
+from helpers.batches import batches_of, random_sequences
+from helpers.config import compose_config
+from helpers.explicit_modules import Bypass, TransformedBlock, TransformedMLP, random_transform
+from helpers.models import MORE_FAMILY_CONFIGS, tiny_model
 from transformers import AutoModelForCausalLM
 
 from replaceme_exp.capture import LinearStatistics, run_capture
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.job import run_recorded
 from replaceme_exp.models import adapter_for
+from replaceme_exp.runtime import run_recorded
 from replaceme_exp.surgery import load_pruned, prune, save_checkpoint
+
+pytestmark = pytest.mark.integration
 
 FUSABLE = ["falcon", "falcon_sequential", "phi3"]
 SEPARATE_ONLY = ["olmo2", "gemma2", "gemma3_text"]
@@ -115,6 +119,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_a_falcon_job_prunes_fuses_and_saves_a_model_that_reloads_to_the_same_perplexity(tmp_path):
     overrides = [o for o in TINY if not o.startswith("model=")] + [f"results_dir={tmp_path}", "model=tiny_falcon"]
     row = run_recorded(compose_config(overrides))
@@ -123,6 +128,7 @@ def test_a_falcon_job_prunes_fuses_and_saves_a_model_that_reloads_to_the_same_pe
     assert type(reloaded).__name__ == "FalconForCausalLM" and reloaded.config.num_hidden_layers == 4
 
 
+@pytest.mark.slow
 def test_an_olmo2_job_refuses_fusion_in_one_line_and_runs_with_the_separate_placement(tmp_path):
     overrides = TINY + [f"results_dir={tmp_path}", "model.name=tiny_olmo2", "model.config.model_type=olmo2"]
     overrides += ["save_model=false", "+model.config.eos_token_id=0"]

@@ -6,14 +6,15 @@ import math
 
 import pytest
 import torch
-from conftest import batches_of, random_sequences, tiny_model
-from explicit import explicit_blocks
+from helpers.batches import batches_of, random_sequences
+from helpers.explicit import explicit_blocks
+from helpers.models import tiny_model
 
 from replaceme_exp.capture import LinearStatistics, TransformDistances, run_capture
 from replaceme_exp.capture.statistics import LinearStats, TokenCollector
 from replaceme_exp.capture.token_store import TokenStore
-from replaceme_exp.estimation import ridge_solve
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation import ridge_solve
 from replaceme_exp.estimation.numerical import NumericalEstimator
 from replaceme_exp.models import adapter_for
 
@@ -46,6 +47,7 @@ def heldout_cos(adapter, heldout, transform):
     return check.result()[1]
 
 
+@pytest.mark.integration
 def test_store_holds_the_non_padding_tokens_of_m_and_r(setup):
     model, adapter, *_ = setup
     sequences = random_sequences(5, 3, 9, seed=12)
@@ -59,6 +61,7 @@ def test_store_holds_the_non_padding_tokens_of_m_and_r(setup):
     torch.testing.assert_close(store.tensors["R"].float(), r, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "solver, kwargs, tolerance",
     [
@@ -78,6 +81,7 @@ def test_mse_lands_on_the_closed_form(setup, solver, kwargs, tolerance):
     assert info["loss_curve"][-1] < info["loss_curve"][0]
 
 
+@pytest.mark.integration
 def test_cosine_beats_ls_on_heldout_cosine_distance(setup):
     _, adapter, calibration, heldout, stats = setup
     store = fill_store(adapter, calibration, ("M", "R"))
@@ -88,6 +92,7 @@ def test_cosine_beats_ls_on_heldout_cosine_distance(setup):
     assert heldout_cos(adapter, heldout, t_cos) < heldout_cos(adapter, heldout, ridge_solve(stats))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("solver", ["adam", "lbfgs", "nlcg", "trust_ncg"])
 @pytest.mark.parametrize("loss", ["cosine", "cosine_exact", "mse"])
 @pytest.mark.parametrize("structure, regularizer", [("generic", "l1"), ("diagonal", "l2"), ("generic", "none")])
@@ -104,6 +109,7 @@ def test_every_objective_and_solver_lowers_its_loss(setup, solver, loss, structu
         assert torch.equal(t, torch.diag(t.diagonal()))
 
 
+@pytest.mark.integration
 def test_disk_store_under_a_tiny_budget_gives_the_same_transform(setup, tmp_path, caplog):
     _, adapter, calibration, *_ = setup
     with caplog.at_level("INFO"):
@@ -138,6 +144,7 @@ def random_store(n_tokens, hidden, seed, target=None, noise=0.3):
     return store, stats
 
 
+@pytest.mark.unit
 def test_mse_l2_alpha_is_the_ridge_alpha_of_ls():
     # sum_tokens ||M T - R||^2 + alpha ||T||^2, as objective=ls: M^T M ~ N I, so alpha = N halves T.
     n, hidden, alpha = 300, 12, 300.0
@@ -151,6 +158,7 @@ def test_mse_l2_alpha_is_the_ridge_alpha_of_ls():
     assert info["alpha_scale"] == "token_sum" and info["schedule"] == "full_batch" and info["batches"] == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "loss, scale", [("mse", "token_sum"), ("cosine", "token_mean"), ("cosine_exact", "token_mean")]
 )
@@ -159,6 +167,7 @@ def test_alpha_scale_follows_the_loss(loss, scale):
     assert NumericalEstimator(loss, loss, solver="nlcg", schedule="minibatch").alpha_scale == scale
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "solver, schedule", [("adam", "full_batch"), ("adam", "minibatch"), ("lbfgs", "full_batch")]
     + [(s, "minibatch") for s in ("lbfgs", "nlcg", "trust_ncg")],
@@ -176,6 +185,7 @@ def test_every_path_weighs_the_penalty_by_alpha_over_the_stored_tokens_for_mse(s
     assert info["alpha_scale"] == "token_mean"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("solver", ["lbfgs", "nlcg", "trust_ncg"])
 def test_minibatch_schedule_takes_one_solver_step_per_shuffled_batch(solver):
     n, hidden, batch_tokens, epochs = 300, 12, 64, 3
@@ -196,6 +206,7 @@ def test_minibatch_schedule_takes_one_solver_step_per_shuffled_batch(solver):
     assert float((t - t_full).norm()) > 1e-3
 
 
+@pytest.mark.unit
 def test_minibatch_lbfgs_step_runs_a_strong_wolfe_line_search():
     # mse: |g|_1 is large, so the first L-BFGS step min(1, 1/|g|_1) is far too short and the
     # strong-Wolfe search must extend it: more than one trial point per batch.
@@ -207,6 +218,7 @@ def test_minibatch_lbfgs_step_runs_a_strong_wolfe_line_search():
     assert info["loss_curve"][-1] < 0.5 * info["loss_curve"][0]
 
 
+@pytest.mark.unit
 def test_adam_accepts_both_schedules_and_runs_the_same_thing():
     store, _ = random_store(200, 8, seed=3)
     kwargs = dict(lr=1e-2, batch_tokens=64, epochs=2)
@@ -219,6 +231,7 @@ def test_adam_accepts_both_schedules_and_runs_the_same_thing():
         NumericalEstimator("cosine", "cosine", schedule="online")
 
 
+@pytest.mark.unit
 def test_fit_has_no_mask_ratio():
     store, _ = random_store(64, 8, seed=4)
     with pytest.raises(TypeError):

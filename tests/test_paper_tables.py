@@ -12,15 +12,12 @@ import sys
 
 import pandas as pd
 import pytest
-from conftest import ROOT, compose_config
-from test_job import job_config
+from helpers.config import ROOT, compose_config, typed
+from helpers.jobs import job_config
+from helpers.tables import SPECS, cells, frame, run
 
-from test_table_cells import SPECS, cells, frame, run
-
-from replaceme_exp.job import run_recorded
-from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.paper_figures import FIGURES, calibration_size
-from replaceme_exp.results.paper_settings import (
+from replaceme_exp.reporting.paper_figures import FIGURES, calibration_size
+from replaceme_exp.reporting.paper_settings import (
     LLAMA3_25,
     Retargeting,
     Target,
@@ -28,7 +25,9 @@ from replaceme_exp.results.paper_settings import (
     resolve_target,
     translate_n_prune,
 )
-from replaceme_exp.results.paper_tables import LLAMA2_TABLE_COLUMNS, MISSING, TABLES, build_table, load_quoted
+from replaceme_exp.reporting.paper_tables import LLAMA2_TABLE_COLUMNS, MISSING, TABLES, build_table, load_quoted
+from replaceme_exp.results import ResultsStore
+from replaceme_exp.runtime import run_recorded
 
 
 def synthetic_row(i: int, **values) -> dict:
@@ -177,7 +176,7 @@ def paper_tables(tmp_path_factory):
         store.write(row)
     out = tmp_path / "paper_tables"
     proc = subprocess.run(
-        [sys.executable, "-m", "replaceme_exp.results.render_paper", "--results", str(tmp_path), "--out", str(out)],
+        [sys.executable, "-m", "replaceme_exp.reporting.render_paper", "--results", str(tmp_path), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -187,6 +186,8 @@ def paper_tables(tmp_path_factory):
     return out, real
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_every_table_and_figure_is_written(paper_tables):
     out, _ = paper_tables
     expected = {f"{t.name}{s}" for t in TABLES for s in (".md", ".tex")}
@@ -196,6 +197,8 @@ def test_every_table_and_figure_is_written(paper_tables):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_measured_cells_show_mean_std_and_runs_and_mark_missing_ones(paper_tables):
     out, _ = paper_tables
     regularization = (out / "regularization.md").read_text()
@@ -213,6 +216,8 @@ def test_measured_cells_show_mean_std_and_runs_and_mark_missing_ones(paper_table
     assert r"\toprule" in latex and r"0.63 $\pm$ 0.014 (n=2)" in latex and "LS, alpha=0.1 & 0 & -- & -- & --" in latex
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_quoted_rows_are_labelled_kept_apart_and_sourced(paper_tables):
     out, _ = paper_tables
     lines = (out / "llama2_comparison.md").read_text().splitlines()
@@ -251,6 +256,7 @@ def test_quoted_rows_are_labelled_kept_apart_and_sourced(paper_tables):
     assert "| Llama 3 8B Instruct |  | unpruned | 3.11 | 0.697 | 1 |" in main
 
 
+@pytest.mark.unit
 def test_quoted_numbers_cover_columns_of_their_tables():
     quoted = load_quoted()
     for spec in TABLES:
@@ -261,6 +267,8 @@ def test_quoted_numbers_cover_columns_of_their_tables():
                 assert set(row["values"]) <= headers, (spec.name, row["label"])
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_column_conditions_transposed_layout_and_rows_from_before_a_key_existed(paper_tables):
     out, _ = paper_tables
     higher = (out / "higher_compression.md").read_text()
@@ -275,6 +283,8 @@ def test_column_conditions_transposed_layout_and_rows_from_before_a_key_existed(
     assert f"| ReplaceMe | Only LT | 0 | {MISSING}" in healing
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_figure_numbers(paper_tables):
     out, real = paper_tables
     size = pd.read_csv(out / "calibration_size.csv")
@@ -314,8 +324,9 @@ def test_figure_numbers(paper_tables):
     assert heat[heat.panel == "row_0"]["mean"].tolist() == pytest.approx(matrix[0])
 
 
+@pytest.mark.unit
 def test_the_hub_clip_model_offline_fails_with_a_clear_error(tmp_path):
-    cfg = compose_config(["model=clip_vit_l14", "eval=clip", "calibration=bundled_images"])
+    cfg = typed(["model=clip_vit_l14", "eval=clip", "calibration=bundled_images"])
     from replaceme_exp.errors import ConfigError
     from replaceme_exp.models import load_model
 
@@ -323,6 +334,8 @@ def test_the_hub_clip_model_offline_fails_with_a_clear_error(tmp_path):
         load_model(cfg.model)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_real_row_records_the_unpruned_scores_and_layer_distances(paper_tables):
     _, real = paper_tables
     matrix = real["layer_distances"]
@@ -331,6 +344,7 @@ def test_real_row_records_the_unpruned_scores_and_layer_distances(paper_tables):
     assert real["healing"] == "none" and real["l2_dist_before"] > 0
 
 
+@pytest.mark.unit
 def test_table_columns_name_what_the_suites_record():
     """The Llama 2 table and the per-task columns read exactly the metric columns
     (``<metric>_<task>``) of the metrics that eval=llama2_table and eval=paper declare."""
@@ -379,6 +393,8 @@ def tiny_sweep(tmp_path_factory):
     return store, proc.stdout
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_make_paper_tables_model_renders_the_smoke_sweep_and_prints_counts(tiny_sweep):
     store, stdout = tiny_sweep
     assert "read 3 rows (3 finished, 0 failed) from " in stdout
@@ -406,11 +422,13 @@ def test_make_paper_tables_model_renders_the_smoke_sweep_and_prints_counts(tiny_
     assert [p.name for p in (store / "paper_tables").iterdir()] == ["tiny_llama_pydoc_quick"]
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_the_papers_own_tables_stay_apart_and_say_what_excluded_the_runs(tiny_sweep):
     store, _ = tiny_sweep
     out = store / "paper_tables"
     proc = subprocess.run(
-        [sys.executable, "-m", "replaceme_exp.results.paper_tables", "--results", str(store), "--out", str(out)],
+        [sys.executable, "-m", "replaceme_exp.reporting.render_paper", "--results", str(store), "--out", str(out)],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -425,7 +443,7 @@ def test_the_papers_own_tables_stay_apart_and_say_what_excluded_the_runs(tiny_sw
     assert "Rendered from" not in paper and f"| Generic | 0 | {MISSING} | {MISSING} | {MISSING} |" in paper
     # Explicit settings give the same folder and tables as the inferred ones.
     again = subprocess.run(
-        [sys.executable, "-m", "replaceme_exp.results.render_paper", "--results", str(store), "--out", str(out)]
+        [sys.executable, "-m", "replaceme_exp.reporting.render_paper", "--results", str(store), "--out", str(out)]
         + ["--model", "tiny_llama", "--calibration", "pydoc", "--eval", "quick"],
         cwd=ROOT,
         env=ENV,
@@ -446,6 +464,7 @@ def tiny(i: int, **values) -> dict:
 TINY = dict(model="tiny_llama", calibration="pydoc", eval="quick")
 
 
+@pytest.mark.unit
 def test_n_prune_keeps_its_fraction_of_the_depth():
     assert translate_n_prune(8, 32, 6) == 2 and translate_n_prune(8, 32, 30) == 8
     assert translate_n_prune(4, 32, 6) == 1 and translate_n_prune(30, 80, 6) == 2
@@ -461,6 +480,7 @@ def test_n_prune_keeps_its_fraction_of_the_depth():
     assert cells(table, "Generic")["Runs"] == 0 and "n_prune left unmatched" in table.attrs["retargeted"]
 
 
+@pytest.mark.unit
 def test_calibration_is_retargeted_where_the_paper_uses_its_default_data_only():
     runs = frame(
         tiny(1),
@@ -479,6 +499,7 @@ def test_calibration_is_retargeted_where_the_paper_uses_its_default_data_only():
     assert cells(masking, "8k samples, no masking")["Runs"] == 0
 
 
+@pytest.mark.unit
 def test_calibration_and_eval_are_inferred_from_the_models_runs():
     runs = frame(
         tiny(1, calibration="fineweb", eval="offline"),
@@ -499,6 +520,7 @@ def test_calibration_and_eval_are_inferred_from_the_models_runs():
     assert resolve_target(runs).retargeted is False and resolve_target(runs, model="nothing").calibration is None
 
 
+@pytest.mark.unit
 def test_a_perplexity_column_reads_the_suites_perplexity_and_baseline():
     runs = frame(tiny(1, ppl_heldout_baseline=40.0), tiny(2, eval="offline", ppl_pydoc=9.0, baseline_ppl_pydoc=7.0))
     quick = build_table(SPECS["llama3_main"], runs, load_quoted(), resolve_target(runs, **TINY))
@@ -511,6 +533,7 @@ def test_a_perplexity_column_reads_the_suites_perplexity_and_baseline():
     assert cells(table, "ReplaceMe", "Linear (LS)")[column] == "9"
 
 
+@pytest.mark.unit
 def test_counts_and_the_hint_when_no_run_matched():
     runs = frame(tiny(1, n_prune=1), tiny(2, n_prune=3), run(3))
     table = build_table(SPECS["structured_lts"], runs, target=resolve_target(runs, **TINY))
@@ -526,6 +549,7 @@ def test_counts_and_the_hint_when_no_run_matched():
     )
 
 
+@pytest.mark.unit
 def test_a_retargeted_cell_still_shows_one_setting_and_names_the_others(tmp_path):
     runs = frame(
         tiny(1, setting_hash="f32"),
@@ -543,6 +567,7 @@ def test_a_retargeted_cell_still_shows_one_setting_and_names_the_others(tmp_path
     assert point["n"] == 1 and "dtype=float32 (n=2)" in point["note"]
 
 
+@pytest.mark.unit
 def test_no_target_renders_the_papers_settings_unchanged():
     runs = frame(run(1, avg_acc=0.6, ppl_lambada=20.0), tiny(2))
     for spec in TABLES:

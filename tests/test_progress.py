@@ -12,10 +12,12 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
-from test_job import TINY
+from helpers.config import ROOT
+from helpers.jobs import SMOKE
 
 from replaceme_exp import progress as progress_module
+from replaceme_exp.config import schema
+from replaceme_exp.config.validate import build
 from replaceme_exp.estimation.numerical import NumericalEstimator
 from replaceme_exp.progress import configure, configure_from, progress, progress_counter, resolved_mode
 
@@ -41,6 +43,7 @@ def lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER]
 
 
+@pytest.mark.unit
 def test_a_loop_logs_a_line_every_ten_percent_and_a_final_one(caplog):
     clock = FakeClock()
     with caplog.at_level(logging.INFO, logger=LOGGER):
@@ -54,6 +57,7 @@ def test_a_loop_logs_a_line_every_ten_percent_and_a_final_one(caplog):
     assert got[-1] == "capture: 40/40 batches done in 20.0 s"
 
 
+@pytest.mark.unit
 def test_slow_steps_log_every_n_seconds_and_an_unknown_total_logs_counts(caplog):
     clock = FakeClock()
     with caplog.at_level(logging.INFO, logger=LOGGER):
@@ -75,6 +79,7 @@ def test_slow_steps_log_every_n_seconds_and_an_unknown_total_logs_counts(caplog)
     ]
 
 
+@pytest.mark.unit
 def test_off_logs_nothing_and_an_interrupted_loop_logs_no_final_line(caplog, restore_settings):
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert list(progress(range(50), desc="quiet", mode="off")) == list(range(50))
@@ -88,6 +93,7 @@ def test_off_logs_nothing_and_an_interrupted_loop_logs_no_final_line(caplog, res
     assert not any("done" in line for line in lines(caplog))
 
 
+@pytest.mark.unit
 def test_listeners_hear_the_same_points_as_the_log_and_a_failing_one_is_dropped(caplog):
     heard = []
 
@@ -108,12 +114,13 @@ def test_listeners_hear_the_same_points_as_the_log_and_a_failing_one_is_dropped(
     assert sum("tracker down" in line for line in lines(caplog)) == 1  # dropped after its first failure
 
 
+@pytest.mark.unit
 def test_auto_is_a_bar_on_a_terminal_and_log_lines_otherwise(monkeypatch, restore_settings):
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
-    configure_from({"mode": "auto", "every_percent": 5, "every_seconds": 12})
+    configure_from(build(schema.ProgressConfig, {"mode": "auto", "every_percent": 5, "every_seconds": 12}))
     assert progress_module.settings() == {"mode": "auto", "every_percent": 5.0, "every_seconds": 12.0}
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert resolved_mode() == "log"
@@ -125,12 +132,11 @@ def test_auto_is_a_bar_on_a_terminal_and_log_lines_otherwise(monkeypatch, restor
         configure(every_percent=0)
 
 
+@pytest.mark.unit
 def test_the_progress_block_is_validated_and_left_out_of_the_config_hash():
-    from conftest import compose_config
+    from helpers.config import compose_config, config_hash, validate_config
 
     from replaceme_exp.errors import ConfigError
-    from replaceme_exp.results import config_hash
-    from replaceme_exp.validation import validate_config
 
     cfg = compose_config(["model=tiny_llama"])
     assert cfg.progress.mode == "auto" and cfg.progress.every_percent == 10 and cfg.progress.every_seconds == 30
@@ -155,6 +161,7 @@ class FakeStore:
         return {k: v.index_select(0, indices) for k, v in self.tensors.items()}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "solver, kwargs, pattern",
     [
@@ -176,11 +183,13 @@ def test_solvers_report_their_iterations(caplog, restore_settings, solver, kwarg
         assert final[0].split(": ")[1].startswith(f"{info['steps']}/")  # the iterations the solver ran
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_job_logging_to_a_file_shows_progress_and_no_lm_eval_warnings_about_our_tasks(tmp_path):
     """stdout and stderr go to a file (never a terminal): progress comes as log lines, without the
     job calling configure (mode auto), and lm-eval has nothing to say about the project's tasks."""
     log_file = tmp_path / "job.log"
-    args = [*TINY, "eval=offline", "eval.batch_size=1", "eval.harness.limit=6", "save_model=false"]
+    args = [*SMOKE, "eval=offline", "eval.batch_size=1", "eval.harness.limit=6", "save_model=false"]
     args += [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HYDRA_FULL_ERROR="1")
     env.pop("LMEVAL_LOG_LEVEL", None)

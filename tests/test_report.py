@@ -9,20 +9,20 @@ import sys
 
 import pandas as pd
 import pytest
-from conftest import ROOT
-from test_job import TINY, run_cli
+from helpers.config import ROOT
+from helpers.jobs import SMOKE, run_cli
 
+from replaceme_exp.reporting.report import build_groups, split_runs, varying_settings
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.report import build_groups, split_runs, varying_settings
 
 
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory):
     """A 2-job sweep over alpha (ridge), one job that fails mid-run, the make report output."""
     results = tmp_path_factory.mktemp("report")
-    sweep, _ = run_cli(["-m", *TINY, "alpha=0,100"], results)
+    sweep, _ = run_cli(["-m", *SMOKE, "alpha=0,100"], results)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    failed, _ = run_cli([*TINY, "n_prune=99"], results)  # fails after loading: 6 blocks
+    failed, _ = run_cli([*SMOKE, "n_prune=99"], results)  # fails after loading: 6 blocks
     assert failed.returncode == 1
     proc = subprocess.run(
         ["make", "-s", "-o", "setup", "report", f"RESULTS={results}", f"PY={sys.executable}"],
@@ -35,6 +35,8 @@ def tiny_results(tmp_path_factory):
     return results, proc.stdout
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_make_report_prints_what_it_read_showed_and_skipped(tiny_results):
     results, out = tiny_results
     rows = ResultsStore(results).load()
@@ -45,6 +47,8 @@ def test_make_report_prints_what_it_read_showed_and_skipped(tiny_results):
     assert f"Sweep {sweep_id} (sweep): read 2 rows, showing 2 finished runs, 0 failed, 0 skipped" in out
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_the_tables_show_the_varying_setting_the_metrics_and_the_failure(tiny_results):
     results, _ = tiny_results
     rows = ResultsStore(results).load()
@@ -64,6 +68,8 @@ def test_the_tables_show_the_varying_setting_the_metrics_and_the_failure(tiny_re
     assert (report / "sweeps" / f"{sweep_id}.md").read_text().count("\n| ") == 3  # header + 2 runs
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_figures_per_swept_setting_and_honest_about_missing_metrics(tiny_results):
     results, _ = tiny_results
     folder = results / "report" / "all"
@@ -73,6 +79,7 @@ def test_figures_per_swept_setting_and_honest_about_missing_metrics(tiny_results
     assert "![ppl_heldout__vs__alpha](all/ppl_heldout__vs__alpha.png)" in (results / "report" / "all.md").read_text()
 
 
+@pytest.mark.unit
 def test_skipped_rows_are_counted_with_their_reason():
     rows = pd.DataFrame(
         [
@@ -95,6 +102,7 @@ def test_skipped_rows_are_counted_with_their_reason():
     assert group.counts().startswith("read 6 rows, showing 1 finished runs, 1 failed, 4 skipped")
 
 
+@pytest.mark.unit
 def test_varying_settings_and_groups_by_sweep():
     rows = pd.DataFrame(
         [

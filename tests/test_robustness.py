@@ -9,11 +9,14 @@ import threading
 
 import pandas as pd
 import pytest
-from test_job import job_config
+from helpers.config import CONF
+from helpers.jobs import job_config
 
-import replaceme_exp.job as job_module
-from replaceme_exp.job import run_recorded
+import replaceme_exp.pipeline.job as pipeline_job
+import replaceme_exp.runtime.runner as runner
+from replaceme_exp.config.validate import typed_config
 from replaceme_exp.results import ResultsStore
+from replaceme_exp.runtime import run_recorded
 from replaceme_exp.surgery import recover_checkpoint, replace_directory
 
 BAD_INPUTS = [
@@ -39,13 +42,14 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("override, named", BAD_INPUTS)
 def test_bad_input_is_refused_before_any_model_loads(tmp_path, monkeypatch, override, named):
     def never(*args, **kwargs):
         raise AssertionError("a model was loaded for a bad configuration")
 
-    monkeypatch.setattr(job_module, "load_model", never)
-    monkeypatch.setattr(job_module, "weights_fingerprint", never)
+    monkeypatch.setattr(pipeline_job, "load_model", never)
+    monkeypatch.setattr(runner, "weights_fingerprint", never)
     row = run_recorded(job_config(tmp_path, *override.split()), raise_on_failure=False)
     assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {named}:"), row["error"]
     assert "\n" not in row["error"]
@@ -53,6 +57,7 @@ def test_bad_input_is_refused_before_any_model_loads(tmp_path, monkeypatch, over
     assert len(stored) == 1 and stored.iloc[0]["status"] == "failed"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("key", ["results_dir", "cache_dir"])
 def test_a_results_or_cache_dir_that_is_a_file_is_refused_first(tmp_path, key):
     blocker = tmp_path / "a_file"
@@ -61,6 +66,7 @@ def test_a_results_or_cache_dir_that_is_a_file_is_refused_first(tmp_path, key):
     assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {key}=") and "is a file" in row["error"]
 
 
+@pytest.mark.unit
 def test_an_unreadable_row_file_is_skipped_with_a_warning(tmp_path, caplog):
     store = ResultsStore(tmp_path)
     store.write({"run_id": "a", "config_hash": "h1", "status": "finished", "started_at": "1"})
@@ -74,6 +80,7 @@ def test_an_unreadable_row_file_is_skipped_with_a_warning(tmp_path, caplog):
     assert "b.parquet" in caplog.text and "c.parquet" in caplog.text
 
 
+@pytest.mark.unit
 def test_a_full_disk_while_writing_a_row_leaves_no_partial_file(tmp_path, monkeypatch):
     def full_disk(self, path, *args, **kwargs):
         with open(path, "wb") as f:
@@ -97,6 +104,7 @@ def finished_and_new_model(tmp_path, old: str, new: str):
     return tuple(directories)
 
 
+@pytest.mark.unit
 def test_a_save_killed_between_renames_loses_no_model(tmp_path, monkeypatch):
     target, new = finished_and_new_model(tmp_path, '{"old": true}', '{"new": true}')
     real_rename = os.rename
@@ -115,6 +123,7 @@ def test_a_save_killed_between_renames_loses_no_model(tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".old-*"))
 
 
+@pytest.mark.unit
 def test_identical_saves_at_once_do_not_fail_and_keep_one_model(tmp_path):
     # A save whose rename found another save's checkpoint in place must not fail even if a third
     # save moves that one aside right after; the race is rare, so run many rounds.
@@ -140,6 +149,7 @@ def test_identical_saves_at_once_do_not_fail_and_keep_one_model(tmp_path):
         assert (target / "config.json").is_file()
 
 
+@pytest.mark.integration
 def test_identical_jobs_at_once_run_once_and_models_are_readable_by_others(tmp_path):
     cfg = job_config(tmp_path, "cuts=[[2,4]]")
     rows = []
@@ -156,6 +166,7 @@ def test_identical_jobs_at_once_run_once_and_models_are_readable_by_others(tmp_p
     assert os.stat(model_dir).st_mode & 0o777 == 0o777 & ~umask
 
 
+@pytest.mark.integration
 def test_a_model_moved_aside_by_a_killed_rerun_is_restored_not_skipped_away(tmp_path):
     cfg = job_config(tmp_path, "cuts=[[2,4]]")
     first = run_recorded(cfg)
@@ -167,6 +178,8 @@ def test_a_model_moved_aside_by_a_killed_rerun_is_restored_not_skipped_away(tmp_
     assert again["status"] == "skipped" and os.path.isfile(os.path.join(model_dir, "config.json"))
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_a_corrupt_cache_entry_is_reported_removed_and_recomputed(tmp_path, caplog, damage):
     run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_model=false"))
@@ -193,17 +206,18 @@ def test_a_corrupt_cache_entry_is_reported_removed_and_recomputed(tmp_path, capl
     assert row["ppl_heldout_baseline"] == pytest.approx(reference["ppl_heldout_baseline"], rel=1e-9)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("objective", ["identity", "ls"])
 def test_a_nan_weight_fails_the_job_naming_the_stage_and_the_weight(tmp_path, smollm2_tokenizer, objective):
     import torch
-    from conftest import tiny_model
+    from helpers.models import tiny_model
 
     model = tiny_model("llama", num_layers=6, vocab=len(smollm2_tokenizer))
     with torch.no_grad():
         model.model.layers[3].mlp.down_proj.weight[0, 0] = float("nan")
     model.save_pretrained(tmp_path / "ckpt")
     smollm2_tokenizer.save_pretrained(tmp_path / "ckpt")
-    local = ["model.source=local", f"+model.pretrained={tmp_path / 'ckpt'}", "model.tokenizer=local"]
+    local = ["model=smollm2_135m", "model.source=local", f"model.pretrained={tmp_path / 'ckpt'}", "model.dtype=float32"]
     row = run_recorded(job_config(tmp_path, *local, f"objective={objective}"), raise_on_failure=False)
     assert row["status"] == "failed"
     assert row["error"] == (
@@ -211,6 +225,7 @@ def test_a_nan_weight_fails_the_job_naming_the_stage_and_the_weight(tmp_path, sm
     )
 
 
+@pytest.mark.unit
 def test_non_finite_values_name_their_stage():
     from replaceme_exp.errors import NonFiniteError, check_finite
 
@@ -221,6 +236,7 @@ def test_non_finite_values_name_their_stage():
         check_finite("eval", "x is", [None])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "content, named",
     [
@@ -238,6 +254,7 @@ def test_binary_calibration_text_is_refused(tmp_path, smollm2_tokenizer, content
         text_file_documents(str(path), 1000)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "lines, reason",
     [
@@ -248,7 +265,7 @@ def test_binary_calibration_text_is_refused(tmp_path, smollm2_tokenizer, content
     ],
 )
 def test_malformed_jsonl_names_the_file_line_or_field(tmp_path, smollm2_tokenizer, lines, reason):
-    from conftest import compose_config
+    from helpers.config import compose_config
 
     from replaceme_exp.data import build_calibration
     from replaceme_exp.errors import ConfigError
@@ -260,6 +277,7 @@ def test_malformed_jsonl_names_the_file_line_or_field(tmp_path, smollm2_tokenize
         build_calibration(cfg, smollm2_tokenizer)
 
 
+@pytest.mark.unit
 def test_binary_jsonl_names_the_line(tmp_path, smollm2_tokenizer):
     from replaceme_exp.data.sources import check_jsonl
     from replaceme_exp.errors import ConfigError
@@ -270,6 +288,7 @@ def test_binary_jsonl_names_the_line(tmp_path, smollm2_tokenizer):
         check_jsonl(path)
 
 
+@pytest.mark.unit
 def test_an_unreachable_hub_model_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub = ["model=llama3_8b_instruct", "model.pretrained=replaceme-tests/no-such-model", "model.dtype=float32"]
@@ -279,15 +298,17 @@ def test_an_unreachable_hub_model_is_named(tmp_path, monkeypatch):
     assert row["error"].startswith(named)
 
 
+@pytest.mark.integration
 def test_the_next_run_of_a_configuration_removes_its_leftover_token_stores(tmp_path):
+    from helpers.config import config_hash
+
     from replaceme_exp.models.fingerprint import weights_fingerprint
-    from replaceme_exp.results import config_hash
 
     stores = tmp_path / "stores"
     overrides = ["cuts=[[2,4]]", "save_model=false", "objective=cosine", "objective.epochs=1"]
     overrides += ["store.location=disk", f"store.directory={stores}"]
     cfg = job_config(tmp_path, *overrides)
-    chash = config_hash(cfg, weights_fingerprint(cfg.model, cfg.cache_dir))
+    chash = config_hash(cfg, weights_fingerprint(typed_config(cfg).model, cfg.cache_dir))
     (stores / f"token-store-{chash}-999999999-abc").mkdir(parents=True)  # a killed run's (no such pid)
     (stores / f"token-store-{chash}-{os.getpid()}-live").mkdir()  # a running job's store stays
     (stores / "token-store-otherconfig-1-x").mkdir()
@@ -297,11 +318,13 @@ def test_the_next_run_of_a_configuration_removes_its_leftover_token_stores(tmp_p
     assert left == sorted([f"token-store-{chash}-{os.getpid()}-live", "token-store-otherconfig-1-x"])
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_results_dir_that_is_a_file_stops_the_cli_with_one_line_before_hydra_writes(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers.config import ROOT
 
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
@@ -318,18 +341,18 @@ def test_a_results_dir_that_is_a_file_stops_the_cli_with_one_line_before_hydra_w
 GROUP_OPTIONS = [
     (group, path.stem)
     for group in ("model", "calibration", "selection", "objective", "regularizer", "structure", "eval", "experiment")
-    for path in sorted((__import__("conftest").CONF / group).glob("*.yaml"))
+    for path in sorted((CONF / group).glob("*.yaml"))
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("group, option", GROUP_OPTIONS)
 def test_every_shipped_option_passes_validation_and_resolves(group, option):
-    from conftest import ROOT, compose_config
-
-    from replaceme_exp.results import config_hash
-    from replaceme_exp.validation import validate_config
+    from helpers.config import ROOT, compose_config, config_hash, validate_config
 
     overrides = [f"{group}={option}"]
+    if (group, option) == ("regularizer", "l1"):
+        overrides.append("objective=cosine")  # l1 regularises the numerical objectives (objective=ls refuses it)
     vision = {("model", "clip_vit_l14"), ("model", "tiny_clip"), ("eval", "clip"), ("eval", "clip_offline")}
     if (group, option) in vision or option in ("bundled_images", "image_folder", "hub_images"):
         overrides += [
@@ -350,6 +373,7 @@ def test_every_shipped_option_passes_validation_and_resolves(group, option):
     assert config_hash(cfg)
 
 
+@pytest.mark.unit
 def test_a_failed_rename_that_is_not_a_concurrent_save_is_raised_and_the_old_model_kept(tmp_path, monkeypatch):
     target, new = finished_and_new_model(tmp_path, "old", "new")
     real_rename = os.rename
@@ -365,8 +389,9 @@ def test_a_failed_rename_that_is_not_a_concurrent_save_is_raised_and_the_old_mod
     assert (target / "config.json").read_text() == "old"
 
 
+@pytest.mark.unit
 def test_a_sweep_counts_a_job_that_left_no_status_as_failed(tmp_path):
-    from replaceme_exp.tracking.sweep_summary import read_statuses, summary_lines, write_job_status
+    from replaceme_exp.runtime.sweep_summary import read_statuses, summary_lines, write_job_status
 
     for i in range(3):
         (tmp_path / str(i) / ".hydra").mkdir(parents=True)
@@ -378,11 +403,11 @@ def test_a_sweep_counts_a_job_that_left_no_status_as_failed(tmp_path):
     assert summary_lines(statuses)[0] == "sweep: 1 finished, 1 skipped, 1 failed"
 
 
+@pytest.mark.unit
 def test_calibration_accepts_json_arrays_lists_of_files_and_tool_roles(tmp_path, smollm2_tokenizer):
-    from conftest import compose_config
+    from helpers.config import compose_config, validate_config
 
     from replaceme_exp.data import build_calibration
-    from replaceme_exp.validation import validate_config
 
     array = tmp_path / "a.json"
     array.write_text('[{"text": "first record of an array"}, {"text": "second record"}]')
@@ -390,18 +415,19 @@ def test_calibration_accepts_json_arrays_lists_of_files_and_tool_roles(tmp_path,
     lines.write_text('{"text": "a record of a JSON lines file"}')
     cfg = compose_config(["calibration=jsonl", f"calibration.path=[{array},{lines}]", "calibration.n_samples=3"])
     validate_config(cfg)
-    assert build_calibration(cfg.calibration, smollm2_tokenizer).n_sequences == 3
+    assert build_calibration(typed_config(cfg).calibration, smollm2_tokenizer).n_sequences == 3
     from replaceme_exp.data.sources import render_record
 
     turns = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]
     assert "42" in render_record({"messages": turns}, None, "messages", smollm2_tokenizer)
 
 
+@pytest.mark.unit
 def test_a_suite_without_a_metric_per_task_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("a model was loaded for a bad configuration")
 
-    monkeypatch.setattr(job_module, "load_model", never)
+    monkeypatch.setattr(pipeline_job, "load_model", never)
     undeclared = job_config(tmp_path, "eval=offline", "~eval.harness.metrics.replaceme_opposites")
     row = run_recorded(undeclared, raise_on_failure=False)
     assert row["status"] == "failed" and row["error"].startswith("ConfigError: eval.harness.metrics=")

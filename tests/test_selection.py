@@ -7,12 +7,14 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import batches_of, random_sequences, tiny_model
+from helpers.batches import batches_of, random_sequences
+from helpers.models import tiny_model
 
 from replaceme_exp.capture import CutDistances, run_capture
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models import adapter_for
 from replaceme_exp.selection import candidate_cuts, cut_length, merge_consecutive_cuts, select_cuts, validate_cuts
+from replaceme_exp.selection.metrics import euclidean_distance
 
 NUM_LAYERS = 8
 
@@ -30,6 +32,7 @@ def brute_force_distance(hidden, cut):
     return float((1 - F.cosine_similarity(hidden[start].double(), hidden[end].double(), dim=-1)).mean())
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("length", [1, 2, 3, 4])
 def test_single_cut_equals_brute_force(setup, length):
     model, sequences, hidden = setup
@@ -40,6 +43,7 @@ def test_single_cut_equals_brute_force(setup, length):
     assert select_cuts(dist.result(), 1, True) == [best]
 
 
+@pytest.mark.integration
 def test_multi_cut_selection_is_greedy_by_distance_and_never_overlaps(setup):
     model, sequences, hidden = setup
     cuts = candidate_cuts(NUM_LAYERS - 1, 2)
@@ -58,6 +62,7 @@ def test_multi_cut_selection_is_greedy_by_distance_and_never_overlaps(setup):
     assert merged == merge_consecutive_cuts([first, second])
 
 
+@pytest.mark.unit
 def test_consecutive_cuts_merge_or_are_kept_apart():
     distances = {cut: 0.9 for cut in candidate_cuts(10, 2)}
     distances.update({(3, 5): 0.1, (5, 7): 0.2, (6, 8): 0.3})
@@ -67,6 +72,7 @@ def test_consecutive_cuts_merge_or_are_kept_apart():
     assert merge_consecutive_cuts([(6, 8), (1, 2), (2, 4)]) == [(1, 4), (6, 8)]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "cuts, message",
     [
@@ -84,6 +90,7 @@ def test_impossible_cuts_name_the_key_and_value(cuts, message):
     assert str(err.value).startswith("cuts=")
 
 
+@pytest.mark.unit
 def test_n_prune_and_num_lts_are_validated():
     assert cut_length(8, 2, 32) == 4
     with pytest.raises(ConfigError, match=r"n_prune=32: the model has 32 blocks"):
@@ -104,10 +111,11 @@ def test_n_prune_and_num_lts_are_validated():
         validate_cuts([[3, 5], [1, 3]], 8, merge_consecutive=False)
 
 
+@pytest.mark.integration
 def test_l2_selection_equals_brute_force(setup):
     model, sequences, hidden = setup
     cuts = candidate_cuts(NUM_LAYERS - 1, 3)
-    dist = CutDistances(cuts, metric="l2")
+    dist = CutDistances(cuts, euclidean_distance)
     run_capture(adapter_for(model), batches_of(sequences, 4), [dist])
     brute = {c: float((hidden[c[0]] - hidden[c[1]]).double().norm(dim=-1).mean()) for c in cuts}
     for cut in cuts:
@@ -115,9 +123,10 @@ def test_l2_selection_equals_brute_force(setup):
     assert select_cuts(dist.result(), 1, True) == [min(cuts, key=brute.get)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("alpha", [0.0, 5.0])
 def test_ls_residual_selection_equals_brute_force_over_estimated_transforms(alpha):
-    from explicit import explicit_blocks
+    from helpers.explicit import explicit_blocks
 
     from replaceme_exp.capture import LinearStatistics
     from replaceme_exp.estimation.least_squares import ls_residuals

@@ -3,24 +3,26 @@ equal to plain greedy decoding, a cache keyed by content, and a job that runs on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
-from conftest import CACHE, compose_config
-from omegaconf import OmegaConf
-from test_job import job_config
+from helpers.config import CACHE, compose_config, typed
+from helpers.jobs import job_config
 
+from replaceme_exp.config.validate import build_option
+from replaceme_exp.data.calibration import CALIBRATION_SOURCES
 from replaceme_exp.data.generated import SHIPPED_PROMPTS, chosen_prompts, load_prompts, self_generated_documents
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.job import run_recorded
 from replaceme_exp.models import load_model
+from replaceme_exp.runtime import run_recorded
 
 
 @pytest.fixture(scope="module")
 def tiny():
     """tiny_llama with larger weights than its init, so that greedy answers differ by prompt."""
-    cfg = compose_config(["model=tiny_llama"])
+    cfg = typed(["model=tiny_llama"])
     loaded = load_model(cfg.model, str(CACHE))
     torch.manual_seed(0)
     with torch.no_grad():
@@ -31,10 +33,13 @@ def tiny():
 
 
 def generation_config(**overrides):
+    """A typed ``source: generated`` calibration option with these generation settings."""
     base = {"n_samples": 3, "max_new_tokens": 5, "generation_batch_size": 1, "temperature": 0.0, "seed": 0}
-    return OmegaConf.create({**base, **overrides})
+    shape = {"name": "generated", "source": "generated", "seq_len": 256, "batch_size": 8}
+    return build_option("calibration", {**shape, **base, **overrides}, "calibration")
 
 
+@pytest.mark.unit
 def test_the_shipped_prompts_are_many_distinct_and_stay_off_the_evaluation():
     prompts = load_prompts(None)
     assert len(prompts) >= 256 and len({p.lower() for p in prompts}) == len(prompts)
@@ -46,6 +51,7 @@ def test_the_shipped_prompts_are_many_distinct_and_stay_off_the_evaluation():
     assert SHIPPED_PROMPTS.suffix == ".jsonl"
 
 
+@pytest.mark.unit
 def test_prompt_files_and_their_errors(tmp_path):
     lines = tmp_path / "prompts.txt"
     lines.write_text("First question?\n\nSecond task.\n")
@@ -59,6 +65,7 @@ def test_prompt_files_and_their_errors(tmp_path):
     assert chosen_prompts(list("abcdef"), 3, 1) == chosen_prompts(list("abcdef"), 3, 1)
 
 
+@pytest.mark.integration
 def test_documents_are_the_prompts_and_the_models_own_greedy_answers(tiny, tmp_path):
     """Each document is the chat template of (prompt, answer), where answer is what a plain
     ``generate`` call on the prompt alone returns greedily."""
@@ -80,6 +87,7 @@ def test_documents_are_the_prompts_and_the_models_own_greedy_answers(tiny, tmp_p
         assert document == expected
 
 
+@pytest.mark.integration
 def test_answers_are_cached_by_content(tiny, tmp_path, monkeypatch):
     calls = []
     generate = tiny.model.generate
@@ -104,6 +112,7 @@ def test_answers_are_cached_by_content(tiny, tmp_path, monkeypatch):
     assert len(list((tmp_path / "generated").glob("*.json"))) == 3
 
 
+@pytest.mark.integration
 def test_sampled_answers_follow_the_seed(tiny, tmp_path):
     def answers(seed):
         cfg = generation_config(temperature=1.0, seed=seed, max_new_tokens=8)
@@ -113,6 +122,7 @@ def test_sampled_answers_follow_the_seed(tiny, tmp_path):
     assert answers(1) != answers(2)
 
 
+@pytest.mark.integration
 def test_a_job_calibrates_on_self_generated_chats(tmp_path):
     overrides = ["calibration=self_generated", "calibration.n_samples=8", "calibration.max_new_tokens=8"]
     row = run_recorded(job_config(tmp_path, *overrides, "save_model=false"))
@@ -123,6 +133,7 @@ def test_a_job_calibrates_on_self_generated_chats(tmp_path):
     assert any(c["prompts"] == prompts and len(c["answers"]) == 8 for c in cached)
 
 
+@pytest.mark.unit
 def test_bad_generation_settings_are_refused_before_loading(tmp_path):
     for override, message in (
         ("calibration.prompts_path=/no/such/x.jsonl", "calibration.prompts_path='/no/such/x.jsonl': no such file"),
@@ -147,19 +158,22 @@ def slimorca_file(path, n=6):
     return path
 
 
+@pytest.mark.integration
 def test_orca_generated_answers_slimorca_prompts_with_the_model_itself(tiny, tmp_path):
     """The paper's orca_generated: SlimOrca's first user turns, answered by the model being pruned
     (not SlimOrca's answers), read here from a local file in SlimOrca's format through the same
     ``datasets`` path the hub preset takes."""
-    cfg = compose_config(["calibration=orca_generated"]).calibration
+    cfg = typed(["calibration=orca_generated"]).calibration
     assert cfg.prompts_dataset == "Open-Orca/SlimOrca" and cfg.prompts_chat_field == "conversations"
-    cfg = OmegaConf.merge(cfg, generation_config(n_samples=4, seed=3))
+    settings = generation_config(n_samples=4, seed=3)
+    generation = ("n_samples", "max_new_tokens", "generation_batch_size", "temperature", "seed")
+    cfg = dataclasses.replace(cfg, **{k: getattr(settings, k) for k in generation})
     cfg.prompts_dataset, cfg.prompts_data_files, cfg.streaming = "json", str(slimorca_file(tmp_path / "s.jsonl")), False
     documents = self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path)
     users = [d.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0] for d in documents]
     assert len(set(users)) == 4 and all(u.startswith("Question number") for u in users)
     assert not any("SlimOrca's own answer" in d or "helpful assistant" in d for d in documents)
-    plain = OmegaConf.merge(generation_config(n_samples=4, seed=3), {"prompts_path": str(tmp_path / "p.txt")})
+    plain = generation_config(n_samples=4, seed=3, prompts_path=str(tmp_path / "p.txt"))
     (tmp_path / "p.txt").write_text("\n".join(users) + "\n")
     ordered = {u: d for u, d in zip(users, documents)}
     same = self_generated_documents(plain, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path / "other")
@@ -168,6 +182,7 @@ def test_orca_generated_answers_slimorca_prompts_with_the_model_itself(tiny, tmp
         assert ordered[user] == document
 
 
+@pytest.mark.unit
 def test_orca_generated_refuses_a_missing_prompt_file(tmp_path):
     overrides = ["calibration=orca_generated", "calibration.prompts_dataset=json"]
     with pytest.raises(ConfigError) as err:
@@ -175,26 +190,24 @@ def test_orca_generated_refuses_a_missing_prompt_file(tmp_path):
     assert err.value.key == "calibration.prompts_data_files"
 
 
+@pytest.mark.unit
 def test_aya_slimorca_mixes_slimorca_chats_with_aya_pairs(tmp_path):
-    from replaceme_exp.data.calibration import calibration_documents
-
     aya = tmp_path / "aya.jsonl"
     with open(aya, "w") as f:
         for i, language in enumerate(["French", "Swahili", "Hindi", "Turkish"]):
             f.write(json.dumps({"inputs": f"Prompt {i} in {language}", "targets": f"Answer {i}", "language": language}))
             f.write("\n")
-    cfg = compose_config(["calibration=aya_slimorca"]).calibration
-    OmegaConf.set_struct(cfg, False)
-    assert cfg.parts.aya.dataset == "CohereForAI/aya_dataset"
-    assert list(cfg.parts.aya.pair_fields) == ["inputs", "targets"]
+    cfg = typed(["calibration=aya_slimorca"]).calibration
+    assert cfg.parts["aya"]["dataset"] == "CohereForAI/aya_dataset"
+    assert list(cfg.parts["aya"]["pair_fields"]) == ["inputs", "targets"]
     for part, file in (("slimorca", slimorca_file(tmp_path / "s.jsonl", 4)), ("aya", aya)):
-        cfg.parts[part].dataset, cfg.parts[part].path, cfg.parts[part].streaming = "json", str(file), False
+        cfg.parts[part].update(dataset="json", path=str(file), streaming=False)
     from transformers import AutoTokenizer
 
-    from replaceme_exp.models.loading import embedded_checkpoint
+    from replaceme_exp.models.embedded import embedded_checkpoint
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint(str(CACHE)))
-    documents = calibration_documents(cfg, tokenizer, 6, 0)
+    documents = CALIBRATION_SOURCES.get(cfg.source).read(cfg, tokenizer, 6, 0, None)
     aya_docs = [d for d in documents if "Prompt " in d]
     assert len(documents) == 6 and len(aya_docs) == 3
     for d in aya_docs:

@@ -6,16 +6,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import batches_of, compose_config, random_sequences, tiny_model
-from explicit import explicit_blocks
+from helpers.batches import batches_of, random_sequences
+from helpers.config import compose_config, validate_config
+from helpers.explicit import explicit_blocks
+from helpers.models import tiny_model
 
-from replaceme_exp.capture import run_capture
-from replaceme_exp.capture.similarity import Moments, SimilarityStatistics, linear_cka, mean_cca
+from replaceme_exp.capture import TokenRule, run_capture
+from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.capture.similarity import (
+    Moments,
+    SimilarityStatistics,
+    linear_cka,
+    linear_cka_per_cut,
+    mean_cca,
+    mean_cca_per_cut,
+)
+from replaceme_exp.config.validate import typed_config
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.job import run_recorded
 from replaceme_exp.models import adapter_for
-from replaceme_exp.planning import selection_metric_name
-from replaceme_exp.validation import validate_config
+from replaceme_exp.pipeline.rules import check_selection
+from replaceme_exp.runtime import run_recorded
+from replaceme_exp.selection.metrics import METRICS
+from replaceme_exp.selection.passes import SelectionRequest, selection_distances
 
 NUM_LAYERS = 6
 CUTS = [(1, 3), (2, 4), (3, 5), (1, 6)]
@@ -55,22 +67,39 @@ def moments_of(x: torch.Tensor, y: torch.Tensor) -> Moments:
     return Moments(x.shape[0], x.sum(0), y.sum(0), x.T @ x, y.T @ y, x.T @ y)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_streamed_cka_and_cca_equal_a_direct_computation_on_explicit_activations(model, side):
     sequences = random_sequences(9, 6, 16, seed=3)  # about 100 tokens > hidden 32: CCA is defined
     statistics = SimilarityStatistics(CUTS, 32, torch.device("cpu"))
     run_capture(adapter_for(model), batches_of(sequences, 4, side), [statistics])
     outputs = explicit_outputs(model, sequences)
-    cka, cca = statistics.result("cka"), statistics.result("cca")
+    cka, cca = linear_cka_per_cut(statistics), mean_cca_per_cut(statistics)
     for start, end in CUTS:
         x, y = outputs[start - 1], outputs[end - 1]
         assert cka[(start, end)] == pytest.approx(kernel_cka(x, y), rel=1e-5)
         assert cca[(start, end)] == pytest.approx(qr_cca(x, y), rel=1e-4)
-    distances = statistics.distances("cka")
+    # the distances a cka selection compares (1 - similarity), uncached
+    request = SelectionRequest(
+        cuts=None,
+        n_prune=2,
+        num_lts=1,
+        merge_consecutive=True,
+        metric=METRICS.get("cka"),
+        tokens="all",
+        alpha=0.0,
+        placement="fused",
+        rule=TokenRule(),
+        precision="float64",
+    )
+    cache = StatisticsCache("unused", "model", "data", enabled=False)
+    batches = batches_of(sequences, 4, side)
+    distances, _ = selection_distances(request, adapter_for(model), batches, cache, CUTS, needs_stats=False)
     assert distances == {cut: pytest.approx(1.0 - value) for cut, value in cka.items()}
     assert len({round(v, 6) for v in cka.values()}) == len(CUTS)  # the cuts really differ
 
 
+@pytest.mark.unit
 def test_cka_and_cca_see_through_rotation_and_scale_and_tell_unrelated_data_apart():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(400, 8, generator=g, dtype=torch.float64) * torch.linspace(0.5, 3.0, 8, dtype=torch.float64)
@@ -98,6 +127,8 @@ TINY = [
 ]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["cka", "cca"])
 def test_a_job_selects_the_cut_of_largest_similarity_and_records_it(tmp_path, metric):
     overrides = TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", f"selection={metric}"]
@@ -113,10 +144,11 @@ def test_a_job_selects_the_cut_of_largest_similarity_and_records_it(tmp_path, me
     assert "selection" in again["cached_stages"] and again["candidate_distances"] == row["candidate_distances"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("metric", ["cka", "cca"])
 def test_last_token_similarity_is_refused_in_one_line(tmp_path, metric):
     cfg = compose_config(TINY + [f"results_dir={tmp_path}", f"selection={metric}", "selection.tokens=last"])
     with pytest.raises(ConfigError, match=rf"^selection.tokens='last': selection.metric={metric} is computed"):
         validate_config(cfg)
     with pytest.raises(ConfigError):
-        selection_metric_name(cfg.selection)
+        check_selection(typed_config(cfg))

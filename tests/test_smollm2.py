@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
-from conftest import compose_config
+from helpers.config import compose_config
 from transformers import AutoModelForCausalLM
 
-from replaceme_exp.job import run_recorded
 from replaceme_exp.results import ResultsStore
+from replaceme_exp.runtime import run_recorded
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SMALL = ["calibration=pydoc", "n_prune=8", "calibration.n_samples=48", "eval.max_windows=8"]
 
@@ -48,13 +48,14 @@ def test_the_first_token_is_the_attention_sink_that_dominates_the_least_squares_
     """The premise of ``estimation.tokens``, on the real model: at cut [11, 19) position 0 is the
     only token above 20x the median norm of L_18, it holds most of ||L_18 - Y_10||^2, and
     ``skip_massive`` leaves out exactly the first token of each sequence."""
+    from helpers.config import CACHE, typed
+
     from replaceme_exp.capture import LinearStatistics, TokenRule, run_capture
     from replaceme_exp.capture.token_rules import massive_tokens
     from replaceme_exp.data import build_calibration
     from replaceme_exp.models import adapter_for, load_model
-    from conftest import CACHE
 
-    cfg = compose_config(["calibration=pydoc", "calibration.n_samples=8", "calibration.seq_len=64"])
+    cfg = typed(["calibration=pydoc", "calibration.n_samples=8", "calibration.seq_len=64"])
     loaded = load_model(cfg.model, str(CACHE))
     adapter = adapter_for(loaded.model)
     calibration = build_calibration(cfg.calibration, loaded.tokenizer)

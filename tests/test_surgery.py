@@ -6,13 +6,15 @@ import copy
 
 import pytest
 import torch
-from conftest import FAMILY_CONFIGS, tiny_model
-from explicit_modules import Bypass, TransformedBlock, TransformedMLP, random_transform
+from helpers.explicit_modules import Bypass, TransformedBlock, TransformedMLP, random_transform
+from helpers.models import FAMILY_CONFIGS, tiny_model
 from transformers import AutoModelForCausalLM
 
 from replaceme_exp.errors import UnsupportedModelError
 from replaceme_exp.models import adapter_for, count_parameters
 from replaceme_exp.surgery import prune, save_checkpoint
+
+pytestmark = pytest.mark.integration
 
 
 def reference_model(model, cuts, transforms):

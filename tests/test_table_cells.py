@@ -5,65 +5,20 @@ Synthetic runs only (no jobs)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
+from helpers.config import ROOT
+from helpers.tables import SPECS, cells, frame, run
 
+from replaceme_exp.reporting.cells import choose_setting
+from replaceme_exp.reporting.paper_figures import calibration_size, leaderboard, time_emissions
+from replaceme_exp.reporting.paper_tables import TASK_COLUMNS, build_table, table_notes, to_latex, to_markdown
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.paper_figures import calibration_size, leaderboard, time_emissions
-from replaceme_exp.results.paper_tables import TABLES, TASK_COLUMNS, build_table, table_notes, to_latex, to_markdown
-from replaceme_exp.results.selection import choose_setting
 
-ROOT = Path(__file__).resolve().parents[1]
-SPECS = {spec.name: spec for spec in TABLES}
+pytestmark = pytest.mark.unit
+
 PERPLEXITY = ("perplexity", "word_perplexity")  # metrics recorded as ppl_<name>, not in avg_acc
-
-
-def run(i: int, **values) -> dict:
-    """A finished Llama 3 8B run of the paper's main setting (cosine, Adam, bfloat16)."""
-    row = dict(
-        run_id=f"r{i}",
-        config_hash=f"h{i}",
-        status="finished",
-        started_at=f"2026-01-01T00:00:{i:02d}",
-        seed=i,
-        model="llama3_8b_instruct",
-        dtype="bfloat16",
-        n_prune=8,
-        num_layers=32,
-        eval="paper",
-        calibration="slimorca",
-        n_calib_samples=8000,
-        objective="cosine",
-        solver="adam",
-        solver_schedule="minibatch",
-        selection_metric="cosine",
-        alpha=0.0,
-        regularizer="none",
-        structure="generic",
-        lt_placement="fused",
-        mask_ratio=0.0,
-        num_lts=1,
-        merge_consecutive=True,
-        healing="none",
-    )
-    row.update(values)
-    return row
-
-
-def frame(*rows: dict) -> pd.DataFrame:
-    return pd.DataFrame(list(rows))
-
-
-def cells(table: pd.DataFrame, label: str, text: str | None = None) -> dict:
-    chosen = table[table["Setting"] == label]
-    if text is not None:
-        chosen = chosen[chosen["Linear transform"] == text]
-    assert len(chosen) == 1
-    return chosen.iloc[0].to_dict()
-
 
 MIXED = [
     run(1, avg_acc=0.60, rp=0.85, ppl_lambada=20.0, setting_hash="adam"),

@@ -1,40 +1,18 @@
-"""Every multirun template composes and expands to the number of jobs of its table or figure."""
+"""Every multirun template composes and expands to the number of jobs its table, figure or study
+declares (replaceme_exp/reporting/artifacts.py), and belongs to exactly one of them."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import CONF, ROOT, compose_config
+from helpers.config import CONF, ROOT, compose_config
+from helpers.templates import TEMPLATES, template_override
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-GROUPS = ("paper", "study")  # the paper's tables and figures; studies beyond the paper
-TEMPLATES = sorted(
-    f"{p.parent.name}/{p.stem}" for group in GROUPS for p in (ROOT / "multirun_templates" / group).glob("*.yaml")
-)
-EXPECTED_JOBS = {
-    "paper/block_selection": 72,
-    "paper/calibration_size": 10,
-    "paper/calibration_types": 10,
-    "paper/clip": 4,
-    "paper/cosine_approximation": 2,
-    "paper/fused_vs_separate": 2,
-    "paper/healing": 3,
-    "paper/higher_compression": 8,
-    "paper/layer_distances": 1,
-    "paper/llama2_comparison": 3,
-    "paper/leaderboard": 6,
-    "paper/llama3_main": 12,
-    "paper/masking": 4,
-    "paper/model_scales": 2,
-    "paper/multi_lt_count": 8,
-    "paper/pruned_layers": 40,
-    "paper/regularization": 7,
-    "paper/regularization_cosine": 4,
-    "paper/solvers": 4,
-    "paper/structured_lts": 3,
-    "paper/task_specific": 4,
-    "paper/time_emissions": 3,
-    "study/sink_tokens": 384,
-}
+import replaceme_exp.reporting  # noqa: F401  (registers every table, figure and study)
+from replaceme_exp.reporting.artifacts import PAPER_ARTIFACTS, template_jobs
+
+# How many jobs each template expands to, as its table's, figure's or study's record declares.
+EXPECTED_JOBS = template_jobs()
 
 
 def expand(template: str) -> tuple[object, list[dict]]:
@@ -49,12 +27,6 @@ def expand(template: str) -> tuple[object, list[dict]]:
     return cfg, jobs
 
 
-def template_override(template: str) -> str:
-    """``paper/regularization`` -> ``+paper=regularization``."""
-    group, name = template.split("/")
-    return f"+{group}={name}"
-
-
 # What a user must add to a template: the CLIP template calibrates on their own images (the paper's MIMIC).
 USER_OVERRIDES = {"paper/clip": [f"calibration.path={ROOT}"]}
 
@@ -67,11 +39,11 @@ def compose_config_with_hydra(template: str):
         return compose("config", overrides=overrides, return_hydra_config=True)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_template_jobs_pass_validation(template):
+    from helpers.config import validate_config
     from omegaconf import open_dict
-
-    from replaceme_exp.validation import validate_config
 
     cfg = compose_config_with_hydra(template)
     with open_dict(cfg):
@@ -79,22 +51,25 @@ def test_template_jobs_pass_validation(template):
     validate_config(cfg)
 
 
+@pytest.mark.unit
 def test_the_clip_template_without_images_is_refused_in_one_line():
+    from helpers.config import validate_config
     from hydra import compose, initialize_config_dir
 
     from replaceme_exp.errors import ConfigError
-    from replaceme_exp.validation import validate_config
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["+paper=clip"])
-    with pytest.raises(ConfigError, match=r"^calibration.path='\?\?\?': no such image folder"):
+    with pytest.raises(ConfigError, match=r"^calibration.path='\?\?\?': is missing: give it"):
         validate_config(cfg)
 
 
+@pytest.mark.unit
 def test_every_template_is_counted():
     assert TEMPLATES == sorted(EXPECTED_JOBS)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_template_composes_and_expands(template):
     cfg, jobs = expand(template)
@@ -113,6 +88,7 @@ def _value(v) -> str:
     return str(v).replace(" ", "") if isinstance(v, list) else str(v)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("template", "job", "expected"),
     [
@@ -132,6 +108,8 @@ def test_template_jobs_get_their_method(template, job, expected):
         assert OmegaConf.select(cfg, key) == value, key
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_templates_resolve_from_the_package_from_any_directory_and_cannot_be_hijacked(tmp_path):
     import os
     import subprocess
@@ -151,3 +129,15 @@ def test_templates_resolve_from_the_package_from_any_directory_and_cannot_be_hij
     assert "hijacked" not in proc.stdout and "name: llama3_8b_instruct" in proc.stdout
     unknown = composed("no_such_table")
     assert unknown.returncode != 0 and "no_such_table" in unknown.stderr
+
+
+@pytest.mark.unit
+def test_every_template_belongs_to_exactly_one_table_figure_or_study():
+    owners: dict[str, list[str]] = {}
+    for name, artifact in PAPER_ARTIFACTS.items():
+        assert artifact.kind in ("table", "figure", "study") and artifact.sweeps, name
+        for sweep in artifact.sweeps:
+            owners.setdefault(sweep.template, []).append(name)
+    assert sorted(owners) == TEMPLATES
+    assert all(len(names) == 1 for names in owners.values()), owners
+    assert owners["paper/regularization_cosine"] == ["regularization"]  # two sweeps fill one table

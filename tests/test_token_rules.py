@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CONF, batches_of, compose_config, random_sequences, tiny_model
-from explicit import explicit_blocks
+from helpers.batches import batches_of, random_sequences
+from helpers.config import CONF, ROOT, compose_config, config_hash, validate_config
+from helpers.explicit import explicit_blocks
+from helpers.models import tiny_model
 
 from replaceme_exp.capture import LinearStatistics, TokenRule, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
@@ -13,10 +15,9 @@ from replaceme_exp.capture.statistics import BatchTokens, TokenCollector
 from replaceme_exp.capture.token_rules import massive_tokens
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.job import run_recorded
 from replaceme_exp.models import adapter_for
-from replaceme_exp.results import config_hash
-from replaceme_exp.validation import validate_config
+from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.runtime import run_recorded
 
 NUM_LAYERS = 6
 CUTS = [(1, 3), (1, 4), (3, 5)]
@@ -61,6 +62,7 @@ def assert_stats_equal(captured, expected):
         assert got.r_sq == pytest.approx(r_sq, rel=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("first", [1, 3])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_skip_first_statistics_equal_those_of_explicitly_sliced_activations(model, first, side):
@@ -73,6 +75,7 @@ def test_skip_first_statistics_equal_those_of_explicitly_sliced_activations(mode
     assert accumulator.result()[CUTS[0]].n_tokens < everything[CUTS[0]][3]
 
 
+@pytest.mark.integration
 def test_skip_first_counts_positions_of_masked_copies_not_visible_tokens(model):
     """A masked copy hides tokens but keeps positions: position 0 stays the one left out."""
     from replaceme_exp.data.augmentation import masked_copy
@@ -91,6 +94,7 @@ def test_skip_first_counts_positions_of_masked_copies_not_visible_tokens(model):
     assert int((seen[0] == 0).sum()) == 4 and seen[0].numel() < seen[0].max() * 4
 
 
+@pytest.mark.unit
 def test_skip_massive_picks_exactly_the_tokens_above_the_threshold_on_a_hand_built_batch():
     hidden = 4
     base = torch.ones(8, hidden)  # norm 2 each: median norm 2
@@ -108,6 +112,7 @@ def test_skip_massive_picks_exactly_the_tokens_above_the_threshold_on_a_hand_bui
     torch.testing.assert_close(scale, torch.tensor([20 / 25, 1, 1, 1, 1, 1, 20 / 21, 1]))
 
 
+@pytest.mark.unit
 def test_massive_tokens_are_judged_against_their_own_sequence_so_batching_cannot_move_them():
     """Two sequences of very different scale: a token 5x its own sequence's median is massive at
     threshold 4, whether the sequences share a batch or not."""
@@ -120,6 +125,7 @@ def test_massive_tokens_are_judged_against_their_own_sequence_so_batching_cannot
     assert together.tolist() == apart.tolist() == [False, False, True, False, False, True, False, False]
 
 
+@pytest.mark.integration
 def test_skip_massive_gives_each_cut_its_own_tokens(model):
     """The kept tokens depend on the cut's target, so cuts that share a start get their own M^T M
     (a hand-built batch with one massive token at one cut's target only)."""
@@ -142,6 +148,7 @@ def test_skip_massive_gives_each_cut_its_own_tokens(model):
     torch.testing.assert_close(stats[(1, 4)].mtr, m[keep].T @ r)
 
 
+@pytest.mark.integration
 def test_rescale_massive_statistics_equal_an_explicitly_weighted_sum(model):
     sequences = random_sequences(6, 4, 12, seed=9)
     threshold = 1.05  # random weights have no sinks: a low threshold makes some tokens "massive"
@@ -164,6 +171,7 @@ def test_rescale_massive_statistics_equal_an_explicitly_weighted_sum(model):
     assert_stats_equal(accumulator.result(), expected)
 
 
+@pytest.mark.integration
 def test_token_collector_stores_only_the_kept_tokens(model):
     sequences = random_sequences(5, 3, 10, seed=4)
     n_tokens = sum(len(s) for s in sequences)
@@ -183,6 +191,7 @@ def test_token_collector_stores_only_the_kept_tokens(model):
         store.truncate(n_tokens + 1)
 
 
+@pytest.mark.unit
 def test_heldout_distances_are_split_into_sink_and_other_tokens():
     hidden, n = 4, 8
     g = torch.Generator().manual_seed(1)
@@ -204,6 +213,7 @@ def test_heldout_distances_are_split_into_sink_and_other_tokens():
     assert check.result()[1] == pytest.approx(float(after.mean()), rel=1e-5)
 
 
+@pytest.mark.unit
 def test_the_rule_reaches_the_statistics_cache_key_and_the_config_hash(tmp_path):
     cache = StatisticsCache(tmp_path, "model", "data")
     stats = LinearStatistics([(1, 3)], 4, torch.device("cpu")).result()[(1, 3)]
@@ -231,6 +241,7 @@ def test_the_rule_reaches_the_statistics_cache_key_and_the_config_hash(tmp_path)
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "override, key",
     [
@@ -243,8 +254,9 @@ def test_the_rule_reaches_the_statistics_cache_key_and_the_config_hash(tmp_path)
 def test_bad_token_rules_are_refused_before_any_work(override, key):
     with pytest.raises(ConfigError, match=key):
         validate_config(compose_config([override]))
+    estimation = compose_config([override]).estimation
     with pytest.raises(ConfigError, match=key):
-        TokenRule.from_config(compose_config([override]).estimation)
+        TokenRule(estimation.tokens, estimation.first, estimation.massive_threshold)
 
 
 TINY = [
@@ -260,6 +272,8 @@ TINY = [
 ]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["skip_first", "skip_massive", "rescale_massive"])
 def test_jobs_record_the_rule_the_tokens_fitted_and_the_split(tmp_path, rule):
     overrides = TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", f"estimation={rule}"]
@@ -280,6 +294,7 @@ def test_jobs_record_the_rule_the_tokens_fitted_and_the_split(tmp_path, rule):
     assert row["cos_dist_after"] != base["cos_dist_after"]
 
 
+@pytest.mark.integration
 def test_numerical_objectives_fit_on_the_kept_tokens_only(tmp_path):
     overrides = TINY + [f"results_dir={tmp_path}", "objective=cosine", "objective.epochs=1", "estimation=skip_first"]
     row = run_recorded(compose_config(overrides + ["estimation.first=4"]))
@@ -289,6 +304,7 @@ def test_numerical_objectives_fit_on_the_kept_tokens_only(tmp_path):
     assert 0 < row["fit_tokens"]["2-4"] <= row["n_calib_tokens"] - n_sequences
 
 
+@pytest.mark.unit
 def test_a_rule_that_leaves_no_token_fails_with_one_line_before_any_work(tmp_path):
     overrides = TINY + [f"results_dir={tmp_path}", "estimation=skip_first", "estimation.first=32"]
     row = run_recorded(compose_config(overrides), raise_on_failure=False)
@@ -296,12 +312,13 @@ def test_a_rule_that_leaves_no_token_fails_with_one_line_before_any_work(tmp_pat
     assert row["error"] == "ConfigError: estimation.first=32: leaves no token of sequences of calibration.seq_len=32"
 
 
+@pytest.mark.unit
 def test_paper_table_cells_show_the_all_tokens_runs_and_name_the_others():
     """Rows without the column count as the paper's ``all``; a cell matching runs of several
     rules shows ``all`` even when another rule has more runs."""
-    from test_table_cells import SPECS, cells, frame, run
+    from helpers.tables import SPECS, cells, frame, run
 
-    from replaceme_exp.results.paper_tables import build_table, table_notes
+    from replaceme_exp.reporting.paper_tables import build_table, table_notes
 
     runs = frame(
         run(1, avg_acc=0.60, setting_hash="paper"),  # written before estimation_tokens existed
@@ -313,17 +330,19 @@ def test_paper_table_cells_show_the_all_tokens_runs_and_name_the_others():
     assert "estimation_tokens=rescale_massive" in table_notes(table)[0]
 
 
+@pytest.mark.unit
+@pytest.mark.slow
 def test_paper_presets_and_templates_fit_on_every_token():
     """The paper's setting stays ``all`` in its presets and templates, whatever the default is."""
-    from test_templates import TEMPLATES, template_override
+    from helpers.templates import TEMPLATES, template_override
 
-    from replaceme_exp.results.identity import effective_settings
-
+    # what a user adds to a template: the CLIP template calibrates on their own image folder
+    user_overrides = {"paper/clip": [f"calibration.path={ROOT}"]}
     experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
     assert "replaceme_official" in experiments
     for overrides in [[f"experiment={e}"] for e in experiments] + [
-        [template_override(t)] for t in TEMPLATES if t.startswith("paper/")
+        [template_override(t), *user_overrides.get(t, [])] for t in TEMPLATES if t.startswith("paper/")
     ]:
         cfg = compose_config(overrides)
         assert cfg.estimation.tokens == "all", overrides
-        assert effective_settings(cfg)["estimation"]["tokens"] == "all", overrides
+        assert JobSpec.from_config(cfg).identity()["estimation"]["tokens"] == "all", overrides

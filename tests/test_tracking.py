@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import ROOT, compose_config
-from test_job import TINY, job_config
+import pytest
+from helpers.config import ROOT, compose_config
+from helpers.jobs import SMOKE, job_config
 
-from replaceme_exp.job import run_recorded
+from replaceme_exp.runtime import run_recorded
 from replaceme_exp.tracking import StageEmissions
 
-TRACKED = [o for o in TINY if not o.startswith("tracking.")]
+TRACKED = [*SMOKE, "tracking.wandb.mode=offline", "tracking.codecarbon.enabled=true"]  # the default tracking
 
 
 def tracked_config(tmp_path, *overrides):
@@ -18,6 +19,7 @@ def tracked_config(tmp_path, *overrides):
     return compose_config(TRACKED + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", *overrides])
 
 
+@pytest.mark.integration
 def test_a_job_logs_to_wandb_offline_and_measures_every_stage(tmp_path):
     before = set(ROOT.iterdir())
     cfg = tracked_config(tmp_path, "objective=cosine", "objective.epochs=2", "save_model=false")
@@ -39,6 +41,7 @@ def test_a_job_logs_to_wandb_offline_and_measures_every_stage(tmp_path):
     assert set(ROOT.iterdir()) == before  # nothing written into the working directory
 
 
+@pytest.mark.integration
 def test_disabled_tracking_writes_nothing_and_leaves_energy_missing(tmp_path):
     row = run_recorded(job_config(tmp_path, "save_model=false"), job_dir=tmp_path / "job")
     assert row["status"] == "finished" and row["wandb_dir"] is None
@@ -47,6 +50,7 @@ def test_disabled_tracking_writes_nothing_and_leaves_energy_missing(tmp_path):
     assert StageEmissions(enabled=False).columns() == {}
 
 
+@pytest.mark.integration
 def test_a_failed_job_is_logged_too(tmp_path):
     cfg = tracked_config(tmp_path, "n_prune=99", "tracking.codecarbon.enabled=false")
     row = run_recorded(cfg, job_dir=tmp_path / "job", raise_on_failure=False)
@@ -55,8 +59,10 @@ def test_a_failed_job_is_logged_too(tmp_path):
     assert b"failed" in log.read_bytes()
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_each_job_of_a_sweep_is_its_own_wandb_run_in_its_hydra_job_dir(tmp_path):
-    from test_job import run_cli
+    from helpers.jobs import run_cli
 
     proc, _ = run_cli(["-m", *TRACKED, "tracking.codecarbon.enabled=false", "seed=1,2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

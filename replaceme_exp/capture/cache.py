@@ -10,7 +10,6 @@ version of the code's semantics for each kind of entry): jobs that differ only i
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from replaceme_exp.capture.statistics import Cut, LinearStats
+from replaceme_exp.storage import atomic_path, content_key
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class StatisticsCache:
 
     def _path(self, kind: str, **what) -> Path:
         key = {"model": self.model_hash, "data": self.data_hash, "kind": kind, "version": CACHE_VERSIONS[kind], **what}
-        return self.root / f"{kind}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.pt"
+        return self.root / f"{kind}-{content_key(key, 24)}.pt"
 
     def _load(self, path: Path):
         """The entry at ``path`` if it exists and its checksum holds; a corrupt or truncated entry
@@ -68,13 +68,8 @@ class StatisticsCache:
     def _save(self, path: Path, payload) -> None:
         if not self.enabled:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+        with atomic_path(path) as tmp:
             torch.save({**payload, "_sha256": payload_digest(payload)}, tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def get_distances(self, length: int, criterion: str) -> dict[Cut, float] | None:
         """Distances of every candidate cut of ``length`` blocks under ``criterion`` (e.g.

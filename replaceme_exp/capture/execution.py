@@ -13,16 +13,15 @@ import logging
 from dataclasses import dataclass, replace
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.capture.token_store import available_cpu_bytes
-from replaceme_exp.errors import ConfigError
+from replaceme_exp.config.schema import CaptureConfig, ModelConfig
+from replaceme_exp.models.adapters import adapter_for
+from replaceme_exp.models.embedded import embedded_checkpoint
+from replaceme_exp.models.loading import is_vision_config, resolve_dtype
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "whole", "layerwise")
-STORE_LOCATIONS = ("auto", "gpu", "cpu", "disk")
-PRECISIONS = ("auto", "float64", "float32")
 GIB = 2**30
 # Compute capabilities whose FP64 rate is half the FP32 rate (P100, V100, A100, H100, B100/B200);
 # other GPUs run FP64 at 1/32 to 1/64 of FP32.
@@ -89,25 +88,20 @@ class ModelMemory:
         return (dense + scores) * self.itemsize
 
 
-def model_memory(model_cfg: DictConfig, cache_dir: str = ".cache") -> ModelMemory | None:
+def model_memory(model_cfg: ModelConfig, cache_dir: str = ".cache") -> ModelMemory | None:
     """The parameter bytes of ``model_cfg``'s model from its config alone (instantiated on the
     meta device: nothing is allocated or downloaded beyond the config). None when the config
     cannot be read (the load that follows reports why)."""
     from transformers import AutoConfig, AutoModelForCausalLM, CLIPModel
 
-    from replaceme_exp.models.adapters import adapter_for
-    from replaceme_exp.models.loading import is_vision_config, resolve_dtype
-
     model_class = CLIPModel if is_vision_config(model_cfg) else AutoModelForCausalLM
     try:
         if model_cfg.source == "random":
-            config = AutoConfig.for_model(**OmegaConf.to_container(model_cfg.config, resolve=True))
+            config = AutoConfig.for_model(**model_cfg.config)
         elif model_cfg.source == "embedded":
-            from replaceme_exp.models.loading import embedded_checkpoint
-
             config = AutoConfig.from_pretrained(embedded_checkpoint(cache_dir))
         else:
-            config = AutoConfig.from_pretrained(model_cfg.pretrained, revision=model_cfg.get("revision"))
+            config = AutoConfig.from_pretrained(model_cfg.pretrained, revision=model_cfg.revision)
         dtype = resolve_dtype(model_cfg.dtype)
         with torch.device("meta"):
             model = CLIPModel(config) if model_class is CLIPModel else model_class.from_config(config, dtype=dtype)
@@ -131,8 +125,9 @@ def model_memory(model_cfg: DictConfig, cache_dir: str = ".cache") -> ModelMemor
     )
 
 
-def compute_device(capture_cfg: DictConfig) -> torch.device:
-    name = capture_cfg.get("device", "auto")
+def compute_device(capture_cfg) -> torch.device:
+    """The compute device of ``capture.device`` (``auto``: cuda if present)."""
+    name = capture_cfg.device
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -148,9 +143,16 @@ def free_gpu_bytes(device: torch.device, all_devices: bool = False) -> int:
 
 
 def plan_execution(
-    cfg: DictConfig, memory: ModelMemory | None = None, free_bytes: int | None = None, cache_dir: str = ".cache"
+    capture: CaptureConfig,
+    model: ModelConfig,
+    batch_size: int,
+    seq_len: int | None,
+    memory: ModelMemory | None = None,
+    free_bytes: int | None = None,
+    cache_dir: str = ".cache",
 ) -> CaptureExecution:
-    """Whole-model or layer-wise capture for ``cfg`` (``capture.mode``), and the statistics
+    """Whole-model or layer-wise capture (``capture.mode``) of ``model`` on batches of
+    ``batch_size`` sequences of ``seq_len`` tokens (None: an image's positions), and the statistics
     budget, from the model's size (``memory``, computed from its config when None) and the
     measured free memory of the compute device (``free_bytes`` overrides the measurement).
 
@@ -158,31 +160,27 @@ def plan_execution(
     statistics budget fit in ``capture.max_gpu_gb`` (null: 90% of the free GPU memory, all GPUs
     with ``model.device_map``), else layer-wise; on a machine without GPU always whole-model
     (the model is in host memory either way)."""
-    capture = cfg.capture
-    mode = capture.get("mode", "auto")
-    if mode not in MODES:
-        raise ConfigError("capture.mode", mode, f"choose one of {MODES}")
+    mode = capture.mode
     device = compute_device(capture)
-    store = capture.get("layerwise") or {}
+    store = capture.layerwise
     base = CaptureExecution(
         device=device,
-        store=store.get("location", "auto"),
-        max_gpu_gb=store.get("max_gpu_gb"),
-        max_cpu_gb=store.get("max_cpu_gb"),
-        chunk_batches=store.get("chunk_batches"),
-        directory=store.get("directory"),
+        store=store.location,
+        max_gpu_gb=store.max_gpu_gb,
+        max_cpu_gb=store.max_cpu_gb,
+        chunk_batches=store.chunk_batches,
+        directory=store.directory,
     )
-    spread = cfg.model.get("device_map") is not None
+    spread = model.device_map is not None
     if free_bytes is None:
         free_bytes = free_gpu_bytes(device, all_devices=spread) if device.type == "cuda" else available_cpu_bytes()
-    budget = float(capture.max_gpu_gb) * GIB if capture.get("max_gpu_gb") is not None else 0.9 * free_bytes
-    if device.type != "cuda" and capture.get("max_gpu_gb") is None:
+    budget = float(capture.max_gpu_gb) * GIB if capture.max_gpu_gb is not None else 0.9 * free_bytes
+    if device.type != "cuda" and capture.max_gpu_gb is None:
         budget = 0.5 * free_bytes
     if memory is None and mode != "whole":
-        memory = model_memory(cfg.model, cache_dir)
-    calibration = cfg.calibration
-    seq_len = calibration.get("seq_len") or (memory.positions if memory else None) or 1
-    activations = memory.forward_activations(int(calibration.batch_size), int(seq_len)) if memory else 0
+        memory = model_memory(model, cache_dir)
+    seq_len = seq_len or (memory.positions if memory else None) or 1
+    activations = memory.forward_activations(int(batch_size), int(seq_len)) if memory else 0
     where = "GPU memory" if device.type == "cuda" else "host memory"
     if mode == "layerwise" or (mode == "auto" and device.type == "cuda" and memory is not None):
         whole_need = memory.weights + activations if memory else None
@@ -213,10 +211,10 @@ def plan_execution(
     return replace(base, mode="whole", stats_bytes=stats, reason=reason)
 
 
-def _stats_budget(capture: DictConfig, left: float | None) -> float:
+def _stats_budget(capture: CaptureConfig, left: float | None) -> float:
     """``capture.max_stats_gb`` when set, else what is left of the memory budget (at least one
     cut's statistics must fit, so never below 0), else the default."""
-    if capture.get("max_stats_gb") is not None:
+    if capture.max_stats_gb is not None:
         return float(capture.max_stats_gb) * GIB
     if left is None:
         return DEFAULT_STATS_GB * GIB
@@ -242,8 +240,6 @@ def choose_store_layout(execution: CaptureExecution, hidden_bytes: list[int], ke
         device_budget = available_cpu_bytes() / 2
     host_budget = execution.max_cpu_gb * GIB if execution.max_cpu_gb is not None else available_cpu_bytes() / 2
     location = execution.store
-    if location not in STORE_LOCATIONS:
-        raise ConfigError("capture.layerwise.location", location, f"choose one of {STORE_LOCATIONS}")
     if location == "auto":
         location = "gpu" if total <= device_budget else "cpu" if total <= host_budget else "disk"
     chunk = execution.chunk_batches or n
@@ -260,8 +256,6 @@ def resolve_precision(name: str, device: torch.device) -> str:
     """``float64`` or ``float32`` for the statistics' products. ``auto``: float64 on CPUs and on
     GPUs with full-rate FP64 (compute capability in :data:`FULL_RATE_FP64`), float32 products
     summed in float64 elsewhere."""
-    if name not in PRECISIONS:
-        raise ConfigError("capture.precision", name, f"choose one of {PRECISIONS}")
     if name != "auto":
         return name
     if device.type != "cuda":
@@ -269,7 +263,6 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return "float64" if torch.cuda.get_device_capability(device) in FULL_RATE_FP64 else "float32"
 
 
-def capture_precision(cfg: DictConfig) -> str:
-    """The precision ``cfg``'s statistics are taken in on this machine (part of the config hash)."""
-    capture = cfg.get("capture") or {}
-    return resolve_precision(capture.get("precision", "auto"), compute_device(capture))
+def capture_precision(capture: CaptureConfig) -> str:
+    """The precision the statistics are taken in on this machine."""
+    return resolve_precision(capture.precision, compute_device(capture))

@@ -7,7 +7,7 @@ What each block receives is caught once per batch by running the model with ever
 replaced by a recorder: the embedding output (block 0's input) and, per block, the other
 arguments the model passes it (attention mask, rotary embeddings, positions; they differ per
 block in Gemma 2/3, whose blocks alternate sliding and full attention). The blocks then run
-with exactly those arguments, and the hooks of :mod:`replaceme_exp.capture.runner` see the same
+with exactly those arguments, and the hooks of :mod:`replaceme_exp.capture.hooks` see the same
 outputs as in a whole-model pass.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from replaceme_exp.capture.execution import CaptureExecution, StoreLayout, choose_store_layout
-from replaceme_exp.capture.runner import BatchCapture, CaptureRequests, _backbone_forward, register_capture_hooks
+from replaceme_exp.capture.hooks import BatchCapture, CaptureRequests, backbone_forward, register_capture_hooks
 from replaceme_exp.data.batching import TokenBatch, TokenBatches
 from replaceme_exp.models.adapters import DecoderAdapter
 from replaceme_exp.progress import progress
@@ -79,7 +79,7 @@ def catch_block_inputs(adapter: DecoderAdapter, batch: TokenBatch, last_block: i
             layer.forward = recorder  # an instance attribute shadows the class's forward
             layer._forward_hooks, layer._forward_pre_hooks = OrderedDict(), OrderedDict()
         try:
-            _backbone_forward(adapter, batch)
+            backbone_forward(adapter, batch)
         except _Caught:
             pass
     finally:

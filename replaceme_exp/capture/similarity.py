@@ -23,7 +23,6 @@ import torch
 
 from replaceme_exp.capture.statistics import PRECISIONS, ActKey, BatchTokens, Cut, Request, add_product
 
-SIMILARITY_METRICS = ("cka", "cca")
 CCA_RIDGE = 1e-6
 
 
@@ -82,8 +81,8 @@ class SimilarityStatistics:
     """Accumulates the :class:`Moments` of every cut over all non-padding tokens (products in
     ``precision``, summed in float64: :func:`~replaceme_exp.capture.statistics.add_product`). Blocks shared
     by several cuts (as ``start - 1`` of one and ``end - 1`` of another) keep one sum and one
-    ``L_k^T L_k``; each cut adds its own cross product. ``result(metric)`` gives, per cut, the
-    similarity (``cka`` or ``cca``); ``distances(metric)`` gives ``1 - similarity``."""
+    ``L_k^T L_k``; each cut adds its own cross product. :func:`linear_cka_per_cut` and
+    :func:`mean_cca_per_cut` turn them into similarities."""
 
     def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device, precision: str = "float64"):
         if precision not in PRECISIONS:
@@ -128,27 +127,28 @@ class SimilarityStatistics:
         a, b = start - 1, end - 1
         return Moments(self.counts[a], self.sums[a], self.sums[b], self.grams[a], self.grams[b], self.cross[cut])
 
-    def result(self, metric: str) -> dict[Cut, float]:
-        """Similarity of every cut: ``cka`` (linear CKA) or ``cca`` (mean canonical correlation)."""
-        if metric not in SIMILARITY_METRICS:
-            raise ValueError(f"similarity metric {metric!r}: choose one of {SIMILARITY_METRICS}")
+    def check_tokens(self) -> None:
         if any(self.counts[start - 1] == 0 for start, _ in self.cuts):
             raise ValueError("no token reached the similarity statistics")
-        out = {}
-        whitened: dict[int, torch.Tensor] = {}  # block -> (S + eps I)^{-1/2}, shared by cuts
-        for cut in self.cuts:
-            moments = self.moments(cut)
-            if metric == "cka":
-                out[cut] = linear_cka(moments)
-                continue
-            sxx, syy, sxy = moments.centred()
-            for block, s in ((cut[0] - 1, sxx), (cut[1] - 1, syy)):
-                if block not in whitened:
-                    whitened[block] = inverse_sqrt(s)
-            correlations = torch.linalg.svdvals(whitened[cut[0] - 1] @ sxy @ whitened[cut[1] - 1])
-            out[cut] = float(correlations.clamp(0.0, 1.0).mean())
-        return out
 
-    def distances(self, metric: str) -> dict[Cut, float]:
-        """``1 - similarity`` per cut: the selection criterion (smaller is more alike)."""
-        return {cut: 1.0 - value for cut, value in self.result(metric).items()}
+
+def linear_cka_per_cut(statistics: SimilarityStatistics) -> dict[Cut, float]:
+    """Linear CKA of every cut of ``statistics``."""
+    statistics.check_tokens()
+    return {cut: linear_cka(statistics.moments(cut)) for cut in statistics.cuts}
+
+
+def mean_cca_per_cut(statistics: SimilarityStatistics, ridge: float = CCA_RIDGE) -> dict[Cut, float]:
+    """Mean CCA of every cut of ``statistics``; a block's whitening ``(S + eps I)^{-1/2}`` is computed
+    once for all the cuts that share it."""
+    statistics.check_tokens()
+    out = {}
+    whitened: dict[int, torch.Tensor] = {}
+    for cut in statistics.cuts:
+        sxx, syy, sxy = statistics.moments(cut).centred()
+        for block, s in ((cut[0] - 1, sxx), (cut[1] - 1, syy)):
+            if block not in whitened:
+                whitened[block] = inverse_sqrt(s, ridge)
+        correlations = torch.linalg.svdvals(whitened[cut[0] - 1] @ sxy @ whitened[cut[1] - 1])
+        out[cut] = float(correlations.clamp(0.0, 1.0).mean())
+    return out

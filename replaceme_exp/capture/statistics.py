@@ -12,7 +12,6 @@ Each statistic exposes ``requests()``: a list of ``(keys, update)`` pairs. The r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,36 +48,22 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
 
 
-DISTANCE_METRICS = ("cosine", "angular", "l2")
-
-
 class CutDistances:
-    """Mean distance between ``L_{start-1}`` and ``L_{end-1}`` for every cut.
+    """Mean per-token distance between ``L_{start-1}`` and ``L_{end-1}`` for every cut.
 
-    ``metric``: ``cosine`` (1 - cos, the paper's criterion), ``angular`` (arccos(cos)/pi, the
-    UIDL criterion of Gromov et al.) or ``l2`` (Euclidean norm of the difference, the paper's
-    block-selection appendix). ``tokens``: ``all`` non-padding tokens or each sequence's ``last``.
+    ``distance``: a per-token distance, (n, d), (n, d) -> (n,) (the selection metric's; default the
+    paper's ``1 - cos``). ``tokens``: ``all`` non-padding tokens or each sequence's ``last``.
     """
 
-    def __init__(self, cuts: list[Cut], metric: str = "cosine", tokens: str = "all"):
-        if metric not in DISTANCE_METRICS:
-            raise ValueError(f"selection.metric={metric!r}: choose one of {DISTANCE_METRICS}")
+    def __init__(self, cuts: list[Cut], distance: Callable = cosine_distance, tokens: str = "all"):
         if tokens not in ("all", "last"):
             raise ValueError(f"selection.tokens={tokens!r}: choose all or last")
-        self.cuts, self.metric, self.tokens = list(cuts), metric, tokens
+        self.cuts, self.distance, self.tokens = list(cuts), distance, tokens
         self.sums = {cut: 0.0 for cut in self.cuts}
         self.counts = {cut: 0 for cut in self.cuts}
 
     def requests(self) -> list[Request]:
         return [(cut_keys(cut, with_mlp=False), self._updater(cut)) for cut in self.cuts]
-
-    def _distance(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if self.metric == "l2":
-            return (a.float() - b.float()).norm(dim=-1)
-        if self.metric == "angular":
-            cos = F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12).clamp(-1.0, 1.0)
-            return torch.arccos(cos) / math.pi
-        return cosine_distance(a, b)
 
     def _updater(self, cut: Cut):
         before, after = cut_keys(cut, with_mlp=False)
@@ -87,7 +72,7 @@ class CutDistances:
             a, b = acts[before], acts[after]
             if self.tokens == "last":
                 a, b = a[tokens.last_rows], b[tokens.last_rows]
-            dist = self._distance(a, b)
+            dist = self.distance(a, b)
             self.sums[cut] += float(dist.double().sum())
             self.counts[cut] += dist.numel()
 

@@ -80,17 +80,6 @@ class TokenRule:
         if threshold <= 1:
             raise ConfigError("estimation.massive_threshold", threshold, "must be > 1 (times the median norm)")
 
-    @classmethod
-    def from_config(cls, estimation) -> "TokenRule":
-        """The rule of an ``estimation`` config section (None or missing keys: the paper's ``all``)."""
-        if estimation is None:
-            return cls()
-        return cls(
-            str(estimation.get("tokens", "all")),
-            estimation.get("first", 1),
-            estimation.get("massive_threshold", 20.0),
-        )
-
     @property
     def per_cut(self) -> bool:
         """Whether the kept tokens depend on the cut's end (so cuts sharing a start cannot share

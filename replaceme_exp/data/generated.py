@@ -14,7 +14,6 @@ model's identity, the prompts and every generation setting), so a sweep generate
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ import torch
 from replaceme_exp.data.sources import dataset_records, first_user_turn, render_prompts, render_record
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.progress import progress
+from replaceme_exp.storage import content_key, write_json
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +60,15 @@ def dataset_prompts(cfg, n_samples: int, seed: int) -> list[str]:
     ``prompts_data_files`` in the same format (offline)."""
     records = dataset_records(
         path=cfg.prompts_dataset,
-        name=cfg.get("prompts_subset"),
-        split=cfg.get("prompts_split", "train"),
-        data_files=cfg.get("prompts_data_files"),
+        name=cfg.prompts_subset,
+        split=cfg.prompts_split,
+        data_files=cfg.prompts_data_files,
         n_records=n_samples,
         seed=seed,
-        streaming=bool(cfg.get("streaming", False)),
+        streaming=bool(cfg.streaming),
         key="calibration.prompts_data_files",
     )
-    chat_field, text_field = cfg.get("prompts_chat_field"), cfg.get("prompts_text_field")
+    chat_field, text_field = cfg.prompts_chat_field, cfg.prompts_text_field
     prompts = [first_user_turn(r, chat_field, text_field, "calibration.prompts_chat_field") for r in records]
     if len(prompts) < n_samples:
         reason = f"the prompt dataset gave only {len(prompts)} records; lower n_samples"
@@ -133,14 +133,14 @@ def generation_key(model_identity: str, prompts: list[str], cfg) -> str:
     that changes an answer."""
     settings = {
         "model": model_identity,
-        "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+        "prompts": content_key(prompts),
         "max_new_tokens": int(cfg.max_new_tokens),
-        "temperature": float(cfg.get("temperature", 0.0)),
+        "temperature": float(cfg.temperature),
         "seed": int(cfg.seed),
         "batch_size": int(cfg.generation_batch_size),  # padding can move a greedy answer
         "torch": torch.__version__,
     }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
+    return content_key(settings, 20)
 
 
 def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_dir: str | os.PathLike) -> list[str]:
@@ -149,10 +149,10 @@ def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_d
     these settings, else they are generated and cached (atomically)."""
     if model is None:
         raise ConfigError("calibration.source", "generated", "needs the model to answer its prompts")
-    if cfg.get("prompts_dataset"):
+    if getattr(cfg, "prompts_dataset", None):
         prompts = dataset_prompts(cfg, int(cfg.n_samples), int(cfg.seed))
     else:
-        prompts = chosen_prompts(load_prompts(cfg.get("prompts_path")), int(cfg.n_samples), int(cfg.seed))
+        prompts = chosen_prompts(load_prompts(cfg.prompts_path), int(cfg.n_samples), int(cfg.seed))
     path = Path(cache_dir) / "generated" / f"{generation_key(model_identity, prompts, cfg)}.json"
     answers = None
     if path.is_file():
@@ -170,13 +170,10 @@ def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_d
             prompts,
             int(cfg.max_new_tokens),
             int(cfg.generation_batch_size),
-            float(cfg.get("temperature", 0.0)),
+            float(cfg.temperature),
             int(cfg.seed),
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"prompts": prompts, "answers": answers}))
-        os.replace(tmp, path)
+        write_json(path, {"prompts": prompts, "answers": answers})
     records = [
         {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}
         for p, a in zip(prompts, answers)

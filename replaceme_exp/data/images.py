@@ -19,18 +19,20 @@ import random
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
+from replaceme_exp.config import schema
 from replaceme_exp.data.batching import ImageBatch, TokenBatches
+from replaceme_exp.data.calibration import CALIBRATION_SOURCES, calibration_source
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.storage import write_bytes
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
-IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
 
 
-def bundled_images() -> dict[str, "Image.Image"]:  # noqa: F821
+@calibration_source("bundled_images", "vision", schema.CalibrationConfig)
+def bundled_images(cfg=None) -> dict[str, "Image.Image"]:  # noqa: F821
     """The real images bundled in the installed scikit-image wheel (``skimage/data``: astronaut,
     cat, coffee, coins, moon, motorcycle, rocket, retina, Hubble deep field, ...) and
     scikit-learn's two sample photographs (``china``, ``flower``), as RGB PIL images by name."""
@@ -52,6 +54,12 @@ def _is_image(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
 
 
+@calibration_source("image_folder", "vision", schema.FolderImagesConfig)
+def image_folder(cfg) -> dict[str, "Image.Image"]:  # noqa: F821
+    """Every image file under ``cfg.path`` (recursively, sorted)."""
+    return folder_images(cfg.path)
+
+
 def folder_images(path: str) -> dict[str, "Image.Image"]:  # noqa: F821
     """Every image file under ``path`` (recursively, sorted), as RGB PIL images by relative path."""
     from PIL import Image
@@ -65,15 +73,17 @@ def folder_images(path: str) -> dict[str, "Image.Image"]:  # noqa: F821
     return {str(p.relative_to(root)): Image.open(p).convert("RGB") for p in files}
 
 
-def hub_images(cfg: DictConfig, n: int) -> dict[str, "Image.Image"]:  # noqa: F821
+@calibration_source("hub_images", "vision", schema.HubImagesConfig)
+def hub_images(cfg, n: int | None = None) -> dict[str, "Image.Image"]:  # noqa: F821
     """The first ``n`` images of ``cfg.dataset`` (``cfg.split``, column ``cfg.image_column``),
     streamed from the hub (the paper calibrates CLIP on MIMIC)."""
     from datasets import load_dataset
 
     try:
-        records = load_dataset(cfg.dataset, cfg.get("subset"), split=cfg.split, streaming=True)
+        records = load_dataset(cfg.dataset, cfg.subset, split=cfg.split, streaming=True)
     except Exception as err:  # noqa: BLE001 - offline, gated, no such dataset
         raise ConfigError("calibration.dataset", cfg.dataset, f"cannot be loaded ({err})") from err
+    n = int(cfg.n_samples) if n is None else n
     out = {}
     for i, record in enumerate(records):
         if i >= n:
@@ -82,17 +92,6 @@ def hub_images(cfg: DictConfig, n: int) -> dict[str, "Image.Image"]:  # noqa: F8
             raise ConfigError("calibration.image_column", cfg.image_column, f"not a column of {cfg.dataset}")
         out[f"{cfg.dataset}/{i}"] = record[cfg.image_column].convert("RGB")
     return out
-
-
-def source_images(cfg: DictConfig) -> dict[str, "Image.Image"]:  # noqa: F821
-    source = cfg.source
-    if source == "bundled_images":
-        return bundled_images()
-    if source == "image_folder":
-        return folder_images(cfg.path)
-    if source == "hub_images":
-        return hub_images(cfg, int(cfg.n_samples))
-    raise ConfigError("calibration.source", source, f"an image calibration source is one of {IMAGE_SOURCES}")
 
 
 def augmented(images: list["Image.Image"], n: int, seed: int) -> list["Image.Image"]:  # noqa: F821
@@ -123,17 +122,20 @@ def image_digest(images: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def build_image_calibration(cfg: DictConfig, processor, patch_size: int, cache_dir: str | os.PathLike) -> TokenBatches:
+def build_image_calibration(cfg, processor, patch_size: int, cache_dir: str | os.PathLike) -> TokenBatches:
     """``cfg.n_samples`` images from ``cfg.source``, augmented when the source has fewer (see the
     module docstring), processed by ``processor`` (a transformers image processor) into batches
     of ``cfg.batch_size``; every image position (a ``patch_size`` patch, and the class token) is a
     token. The pixel tensor is cached under ``cache_dir/images`` by (images, processor settings,
     n_samples, seed)."""
-    n, batch_size, seed = int(cfg.n_samples), int(cfg.batch_size), int(cfg.get("seed", 0))
+    n, batch_size, seed = int(cfg.n_samples), int(cfg.batch_size), int(cfg.seed)
     for key, value in (("n_samples", n), ("batch_size", batch_size)):
         if value <= 0:
             raise ConfigError(f"calibration.{key}", value, "must be a positive integer")
-    images = source_images(cfg)
+    source = CALIBRATION_SOURCES.get(cfg.source)
+    if source.modality != "vision":
+        raise ConfigError("calibration.source", cfg.source, "is text, not images")
+    images = source.read(cfg)
     settings = json.dumps(processor.to_dict(), sort_keys=True, default=str)
     key = hashlib.sha256(f"{image_digest(images)}|{settings}|{n}|{seed}".encode()).hexdigest()[:24]
     path = Path(cache_dir) / "images" / f"{key}.pt"
@@ -146,12 +148,9 @@ def build_image_calibration(cfg: DictConfig, processor, patch_size: int, cache_d
     if pixels is None or pixels.shape[0] != n:
         ordered = [images[name] for name in sorted(images)]
         pixels = processor(images=augmented(ordered, n, seed), return_tensors="pt")["pixel_values"]
-        path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         torch.save(pixels, buffer)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, path)
+        write_bytes(path, buffer.getvalue())
     positions = (pixels.shape[-2] // patch_size) * (pixels.shape[-1] // patch_size) + 1
     batches = [
         ImageBatch(chunk, torch.ones(chunk.shape[0], positions, dtype=torch.long)) for chunk in pixels.split(batch_size)

@@ -1,6 +1,13 @@
-"""Estimators built by ``_target_`` from the ``objective`` config group."""
+"""Estimators built by ``_target_`` from the ``objective`` config group.
+
+Each estimator declares what it needs and what it accepts (:class:`Requirements`, from its
+``objective`` config, before anything loads): the job plans its captures, checks the regulariser
+and the structure, and derives the job's effective settings from the declaration, never by
+probing an instance."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -11,18 +18,50 @@ from replaceme_exp.estimation.least_squares import diagonal_solve, orthonormal_s
 STRUCTURES = ("generic", "diagonal", "orthonormal")
 
 
+@dataclass(frozen=True)
+class Requirements:
+    """What an estimator needs from a job and what it accepts.
+
+    ``statistics``: the LS statistics (``M^T M``, ``M^T R``) of its cuts; ``tokens``: a token store
+    of per-token activations (numerical objectives); ``fits_transform``: it returns a T
+    (``healing=lt_only`` trains it; False: the blocks are removed, nothing fused); ``uses_alpha``:
+    ``alpha`` regularises it, on the scale ``alpha_scale`` ("token_sum": added to statistics summed
+    over tokens, ridge ``(M^T M + alpha I)^{-1} M^T R``, the official code's convention;
+    "token_mean": added to the mean per-token loss, the paper's cosine alphas); ``regularizers`` and
+    ``structures``: what it can apply; ``solver`` / ``solver_schedule``: the solver and the schedule
+    it really runs (None for closed forms)."""
+
+    statistics: bool
+    tokens: bool = False
+    fits_transform: bool = True
+    uses_alpha: bool = True
+    alpha_scale: str | None = "token_sum"
+    regularizers: tuple[str, ...] = ("none", "l2")
+    structures: tuple[str, ...] = STRUCTURES
+    solver: str | None = None
+    solver_schedule: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        """Whether anything is fitted from calibration activations."""
+        return self.statistics or self.tokens
+
+
 class Estimator:
     """Maps a cut's statistics to its transform T, (hidden, hidden) float64, or None for T = I
     with nothing fused."""
 
     name: str = "estimator"
     needs_statistics: bool = True  # LS statistics of its cuts
+    needs_tokens: bool = False  # a token store of per-token activations
     fits_transform: bool = True  # returns a T (healing=lt_only trains it); False: plain removal
     uses_alpha: bool = True  # regularised by ``alpha``
-    # How alpha meets the data: "token_sum" = added to statistics summed over tokens (ridge:
-    # (M^T M + alpha I)^{-1} M^T R, the official code's convention); "token_mean" = added to the mean
-    # per-token loss (the paper's cosine alphas).
-    alpha_scale: str | None = "token_sum"
+    alpha_scale: str | None = "token_sum"  # see :class:`Requirements`
+
+    @classmethod
+    def requirements(cls, objective) -> Requirements:
+        """What this estimator needs and accepts under the ``objective`` config (typed)."""
+        return Requirements(statistics=True)
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor | None:
         raise NotImplementedError
@@ -59,6 +98,12 @@ class IdentityEstimator(Estimator):
 
     def __init__(self, name: str = "identity"):
         self.name = name
+
+    @classmethod
+    def requirements(cls, objective) -> Requirements:
+        return Requirements(
+            statistics=False, fits_transform=False, uses_alpha=False, alpha_scale=None, regularizers=("none",)
+        )
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> None:
         return None

@@ -1,158 +1,184 @@
-"""Fitting the transforms of a job's cuts: from statistics (closed forms), from stored tokens
-(numerical objectives), independently or one cut after another on the partly pruned model."""
+"""Fitting the transforms of a job's cuts: from statistics (closed forms) or from stored tokens
+(numerical objectives), every transform from the unpruned model's activations."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from replaceme_exp.capture import LinearStatistics, TransformDistances, run_capture
-from replaceme_exp.capture.execution import capture_precision
-from replaceme_exp.capture.runner import input_device
-from replaceme_exp.capture.statistics import TokenCollector, split_columns
+from replaceme_exp.capture import LinearStatistics, run_capture
+from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.capture.statistics import LinearStats, TokenCollector
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.capture.token_store import TokenStore
+from replaceme_exp.config.schema import StoreConfig
+from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError, NonFiniteError
+from replaceme_exp.estimation.estimators import Estimator
 from replaceme_exp.estimation.least_squares import residual_sq, ridge_solve
-from replaceme_exp.surgery import prune
+from replaceme_exp.stages import stage
+
+Cut = tuple[int, int]
 
 
-def fit_token_counts(row: dict, counts: dict) -> None:
-    """Record how many tokens entered each cut's fit (``fit_tokens``, by ``"start-end"``)."""
-    row.setdefault("fit_tokens", {}).update({f"{c[0]}-{c[1]}": int(n) for c, n in counts.items()})
+@dataclass(frozen=True)
+class FitRequest:
+    """How a job fits its transforms: ``alpha`` with the ``regularizer`` that acts, the
+    ``structure`` of T, the ``seed`` of the solvers' batches, the statistics' ``placement``, token
+    ``rule`` and ``precision``, where token stores live (``store``) and whose they are (``owner``:
+    the config hash, so a killed run's stores can be found and removed)."""
+
+    alpha: float
+    regularizer: str
+    structure: str
+    seed: int
+    placement: str
+    rule: TokenRule
+    precision: str
+    store: StoreConfig
+    owner: str = ""
 
 
-def estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
-    """Numerical objectives: one capture pass fills a token store per cut (the non-padding
-    tokens that ``estimation.tokens`` keeps, bfloat16) and, for ``init=ls``, the statistics not
-    already in ``stats``; then each T is fitted on its store. Every transform is estimated from
-    the unpruned model's activations. Records the solver, the final training loss (mean over
-    cuts) and each cut's per-epoch loss curve."""
+@dataclass
+class Fit:
+    """The transform of each cut (None: T = I, nothing fused) and what the fit recorded: tokens
+    per cut, training losses, loss curves, solver steps, where the token store lived."""
+
+    transforms: dict[Cut, torch.Tensor | None]
+    fit_tokens: dict[str, int] = field(default_factory=dict)
+    cut_train_losses: dict[str, float] = field(default_factory=dict)
+    loss_curves: dict[str, list[float]] = field(default_factory=dict)
+    solver_steps: dict[str, int] = field(default_factory=dict)
+    store_location: str | None = None
+
+    def columns(self) -> dict:
+        out: dict = {"fit_tokens": self.fit_tokens}
+        if self.loss_curves:
+            out.update(
+                loss_curves=self.loss_curves,
+                solver_steps=self.solver_steps,
+                store_location=self.store_location,
+                train_loss=sum(c[-1] for c in self.loss_curves.values()) / len(self.loss_curves),
+            )
+        elif self.cut_train_losses:
+            losses = self.cut_train_losses
+            out.update(cut_train_losses=losses, train_loss=sum(losses.values()) / len(losses))
+        return out
+
+    def relabelled(self, cut: Cut, original: Cut) -> "Fit":
+        """This fit with the results of ``cut`` filed under ``original`` (a cut shifted by earlier
+        removals in a sequential estimation)."""
+
+        def move(d: dict) -> dict:
+            return {(label(original) if k == label(cut) else k): v for k, v in d.items()}
+
+        return Fit(
+            {original if c == cut else c: t for c, t in self.transforms.items()},
+            move(self.fit_tokens),
+            move(self.cut_train_losses),
+            move(self.loss_curves),
+            move(self.solver_steps),
+            self.store_location,
+        )
+
+    def merged(self, other: "Fit") -> "Fit":
+        return Fit(
+            {**self.transforms, **other.transforms},
+            {**self.fit_tokens, **other.fit_tokens},
+            {**self.cut_train_losses, **other.cut_train_losses},
+            {**self.loss_curves, **other.loss_curves},
+            {**self.solver_steps, **other.solver_steps},
+            other.store_location or self.store_location,
+        )
+
+
+def label(cut: Cut) -> str:
+    return f"{cut[0]}-{cut[1]}"
+
+
+def fit_from_tokens(
+    adapter, batches: TokenBatches, estimator: Estimator, cuts: list[Cut], stats: dict, request: FitRequest
+) -> Fit:
+    """Numerical objectives: one capture pass fills a token store per cut (the non-padding tokens
+    that the token rule keeps, bfloat16) and, for ``init=ls``, the statistics not already in
+    ``stats``; then each T is fitted on its store."""
     device = input_device(adapter)
-    rule = TokenRule.from_config(cfg.get("estimation"))
+    rule = request.rule
     stores = {
         cut: TokenStore(
             estimator.store_names(),
-            calibration.n_tokens,
+            batches.n_tokens,
             adapter.hidden_size,
             device,
-            location=cfg.store.location,
-            max_gpu_gb=cfg.store.max_gpu_gb,
-            max_cpu_gb=cfg.store.max_cpu_gb,
-            directory=cfg.store.directory,
-            owner=row.get("config_hash", ""),
+            location=request.store.location,
+            max_gpu_gb=request.store.max_gpu_gb,
+            max_cpu_gb=request.store.max_cpu_gb,
+            directory=request.store.directory,
+            owner=request.owner,
         )
         for cut in cuts
     }
     # An LS start point needs the statistics of its cut: gathered in the same pass when missing.
     missing = [cut for cut in cuts if estimator.init == "ls" and cut not in stats]
-    precision = capture_precision(cfg)
     extra = (
-        [LinearStatistics(missing, adapter.hidden_size, device, cfg.lt_placement, rule, precision)] if missing else []
+        [LinearStatistics(missing, adapter.hidden_size, device, request.placement, rule, request.precision)]
+        if missing
+        else []
     )
-    collectors = {cut: TokenCollector(cut, store, cfg.lt_placement, rule) for cut, store in stores.items()}
+    collectors = {cut: TokenCollector(cut, store, request.placement, rule) for cut, store in stores.items()}
+    fit = Fit({})
     try:
-        with timer("capture", "capture (tokens)"):
-            run_capture(
-                adapter,
-                calibration,
-                list(collectors.values()) + extra,
-                desc="capture (tokens)",
-            )
+        with stage("capture", "capture (tokens)"):
+            run_capture(adapter, batches, list(collectors.values()) + extra, desc="capture (tokens)")
         for cut, collector in collectors.items():
             if collector.offset == 0:
                 raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cut {list(cut)}")
             stores[cut].truncate(collector.offset)
-        fit_token_counts(row, {cut: collector.offset for cut, collector in collectors.items()})
+            fit.fit_tokens[label(cut)] = int(collector.offset)
         stats = {**stats, **(extra[0].result() if extra else {})}
-        transforms, curves, steps = {}, {}, {}
-        with timer("estimate"):
+        with stage("estimate"):
             for cut, store in stores.items():
                 init = None
                 if estimator.init == "ls":
-                    init = ridge_solve(stats[cut], float(cfg.alpha) if cfg.regularizer.name == "l2" else 0.0)
-                transforms[cut], info = estimator.fit(
-                    store,
-                    float(cfg.alpha),
-                    row["regularizer"],
-                    cfg.structure.name,
-                    int(cfg.seed),
-                    init,
+                    init = ridge_solve(stats[cut], request.alpha if request.regularizer == "l2" else 0.0)
+                fit.transforms[cut], info = estimator.fit(
+                    store, request.alpha, request.regularizer, request.structure, request.seed, init
                 )
-                curves[f"{cut[0]}-{cut[1]}"] = info["loss_curve"]
-                steps[f"{cut[0]}-{cut[1]}"] = info["steps"]
+                fit.loss_curves[label(cut)] = info["loss_curve"]
+                fit.solver_steps[label(cut)] = info["steps"]
     finally:
         for store in stores.values():
             store.close()
-    row["solver"] = estimator.solver
-    row["solver_schedule"] = "minibatch" if estimator.solver == "adam" else estimator.schedule
-    row.setdefault("solver_steps", {}).update(steps)
-    row["store_location"] = next(iter(stores.values())).location
-    row.setdefault("loss_curves", {}).update(curves)
-    row["train_loss"] = sum(c[-1] for c in row["loss_curves"].values()) / len(row["loss_curves"])
-    return transforms
+    fit.store_location = next(iter(stores.values())).location
+    return fit
 
 
-def estimate(cfg, adapter, calibration, estimator, cuts, stats, row, timer) -> dict:
-    """T for each cut (None = identity), from statistics or from stored tokens."""
-    if getattr(estimator, "needs_tokens", False):
-        transforms = estimate_from_tokens(cfg, adapter, calibration, estimator, cuts, stats, row, timer)
+def fit_transforms(
+    adapter,
+    batches: TokenBatches,
+    estimator: Estimator,
+    cuts: list[Cut],
+    stats: dict[Cut, LinearStats],
+    request: FitRequest,
+) -> Fit:
+    """T for each cut (None = identity), from statistics or from stored tokens; a non-finite T fails
+    the stage naming its cut."""
+    if estimator.needs_tokens:
+        fit = fit_from_tokens(adapter, batches, estimator, cuts, stats, request)
     else:
         for cut in cuts:
             if cut in stats and stats[cut].n_tokens == 0 and estimator.needs_statistics:
-                rule = TokenRule.from_config(cfg.get("estimation")).key()
-                raise ConfigError("estimation.tokens", rule, f"leaves no calibration token for cut {list(cut)}")
-        fit_token_counts(row, {cut: stats[cut].n_tokens for cut in cuts if cut in stats and estimator.needs_statistics})
-        with timer("estimate"):
-            transforms = {cut: estimator.estimate(stats.get(cut), float(cfg.alpha), cfg.structure.name) for cut in cuts}
-        fitted = {cut: t for cut, t in transforms.items() if t is not None and cut in stats}
-        if fitted:  # closed form: the training loss is the mean squared residual per token
-            losses = row.setdefault("cut_train_losses", {})
-            losses.update({f"{c[0]}-{c[1]}": residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()})
-            row["train_loss"] = sum(losses.values()) / len(losses)
-    for cut, transform in transforms.items():
+                raise ConfigError("estimation.tokens", request.rule.key(), f"leaves no calibration token for cut {list(cut)}")
+        fit = Fit({})
+        if estimator.needs_statistics:
+            fit.fit_tokens = {label(cut): stats[cut].n_tokens for cut in cuts if cut in stats}
+        with stage("estimate"):
+            fit.transforms = {cut: estimator.estimate(stats.get(cut), request.alpha, request.structure) for cut in cuts}
+        fitted = {cut: t for cut, t in fit.transforms.items() if t is not None and cut in stats}
+        # closed form: the training loss is the mean squared residual per token
+        fit.cut_train_losses = {label(c): residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()}
+    for cut, transform in fit.transforms.items():
         if transform is not None and not torch.isfinite(transform).all():
             raise NonFiniteError("estimate", f"the transform of cut {list(cut)} is")
-    return transforms
-
-
-def estimate_sequentially(cfg, adapter, calibration, windows, estimator, cuts, stats, row, timer):
-    """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
-    earlier cuts are already applied (fused and removed), then applied itself. The held-out
-    check of each transform is made in the same context. Prunes the model in place.
-
-    Returns (transforms by original cut, (cos_dist_before, cos_dist_after) token-weighted over
-    the stages, the sink/rest split columns of :func:`split_columns` over the stages).
-    """
-    rule = TokenRule.from_config(cfg.get("estimation"))
-    transforms, removed, checks = {}, 0, []
-    sums, total = [0.0, 0.0], 0
-    for cut in cuts:
-        shifted = (cut[0] - removed, cut[1] - removed)
-        stage_stats = {}
-        if estimator.needs_statistics and not getattr(estimator, "needs_tokens", False):
-            if removed == 0 and cut in stats:
-                stage_stats = {shifted: stats[cut]}
-            else:
-                device, precision = input_device(adapter), capture_precision(cfg)
-                accumulator = LinearStatistics(
-                    [shifted], adapter.hidden_size, device, cfg.lt_placement, rule, precision
-                )
-                with timer("capture", f"capture (stage {list(cut)})"):
-                    run_capture(adapter, calibration, [accumulator], desc=f"capture (stage {list(cut)})")
-                stage_stats = accumulator.result()
-        transform = estimate(cfg, adapter, calibration, estimator, [shifted], stage_stats, row, timer)[shifted]
-        for column in ("cut_train_losses", "loss_curves", "fit_tokens"):  # label per-cut results by the original cut
-            if shifted != cut and f"{shifted[0]}-{shifted[1]}" in row.get(column, {}):
-                row[column][f"{cut[0]}-{cut[1]}"] = row[column].pop(f"{shifted[0]}-{shifted[1]}")
-        with timer("eval", "held-out distances"):
-            check = TransformDistances({shifted: transform}, cfg.lt_placement, rule.massive_threshold)
-            run_capture(adapter, windows, [check], desc="held-out distances")
-        checks.append(check)
-        n = sum(check.counts.values())
-        before, after = check.result()
-        sums, total = [sums[0] + before * n, sums[1] + after * n], total + n
-        with timer("surgery"):
-            prune(adapter, [shifted], {shifted: transform}, cfg.lt_placement)
-        transforms[cut] = transform
-        removed += cut[1] - cut[0]
-    return transforms, (sums[0] / total, sums[1] / total), split_columns(checks)
+    return fit

@@ -6,6 +6,7 @@ import torch
 
 from replaceme_exp.capture.statistics import LinearStats
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.selection.metrics import SelectionMetric, register
 
 # Above this (a lower bound from the Cholesky factor) float64 leaves fewer than ~3 correct digits.
 MAX_CONDITION = 1e13
@@ -85,3 +86,7 @@ def ls_residuals(stats: dict, alpha: float = 0.0) -> dict:
     if first_error is not None and all(v == float("inf") for v in out.values()):
         raise first_error
     return out
+
+
+# Selection by the residual a cut's own transform leaves (``selection=ls_residual``).
+register(SelectionMetric("ls_residual", "statistics", from_statistics=ls_residuals))

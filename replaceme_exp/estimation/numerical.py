@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.estimators import Estimator
+from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.progress import progress_counter
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,20 @@ class NumericalEstimator(Estimator):
         self.alpha_scale = ALPHA_SCALES[loss]
         self.needs_statistics = init == "ls"
         self.loss_curve: list[float] = []
+
+    @classmethod
+    def requirements(cls, objective) -> Requirements:
+        """Tokens always; the statistics of its cuts too for ``init=ls``; Adam is mini-batch under
+        either schedule."""
+        return Requirements(
+            statistics=objective.init == "ls",
+            tokens=True,
+            alpha_scale=ALPHA_SCALES[objective.loss],
+            regularizers=("none", "l1", "l2"),
+            structures=("generic", "diagonal"),
+            solver=objective.solver,
+            solver_schedule="minibatch" if objective.solver == "adam" else objective.schedule,
+        )
 
     def store_names(self) -> tuple[str, ...]:
         return ("M", "R", "Y") if self.loss == "cosine_exact" else ("M", "R")

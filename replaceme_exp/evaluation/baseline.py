@@ -4,20 +4,20 @@ baseline computes. ``refresh=True`` (``force=true``) recomputes and overwrites."
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
 
+from replaceme_exp.storage import content_key, write_text
 
 BASELINE_VERSION = 2
 log = logging.getLogger(__name__)
 
 
 def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+    return content_key(value)
 
 
 class BaselineCache:
@@ -47,7 +47,7 @@ class BaselineCache:
 
     def _path(self, key: dict) -> tuple[Path, dict]:
         key = {**key, "version": BASELINE_VERSION}
-        return self.root / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.json", key
+        return self.root / f"{content_key(key, 24)}.json", key
 
     def put(self, key: dict, value: Any) -> None:
         """Store ``value`` for ``key`` (computed by the caller anyway), overwriting."""
@@ -55,10 +55,4 @@ class BaselineCache:
         self._write(path, key, value)
 
     def _write(self, path: Path, key: dict, value: Any) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps({"key": key, "value": value, "sha256": _digest(value)}))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text(path, json.dumps({"key": key, "value": value, "sha256": _digest(value)}))

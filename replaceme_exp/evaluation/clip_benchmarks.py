@@ -25,6 +25,7 @@ import math
 import torch
 from torch import nn
 
+from replaceme_exp.data.images import bundled_images
 from replaceme_exp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,6 @@ def _collate_retrieval(batch):
 
 
 def bundled_dataset(name: str, processor) -> ImageDataset:
-    from replaceme_exp.data.images import bundled_images
-
     images = bundled_images()
     names = [n for n in BUNDLED_OBJECTS if n in images]
     pixels = processor(images=[images[n] for n in names], return_tensors="pt")["pixel_values"]

@@ -18,8 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from replaceme_exp.config.schema import HarnessConfig
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.progress import progress_counter, resolved_mode
@@ -34,7 +33,6 @@ ACCURACY_METRICS = ("acc", "acc_norm", "exact_match")
 # Metrics recorded as ``ppl_<name>`` (name from ``eval.harness.ppl_names``, else the task); a task
 # that declares one of them is left out of ``avg_acc``.
 PERPLEXITY_METRICS = ("perplexity", "word_perplexity")
-DEFAULT_BOOTSTRAP_ITERS = 1000
 
 
 def materialize_offline_tasks(target: Path, n_ppl_docs: int = 12) -> Path:
@@ -64,10 +62,10 @@ def stderr_column(task: str, metric: str, ppl_names: dict[str, str] | None = Non
     return f"{metric}_stderr_{task}"
 
 
-def declared_metrics(cfg: DictConfig) -> dict[str, str]:
+def declared_metrics(cfg: HarnessConfig) -> dict[str, str]:
     """``eval.harness.metrics`` as a plain dict, checked to name exactly the suite's tasks."""
-    metrics = OmegaConf.to_container(cfg.get("metrics") or {}, resolve=True)
-    tasks = list(OmegaConf.to_container(cfg.tasks))
+    metrics = dict(cfg.metrics or {})
+    tasks = list(cfg.tasks)
     if set(metrics) != set(tasks):
         raise ConfigError(
             "eval.harness.metrics",
@@ -78,7 +76,7 @@ def declared_metrics(cfg: DictConfig) -> dict[str, str]:
     return {task: str(metric) for task, metric in metrics.items()}
 
 
-def accuracy_columns(cfg: DictConfig) -> list[str]:
+def accuracy_columns(cfg: HarnessConfig) -> list[str]:
     """The columns ``avg_acc`` averages, in the suite's task order (e.g. ``acc_norm_piqa``)."""
     return [metric_column(t, m) for t, m in declared_metrics(cfg).items() if m not in PERPLEXITY_METRICS]
 
@@ -142,20 +140,20 @@ def lm_eval_version() -> str | None:
         return None
 
 
-def bootstrap_iters(cfg: DictConfig) -> int:
-    return int(cfg.get("bootstrap_iters", DEFAULT_BOOTSTRAP_ITERS))
+def bootstrap_iters(cfg: HarnessConfig) -> int:
+    return int(cfg.bootstrap_iters)
 
 
-def harness_settings(cfg: DictConfig, seed: int) -> dict[str, Any]:
+def harness_settings(cfg: HarnessConfig, seed: int) -> dict[str, Any]:
     """Every setting of the suite ``cfg`` (``eval.harness``) that moves a score, as JSON-able row
     columns. ``eval_max_length`` is the configured value (``null``: lm-eval takes the model's);
     the task versions are only known after the run (``eval_task_versions`` of :func:`run_harness`)."""
-    limit = cfg.get("limit")
+    limit = cfg.limit
     return {
         "eval_batch_size": cfg.batch_size,
         "eval_add_bos_token": bool(cfg.add_bos_token),
-        "eval_max_length": None if cfg.get("max_length") is None else int(cfg.max_length),
-        "eval_fewshot": {task: int(n) for task, n in OmegaConf.to_container(cfg.tasks).items()},
+        "eval_max_length": None if cfg.max_length is None else int(cfg.max_length),
+        "eval_fewshot": {task: int(n) for task, n in cfg.tasks.items()},
         "eval_fewshot_seed": int(seed),
         "eval_limit": limit,
         "eval_bootstrap_iters": bootstrap_iters(cfg),
@@ -285,7 +283,7 @@ def _declares_fewshot(manager, name: str) -> bool:
     return entry.cfg.get("num_fewshot") is not None
 
 
-def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0) -> dict[str, Any]:
+def run_harness(model, tokenizer, cfg: HarnessConfig, work_dir: Path, seed: int = 0) -> dict[str, Any]:
     """Scores of ``model`` on the suite ``cfg`` (``eval.harness``), see :func:`collect_scores`
     (each metric with its standard error where lm-eval gives one: closed form for accuracies,
     ``cfg.bootstrap_iters`` resamples for ``perplexity``), plus ``eval_task_versions`` ({task:
@@ -300,7 +298,7 @@ def run_harness(model, tokenizer, cfg: DictConfig, work_dir: Path, seed: int = 0
         return _run_suite(model, tokenizer, cfg, manager, metrics, seed)
 
 
-def _run_suite(model, tokenizer, cfg: DictConfig, manager, metrics: dict[str, str], seed: int) -> dict[str, Any]:
+def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str, str], seed: int) -> dict[str, Any]:
     from lm_eval import simple_evaluate
 
     hf_logger = logging.getLogger("lm_eval.models.huggingface")
@@ -311,14 +309,14 @@ def _run_suite(model, tokenizer, cfg: DictConfig, manager, metrics: dict[str, st
             tokenizer=tokenizer,
             batch_size=cfg.batch_size,
             add_bos_token=cfg.add_bos_token,
-            max_length=cfg.get("max_length"),
+            max_length=cfg.max_length,
         )
     finally:
         hf_logger.removeFilter(_IN_MEMORY_MODEL_WARNINGS)
     by_fewshot: dict[int, list[str]] = {}
-    for task, fewshot in OmegaConf.to_container(cfg.tasks).items():
+    for task, fewshot in cfg.tasks.items():
         by_fewshot.setdefault(int(fewshot), []).append(task)
-    ppl_names = OmegaConf.to_container(cfg.get("ppl_names") or {})
+    ppl_names = dict(cfg.ppl_names or {})
     results: dict[str, dict] = {}
     versions: dict[str, Any] = {}
     for fewshot, tasks in by_fewshot.items():
@@ -330,7 +328,7 @@ def _run_suite(model, tokenizer, cfg: DictConfig, manager, metrics: dict[str, st
             tasks=tasks,
             num_fewshot=None if zero_by_default else fewshot,
             task_manager=manager,
-            limit=cfg.get("limit"),
+            limit=cfg.limit,
             bootstrap_iters=bootstrap_iters(cfg),
             log_samples=False,
             random_seed=seed,

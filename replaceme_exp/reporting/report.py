@@ -8,7 +8,7 @@ after, accuracies, rp, distances, times, energy), its failed runs with their err
 group says how many rows it read, showed and skipped, and why. Unlike the paper's tables nothing
 is averaged: one line per run, and a missing number stays ``—``.
 
-    python -m replaceme_exp.results.report --results results [--out results/report]
+    python -m replaceme_exp.reporting.report --results results [--out results/report]
 """
 
 from __future__ import annotations
@@ -19,15 +19,23 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from replaceme_exp.reporting.cells import SETTING_COLUMNS
+from replaceme_exp.results.store import ResultsStore
 
-from replaceme_exp.results.selection import SETTING_COLUMNS  # noqa: E402
-from replaceme_exp.results.store import ResultsStore  # noqa: E402
+
+def _pyplot():
+    """matplotlib's pyplot (Agg backend), imported when the first figure is drawn: the tables, and
+    whatever imports this module, do without it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 MISSING = "—"
 # Settings that can vary within a group (the setting columns, the seed; cuts are a result).
@@ -53,7 +61,7 @@ TABLE_METRICS = (
     "co2_kg",
 )
 ACCURACY_PREFIXES = ("acc_", "acc_norm_")
-# The CLIP benchmarks' columns (replaceme_exp/vision_job.py), pruned model only.
+# The CLIP benchmarks' columns (replaceme_exp/pipeline/vision.py), pruned model only.
 CLIP_PREFIXES = ("acc1_", "acc5_", "mean_avg_p_", "text_recall5_", "vision_recall5_")
 # Metrics drawn against each swept setting, where recorded.
 PLOTTED_METRICS = ("ppl_heldout", "avg_acc", "rp", "cos_dist_after", "time_total_s", "energy_kwh")
@@ -230,7 +238,7 @@ def draw_metric(frame: pd.DataFrame, setting: str, metric: str, others: list[str
     series = _series_key(frame, others)
     if series.nunique() > MAX_SERIES:
         series = pd.Series(f"all runs ({series.nunique()} settings)", index=frame.index)
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.0))
     for name in sorted(series.unique()):
         mask = (series == name) & ys.notna() & xs.notna()
         if not mask.any():
@@ -254,7 +262,7 @@ def draw_metric(frame: pd.DataFrame, setting: str, metric: str, others: list[str
         fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return footnote
 
 

@@ -21,8 +21,7 @@ cell's merged conditions are retargeted to another model, calibration set or sui
 ``paper_settings.py``); the caption says what was rendered instead of the paper's settings, and
 quoted rows (numbers for the paper's model and suite) are left out.
 
-    python -m replaceme_exp.results.render_paper --results results --out results/paper_tables
-    (python -m replaceme_exp.results.paper_tables: the same)
+    python -m replaceme_exp.reporting.render_paper --results results --out results/paper_tables
 """
 
 from __future__ import annotations
@@ -35,7 +34,15 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from replaceme_exp.results.paper_settings import (
+from replaceme_exp.reporting.artifacts import Sweep, register
+from replaceme_exp.reporting.cells import (
+    DEFAULTS_FOR_MISSING_COLUMNS,  # noqa: F401  (kept importable here)
+    PREFERRED_SETTINGS,
+    best_first,
+    choose_setting,
+    preference_rule,
+)
+from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
     UIDL,
@@ -46,8 +53,6 @@ from replaceme_exp.results.paper_settings import (
     finished_runs,
     select_cell,
 )
-from replaceme_exp.results.selection import DEFAULTS_FOR_MISSING_COLUMNS  # noqa: F401  (kept importable here)
-from replaceme_exp.results.selection import PREFERRED_SETTINGS, best_first, choose_setting, preference_rule
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
@@ -87,6 +92,7 @@ class TableSpec:
     quoted_at: int | None = None  # row index where the quoted block goes (None: no quoted rows)
     transpose: bool = False  # settings as columns, metrics as rows (the paper's layout)
     prefer: dict = field(default_factory=dict)  # preferred settings, over PREFERRED_SETTINGS
+    sweeps: tuple[Sweep, ...] = ()  # the multirun templates that fill it, and their job counts
 
     def preferences(self, row: Row) -> dict:
         """The settings a cell of ``row`` prefers when its runs hold several (see selection.py)."""
@@ -151,6 +157,7 @@ TABLES = [
         [Column(h, m) for h, m in LLAMA2_TABLE_COLUMNS] + [Column("AVG", "avg_acc"), Column("RP", "rp")],
         text_columns=["Train-free"],
         quoted_at=1,
+        sweeps=(Sweep("paper/llama2_comparison", 3),),
     ),
     TableSpec(
         "llama3_main",
@@ -177,6 +184,7 @@ TABLES = [
         [Column("Lambada OpenAI ppl", "ppl_lambada"), Column("Avg-acc", "avg_acc"), Column("RP", "rp")],
         text_columns=["Linear transform"],
         quoted_at=1,
+        sweeps=(Sweep("paper/llama3_main", 12),),
     ),
     TableSpec(
         "higher_compression",
@@ -184,6 +192,7 @@ TABLES = [
         {k: v for k, v in LLAMA3_25.items() if k != "n_prune"},
         [Row("UIDL", UIDL), Row("Ours", {"objective": "ls", "selection_metric": "cosine"})],
         [Column(f"{100 * n / 32:g}%", "avg_acc", {"n_prune": n}) for n in (4, 8, 12, 16)],
+        sweeps=(Sweep("paper/higher_compression", 8),),
     ),
     TableSpec(
         "model_scales",
@@ -205,6 +214,7 @@ TABLES = [
             Column("Compression ratio (parameters)", "compression_ratio"),
         ],
         transpose=True,
+        sweeps=(Sweep("paper/model_scales", 2),),
     ),
     TableSpec(
         "task_specific",
@@ -230,6 +240,7 @@ TABLES = [
         ],
         [Column("SciQ accuracy", f"{PAPER_METRICS['sciq']}_sciq")],
         text_columns=["Calibration data", "Compression"],
+        sweeps=(Sweep("paper/task_specific", 4),),
     ),
     TableSpec(
         "clip",
@@ -249,6 +260,7 @@ TABLES = [
         CLIP_COLUMNS,
         text_columns=["Compression ratio"],
         prefer={"dtype": "float32"},  # conf/model/clip_vit_l14.yaml
+        sweeps=(Sweep("paper/clip", 4),),
     ),
     TableSpec(
         "healing",
@@ -270,6 +282,7 @@ TABLES = [
         ],
         TASK_COLUMNS + [Column("Perplexity", "ppl_lambada"), Column("Avg. Acc", "avg_acc")],
         text_columns=["Training params"],
+        sweeps=(Sweep("paper/healing", 3),),
     ),
     TableSpec(
         "regularization",
@@ -281,12 +294,14 @@ TABLES = [
             ("Cosine + L2, alpha=0.01", {"objective": "cosine", "regularizer": "l2", "alpha": 0.01}),
             ("Cosine + L1, alpha=1e-4", {"objective": "cosine", "regularizer": "l1", "alpha": 0.0001}),
         ],
+        sweeps=(Sweep("paper/regularization", 7), Sweep("paper/regularization_cosine", 4)),
     ),
     TableSpec(
         "structured_lts",
         "Structure of the LT matrix (Llama 3 8B Instruct, 25%, LS).",
         {**LLAMA3_25, "objective": "ls"},
         [(s.capitalize(), {"structure": s}) for s in ("generic", "diagonal", "orthonormal")],
+        sweeps=(Sweep("paper/structured_lts", 3),),
     ),
     TableSpec(
         "solvers",
@@ -294,6 +309,7 @@ TABLES = [
         LLAMA3_25,
         [(f"Cosine, {s}", {"objective": "cosine", "solver": s}) for s in ("adam", "nlcg", "trust_ncg", "lbfgs")]
         + [("MSE, adam", {"objective": "mse", "solver": "adam"}), ("LS (closed form)", {"objective": "ls"})],
+        sweeps=(Sweep("paper/solvers", 4),),
     ),
     TableSpec(
         "multi_lt_count",
@@ -305,12 +321,14 @@ TABLES = [
             for k in (1, 2, 4, 8)
         ],
         TASK_COLUMNS + [Column("Perplexity", "ppl_lambada"), Column("Avg. Acc", "avg_acc")],
+        sweeps=(Sweep("paper/multi_lt_count", 8),),
     ),
     TableSpec(
         "fused_vs_separate",
         "Mergeable LT vs. LT as an independent block (Llama 3 8B Instruct, 25%, cosine).",
         {**LLAMA3_25, "objective": "cosine"},
         [("Fusable into MLP", {"lt_placement": "fused"}), ("Separate LT block", {"lt_placement": "separate"})],
+        sweeps=(Sweep("paper/fused_vs_separate", 2),),
     ),
     TableSpec(
         "cosine_approximation",
@@ -323,6 +341,7 @@ TABLES = [
             ("Qwen 2.5 7B, orig. loss", {"model": "qwen25_7b_instruct", "n_prune": 7, "objective": "cosine_exact"}),
         ],
         [Column("Perplexity", "ppl_lambada"), Column("Avg-acc", "avg_acc")],
+        sweeps=(Sweep("paper/cosine_approximation", 2),),
     ),
     TableSpec(
         "masking",
@@ -333,6 +352,7 @@ TABLES = [
             for n in (1000, 8000)
             for m in (0.0, 0.25)
         ],
+        sweeps=(Sweep("paper/masking", 4),),
     ),
     TableSpec(
         "calibration_types",
@@ -346,8 +366,13 @@ TABLES = [
             )
             for c in data
         ],
+        sweeps=(Sweep("paper/calibration_types", 10),),
     ),
 ]
+
+
+for _table in TABLES:
+    register(_table.name, "table", _table.sweeps, _table)
 
 
 def load_quoted(path: str | Path = QUOTED_NUMBERS) -> dict:
@@ -575,14 +600,3 @@ def write_paper_tables(
         if echo is not None:
             echo(table.attrs["counts"])
     return written
-
-
-def main() -> None:
-    """The same as ``python -m replaceme_exp.results.render_paper`` (tables and figures)."""
-    from replaceme_exp.results.render_paper import main as render  # the CLI; the tables never need figures
-
-    render()
-
-
-if __name__ == "__main__":
-    main()

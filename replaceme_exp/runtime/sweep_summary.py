@@ -17,6 +17,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from replaceme_exp.results.row import format_cuts
+from replaceme_exp.storage import write_json
+
 log = logging.getLogger("replaceme_exp")
 
 STATUS_FILE = "replaceme_status.json"
@@ -40,11 +43,7 @@ STATUS_KEYS = (
 def write_job_status(job_dir: str | Path, row: dict, overrides: str) -> None:
     """What the sweep summary needs of one job."""
     status = {"overrides": overrides, **{k: row.get(k) for k in STATUS_KEYS}}
-    path = Path(job_dir) / STATUS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{STATUS_FILE}.tmp")
-    tmp.write_text(json.dumps(status, default=str))
-    tmp.replace(path)
+    write_json(Path(job_dir) / STATUS_FILE, status)
 
 
 def read_statuses(sweep_dir: str | Path) -> list[dict]:
@@ -68,15 +67,6 @@ def _number(value, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
 
 
-def _cuts(value) -> str:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return value
-    return " ".join(f"[{s},{e})" for s, e in value) if value else "—"
-
-
 def summary_lines(statuses: list[dict], n_jobs: int | None = None) -> list[str]:
     """A count line, then a table of the jobs: status, cuts, held-out ppl before -> after, avg_acc,
     rp, time, and the job's overrides (a failed job: its stage and one-line error instead)."""
@@ -97,7 +87,7 @@ def summary_lines(statuses: list[dict], n_jobs: int | None = None) -> list[str]:
         ppl = f"{_number(s.get('ppl_heldout_baseline'), '.2f')} -> {_number(s.get('ppl_heldout'), '.2f')}"
         time_s = _number(s.get("time_total_s"), ".0f")
         lines.append(
-            f"  {s['status']:8s} {_cuts(s.get('cuts')):12s} {ppl:>22s} {_number(s.get('avg_acc'), '.3f'):>7s} "
+            f"  {s['status']:8s} {format_cuts(s.get('cuts'), '—'):12s} {ppl:>22s} {_number(s.get('avg_acc'), '.3f'):>7s} "
             f"{_number(s.get('rp'), '.3f'):>6s} {time_s + ' s' if time_s != '—' else '—':>7s}  {job}"
         )
     return lines

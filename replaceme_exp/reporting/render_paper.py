@@ -1,8 +1,8 @@
 """``make paper-tables``: the paper's tables and figures from the results store, and per table
 and figure how many runs were found, matched and shown.
 
-    python -m replaceme_exp.results.render_paper --results results --out results/paper_tables
-    python -m replaceme_exp.results.render_paper --model tiny_llama [--calibration pydoc] [--eval quick]
+    python -m replaceme_exp.reporting.render_paper --results results --out results/paper_tables
+    python -m replaceme_exp.reporting.render_paper --model tiny_llama [--calibration pydoc] [--eval quick]
 
 With ``--model`` / ``--calibration`` / ``--eval`` the same tables and figures are rendered from
 runs of another model, calibration set or suite (``paper_settings.Target``; with only a model,
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from replaceme_exp.results.paper_figures import write_paper_figures
-from replaceme_exp.results.paper_settings import Target, resolve_target
-from replaceme_exp.results.paper_tables import write_paper_tables
+from replaceme_exp.reporting.paper_figures import write_paper_figures
+from replaceme_exp.reporting.paper_settings import Target, resolve_target
+from replaceme_exp.reporting.paper_tables import write_paper_tables
 from replaceme_exp.results.store import ResultsStore
 
 

@@ -32,16 +32,16 @@ perplexity panel reads the target suite's perplexity. The frame a figure returns
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from replaceme_exp.results.paper_settings import (  # noqa: E402
+from replaceme_exp.reporting.artifacts import Sweep, register
+from replaceme_exp.reporting.cells import choose_setting, matches
+from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
     UIDL,
@@ -52,7 +52,18 @@ from replaceme_exp.results.paper_settings import (  # noqa: E402
     finished_runs,
     select_cell,
 )
-from replaceme_exp.results.selection import choose_setting, matches  # noqa: E402
+
+
+def _pyplot():
+    """matplotlib's pyplot (Agg backend), imported when the first figure is drawn: the tables, and
+    whatever imports this module, do without it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 REPLACEME_LS = {"objective": "ls", "selection_metric": "cosine"}
 REPLACEME_COSINE = {"objective": "cosine", "selection_metric": "cosine"}
@@ -184,7 +195,7 @@ def _baseline(runs: pd.DataFrame, metric: str) -> float | None:
 
 def calibration_size(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
     plotted = Plotted(target)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = _pyplot().subplots(1, 2, figsize=(10, 3.6))
     where = {k: v for k, v in LLAMA3_25.items() if k != "n_calib_samples"}
     base = plotted.select(runs, where)
     model = plotted.retarget.target.model
@@ -217,7 +228,7 @@ def pruned_layers(runs: pd.DataFrame, path: Path, target: Target | None = None) 
     if model is not None:
         panels = {model: (model, list(PRUNED_LAYERS_MODELS))}
     width = 4 * len(panels) if len(panels) > 1 else 5
-    fig, axes = plt.subplots(1, len(panels), figsize=(width, 3.6), sharey=True, squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(panels), figsize=(width, 3.6), sharey=True, squeeze=False)
     for ax, (panel, (title, paper_models)) in zip(axes[0], panels.items()):
         where = {**METHOD_FREE, "model": paper_models[0], "eval": "paper"}
         for other in paper_models[1:]:  # the caption names every paper model this panel stands for
@@ -300,7 +311,7 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
                 "n": len(chosen),
                 "note": note,
             }
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (left, right) = _pyplot().subplots(1, 2, figsize=(10, 3.6))
     reference = stats.get("Ours (LS)")
     costs = {k: v for k, v in stats.items() if not np.isnan(v["time"])}
     if reference and reference["time"] > 0:
@@ -374,7 +385,7 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
         name: _window_start(plotted.runs(runs, {**where, **method}, keep=_one_window, kept=ONE_WINDOW))
         for name, method in methods.items()
     }
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.2))
+    fig, axes = _pyplot().subplots(2, 3, figsize=(15, 7.2))
     scatter_axes = [axes[0, 0], axes[0, 1], axes[0, 2], axes[1, 0]]
     for ax, (metric, label) in zip(scatter_axes, BLOCK_SELECTION_METRICS):
         drawn, matched = False, 0
@@ -438,7 +449,7 @@ def layer_distances(
     """The latest recorded matrix of ``model`` (the paper's figure), or of whichever model was
     recorded last when ``model`` has none; with a target model, of that model only."""
     plotted = Plotted(target)
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, ax = _pyplot().subplots(figsize=(6, 5))
     if plotted.retarget.target.model is not None:
         recorded = plotted.runs(runs, {"model": model}, keep=_with_matrix, kept=WITH_MATRIX)
         model = plotted.retarget.target.model
@@ -480,7 +491,7 @@ def _save(fig, path: Path, footnote: str | None = None) -> None:
     else:
         fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
 LEADERBOARD_TASKS = {
@@ -516,7 +527,8 @@ def leaderboard(runs: pd.DataFrame, path: Path, target: Target | None = None) ->
     if model is not None:
         panels = {model: (model, list(LEADERBOARD_MODELS))}
     methods = {"Ours (LS)": REPLACEME_LS, "Ours (Cosine)": REPLACEME_COSINE, "UIDL": UIDL}
-    fig, axes = plt.subplots(1, len(panels), figsize=(12 if len(panels) > 1 else 6, 3.8), sharey=True, squeeze=False)
+    fig_width = 12 if len(panels) > 1 else 6
+    fig, axes = _pyplot().subplots(1, len(panels), figsize=(fig_width, 3.8), sharey=True, squeeze=False)
     for ax, (panel, (title, paper_models)) in zip(axes[0], panels.items()):
         where = {**METHOD_FREE, "model": paper_models[0], "n_prune": 8, "eval": "leaderboard"}
         for other in paper_models[1:]:
@@ -561,28 +573,41 @@ def leaderboard(runs: pd.DataFrame, path: Path, target: Target | None = None) ->
     return plotted.frame("leaderboard")
 
 
-FIGURES = {
-    "calibration_size": calibration_size,
-    "pruned_layers": pruned_layers,
-    "time_emissions": time_emissions,
-    "block_selection": block_selection,
-    "layer_distances": layer_distances,
-    "leaderboard": leaderboard,
+@dataclass(frozen=True)
+class FigureSpec:
+    """A figure of the paper: its name, how it is drawn (``draw(runs, png, target=None)`` -> the
+    plotted numbers) and the sweeps that fill it."""
+
+    name: str
+    draw: Callable
+    sweeps: tuple[Sweep, ...]
+
+
+FIGURES: dict[str, FigureSpec] = {
+    figure.name: figure
+    for figure in (
+        FigureSpec("calibration_size", calibration_size, (Sweep("paper/calibration_size", 10),)),
+        FigureSpec("pruned_layers", pruned_layers, (Sweep("paper/pruned_layers", 40),)),
+        FigureSpec("time_emissions", time_emissions, (Sweep("paper/time_emissions", 3),)),
+        FigureSpec("block_selection", block_selection, (Sweep("paper/block_selection", 72),)),
+        FigureSpec("layer_distances", layer_distances, (Sweep("paper/layer_distances", 1),)),
+        FigureSpec("leaderboard", leaderboard, (Sweep("paper/leaderboard", 6),)),
+    )
 }
+for _figure in FIGURES.values():
+    register(_figure.name, "figure", _figure.sweeps, _figure)
 
 
-def write_paper_figures(
-    runs: pd.DataFrame, out_dir: str | Path, target: Target | None = None, echo=None
-) -> list[Path]:
+def write_paper_figures(runs: pd.DataFrame, out_dir: str | Path, target: Target | None = None, echo=None) -> list[Path]:
     """Write ``<name>.png`` and its plotted numbers ``<name>.csv`` for every figure (retargeted to
     ``target``, if given); returns the files written. ``echo`` (e.g. ``print``) gets each
     figure's count line."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, draw in FIGURES.items():
-        png, csv = out / f"{name}.png", out / f"{name}.csv"
-        plotted = draw(runs, png, target=target)
+    for figure in FIGURES.values():
+        png, csv = out / f"{figure.name}.png", out / f"{figure.name}.csv"
+        plotted = figure.draw(runs, png, target=target)
         plotted.to_csv(csv, index=False)
         if echo is not None:
             echo("figure " + plotted.attrs["counts"])

@@ -35,7 +35,7 @@ import pandas as pd
 import yaml
 
 from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, metric_column
-from replaceme_exp.results.selection import _value_text, matches
+from replaceme_exp.reporting.cells import _value_text, matches
 
 # The paper's setting unless a table or row says otherwise (a row's conditions override these):
 # no regularisation, 8k SlimOrca samples, cuts selected by cosine distance (explicit cuts record
@@ -130,7 +130,8 @@ def read_config(group: str, name: str, conf: Path = CONF, _seen: tuple = ()) -> 
     data = yaml.safe_load((Path(conf) / group / f"{name}.yaml").read_text()) or {}
     merged: dict = {}
     for entry in data.pop("defaults", None) or []:
-        if isinstance(entry, str) and entry != "_self_" and entry not in _seen:
+        # a same-group option (not _self_, not a schema: /schema/<group>/<shape>@_here_)
+        if isinstance(entry, str) and entry != "_self_" and not entry.startswith("/") and entry not in _seen:
             merged = _deep_merge(merged, read_config(group, entry, conf, (*_seen, name)))
     return _deep_merge(merged, data)
 

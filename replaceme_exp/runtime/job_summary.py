@@ -5,25 +5,15 @@ summary."""
 
 from __future__ import annotations
 
-import json
 import math
+
+from replaceme_exp.results.row import decode_cell, format_cuts
 
 
 def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return None if math.isnan(value) else float(value)
-
-
-def _cuts(value) -> str:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return value
-    if value is None:
-        return "none"
-    return " ".join(f"[{int(s)},{int(e)})" for s, e in value)
 
 
 def _duration(seconds: float | None) -> str:
@@ -44,7 +34,7 @@ def summary_line(row: dict) -> str:
         seconds = _number(row.get("time_total_s"))
         parts = [f"{head}{where}{f' after {_duration(seconds)}' if seconds is not None else ''}: {error}"]
     else:
-        parts = [head, f"cuts {_cuts(row.get('cuts'))}"]
+        parts = [head, f"cuts {format_cuts(row.get('cuts'))}"]
         before, after = _number(row.get("ppl_heldout_baseline")), _number(row.get("ppl_heldout"))
         if before is not None and after is not None:
             healed = _number(row.get("ppl_heldout_before_healing"))
@@ -66,9 +56,7 @@ def summary_line(row: dict) -> str:
 def sample_lines(row: dict, width: int = 160) -> list[str]:
     """The generation samples: per prompt, the unpruned and the pruned model's answer (one line
     each, cut at ``width`` characters, newlines shown as ``⏎``)."""
-    samples = row.get("generation_samples")
-    if isinstance(samples, str):
-        samples = json.loads(samples)
+    samples = decode_cell(row.get("generation_samples"))
     if samples is None or len(samples) == 0:
         return []
 

@@ -1,0 +1,68 @@
+"""A job's clock: the wall time, energy and emissions of every stage the job's code announces
+(:func:`replaceme_exp.stages.stage`), logged as each stage starts and ends."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+
+from replaceme_exp.tracking.emissions import StageEmissions
+
+log = logging.getLogger("replaceme_exp.job")
+
+
+class StageClock:
+    """Wall time per stage kind (summed over repeats: ``eval`` sums the evaluation passes) and per
+    label (``baseline perplexity``, ``held-out distances``, ...), CodeCarbon's task per kind, and
+    ``on_stage(label, seconds)`` as each stage ends (the W&B run's stage log). ``failed``: the
+    innermost stage that raised."""
+
+    def __init__(self, emissions: StageEmissions | None = None, on_stage: Callable[[str, float], None] | None = None):
+        self.seconds: dict[str, float] = {}
+        self.labelled: dict[str, float] = {}
+        self.emissions = emissions or StageEmissions(enabled=False)
+        self.on_stage = on_stage
+        self.failed: str | None = None
+
+    @contextmanager
+    def __call__(self, kind: str, label: str | None = None):
+        name = label or kind
+        log.info("stage %s ...", name)
+        start = time.perf_counter()
+        try:
+            with self.emissions.stage(kind):
+                yield
+        except BaseException:
+            self.failed = self.failed or name
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + elapsed
+            self.labelled[name] = self.labelled.get(name, 0.0) + elapsed
+            log.info("stage %s done in %.1f s", name, elapsed)
+            if self.on_stage is not None:
+                self.on_stage(name, elapsed)
+
+    def columns(self, device: torch.device, healed: bool) -> dict:
+        """Each stage's seconds, the capture / estimate / eval / heal totals and the peak memory."""
+        return {
+            "stage_seconds": dict(self.labelled),
+            "time_capture_s": self.seconds.get("capture", 0.0),
+            "time_estimate_s": self.seconds.get("estimate", 0.0),
+            "time_eval_s": self.seconds.get("eval", 0.0),
+            "time_heal_s": self.seconds.get("heal") if healed else None,
+            "peak_mem_gb": peak_memory_gb(device),
+        }
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak CUDA memory allocated, summed over the GPUs (``device_map=auto`` spreads a model);
+    on a CPU the peak resident memory of the process."""
+    if device.type == "cuda":
+        return sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -1,0 +1,340 @@
+"""One job, stage by stage: plan -> load -> calibrate -> select -> estimate -> evaluate the unpruned
+model -> prune -> heal -> evaluate the pruned model -> save.
+
+:class:`PruningJob` is a recipe: one method per stage, each calling the stage's own code with typed
+arguments and recording the columns of what it returns in the job's row (so a failure keeps what
+was measured). What differs between a language model and a vision encoder is the job's
+:class:`~replaceme_exp.pipeline.modality.Modality`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import platform
+
+import torch
+
+from replaceme_exp.capture import LayerDistances, LinearStatistics, TransformDistances, run_capture
+from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.capture.execution import CaptureExecution, plan_execution
+from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.errors import NonFiniteError, check_finite
+from replaceme_exp.estimation.fitting import Fit, fit_transforms
+from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.evaluation.heldout import heldout_distances, sequential_checks
+from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows
+from replaceme_exp.models import adapter_for, count_parameters, load_model
+from replaceme_exp.models.loading import LoadedModel
+from replaceme_exp.pipeline.modality import MODALITIES, Calibration, JobPaths
+from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.selection.passes import Selection, select_and_capture
+from replaceme_exp.stages import stage
+from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
+
+log = logging.getLogger("replaceme_exp.job")
+
+# Cache entry kinds -> the stage names a row lists in ``cached_stages``.
+CACHED_STAGE_NAMES = {
+    "distances": "selection",
+    "linear": "statistics",
+    "layer_distances": "layer_distances",
+    "ppl_heldout": "baseline_ppl",
+    "harness": "baseline_harness",
+    "dist_before": "dist_before",
+}
+
+
+class PruningJob:
+    """A job of ``spec``, writing into ``row`` as it goes; :meth:`run` returns the row."""
+
+    def __init__(self, spec: JobSpec, paths: JobPaths, row: dict):
+        self.spec, self.config, self.paths, self.row = spec, spec.config, paths, row
+        self.modality = MODALITIES.get(spec.modality)(spec, paths)
+        self.sequential = False
+
+    def record(self, columns: dict) -> None:
+        self.row.update(columns)
+
+    def run(self) -> dict:
+        torch.manual_seed(int(self.config.seed))
+        self.plan()
+        self.load()
+        self.calibrate()
+        self.select()
+        self.estimate()
+        self.load_evaluated_model()
+        self.evaluate_unpruned()
+        self.prune()
+        self.heal()
+        self.evaluate_pruned()
+        self.save()
+        return self.row
+
+    def plan(self) -> None:
+        """How the captures run (whole-model or layer-wise), from the model's size and free memory."""
+        c = self.config
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                torch.cuda.reset_peak_memory_stats(i)
+        self.execution: CaptureExecution | None = None
+        if c.model.capture_4bit:
+            self.record({"capture_mode": "whole", "capture_plan": "whole-model capture: model.capture_4bit"})
+            return
+        seq_len = getattr(c.calibration, "seq_len", None)
+        self.execution = plan_execution(
+            c.capture, c.model, c.calibration.batch_size, seq_len, cache_dir=str(self.paths.cache_dir)
+        )
+        log.info("capture plan: %s", self.execution.reason)
+        self.record({"capture_mode": self.execution.mode, "capture_plan": self.execution.reason})
+
+    def load(self) -> None:
+        """The model the captures run on (a 4-bit copy with ``model.capture_4bit``)."""
+        c = self.config
+        model_cfg = c.model
+        if self.execution is not None and self.execution.mode == "layerwise":  # the weights wait in host memory
+            model_cfg = dataclasses.replace(c.model, device="cpu", device_map=None)
+        with stage("load"):
+            nf4 = bool(c.model.capture_4bit)
+            self.captured = load_model(model_cfg, self.paths.cache_dir, self.spec.weights, nf4=nf4)
+        self.capture_adapter = self.adapted(self.captured)
+        self.capture_adapter.execution = self.execution
+        if self.spec.requirements.fits_transform and c.lt_placement == "fused":
+            self.capture_adapter.require_fusable()  # OLMo 2, Gemma 2/3: before any capture
+        self.record({"model_revision": self.captured.identity.get("commit")})
+
+    @staticmethod
+    def adapted(loaded: LoadedModel):
+        """The model's adapter, once every weight is checked finite (NaN or inf fails the job at
+        loading, naming the parameter)."""
+        check_weights_finite(loaded.model)
+        return adapter_for(loaded.model)
+
+    def calibrate(self) -> None:
+        """The calibration batches and the statistics caches keyed by them."""
+        c = self.config
+        self.calibration: Calibration = self.modality.calibration(self.captured, self.capture_adapter)
+        self.record(self.calibration.columns)
+        root, model = c.capture.cache_dir, self.captured.identity_hash
+        enabled, refresh = bool(c.capture.cache), bool(c.force)
+        self.cache = StatisticsCache(root, model, self.calibration.batches.content_hash(), enabled, refresh)
+        self.stats_cache = self.cache
+        if self.calibration.estimation is not self.calibration.batches:
+            content = self.calibration.estimation.content_hash()
+            self.stats_cache = StatisticsCache(root, model, content, enabled, refresh)
+
+    def select(self) -> None:
+        """The cuts (selected, or as given), every candidate's distance and the chosen cuts' statistics."""
+        c, adapter = self.config, self.capture_adapter
+        layer_matrix = self.cache.get_layer_distances() if c.record_layer_distances else None
+        wanted = c.record_layer_distances and layer_matrix is None
+        layer_distances = LayerDistances(adapter.num_layers) if wanted else None
+        stats_bytes = self.execution.stats_bytes if self.execution is not None else None
+        self.selection: Selection = select_and_capture(
+            self.spec.selection_request(stats_bytes),
+            adapter,
+            self.calibration.batches,
+            self.cache,
+            self.spec.requirements.statistics,
+            compute_missing=not self.spec.requirements.tokens,
+            extra_statistics=[layer_distances] if layer_distances else [],
+            stats_batches=self.calibration.estimation,
+            stats_cache=self.stats_cache,
+        )
+        cuts, distances = self.selection.cuts, self.selection.distances
+        self.record({"cuts": [list(cut) for cut in cuts], "num_lts": len(cuts), "n_prune": sum(e - s for s, e in cuts)})
+        if distances is not None:
+            check_finite("selection", "the candidate distances are", distances.values())
+            chosen = [distances[cut] for cut in cuts if cut in distances]
+            self.record(
+                {
+                    "candidate_distances": [[s, e, distances[(s, e)]] for s, e in sorted(distances)],
+                    "selection_distance": float(min(chosen)) if chosen else None,
+                }
+            )
+        if layer_distances is not None:
+            if layer_distances.n_tokens == 0:  # no selection pass ran to carry it
+                with stage("analysis"):
+                    run_capture(adapter, self.calibration.batches, [layer_distances], desc="layer distances")
+            layer_matrix = layer_distances.result()
+            self.cache.put_layer_distances(layer_matrix)
+        self.record({"layer_distances": layer_matrix})
+        for cut, s in self.selection.stats.items():
+            check_finite("capture", f"the statistics of cut {list(cut)} are", [s.mtm, s.mtr, s.r_sq])
+        self.sequential = c.multi_lt == "sequential" and len(cuts) > 1
+
+    def estimate(self) -> None:
+        """Every transform from the unpruned model's activations (sequential cuts: in :meth:`prune`)."""
+        self.estimator = self.spec.estimator()
+        self.fit = Fit({})
+        if not self.sequential:
+            self.fit = fit_transforms(
+                self.capture_adapter,
+                self.calibration.estimation,
+                self.estimator,
+                self.selection.cuts,
+                self.selection.stats,
+                self.spec.fit_request(),
+            )
+            self.record(self.fit.columns())
+
+    def load_evaluated_model(self) -> None:
+        """The model that is evaluated and pruned: the captured one, or with ``model.capture_4bit``
+        the full-precision model, loaded once the 4-bit copy is freed."""
+        if self.config.model.capture_4bit:
+            del self.capture_adapter, self.captured
+            gc.collect()
+            torch.cuda.empty_cache()
+            with stage("load"):
+                self.loaded = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
+            self.adapter = self.adapted(self.loaded)
+        else:
+            self.loaded, self.adapter = self.captured, self.capture_adapter
+        self.device = input_device(self.adapter)
+        self.record(
+            {
+                "num_layers": self.adapter.num_layers,
+                "device": device_name(self.device),
+                "params_before": count_parameters(self.loaded.model),
+            }
+        )
+
+    def evaluate_unpruned(self) -> None:
+        """Held-out data and the unpruned model's scores (cached per model and evaluation)."""
+        self.heldout = self.modality.heldout(self.loaded, self.adapter)
+        self.baselines = BaselineCache(self.paths.baselines, refresh=bool(self.config.force))
+        self.record(self.modality.evaluate_unpruned(self.loaded, self.adapter, self.heldout, self.baselines))
+
+    def prune(self) -> None:
+        """Each transform checked on held-out data, then the blocks removed and the transforms fused."""
+        c = self.config
+        # lt_only trains T itself, against the fusion targets' unfused weights (copied before surgery)
+        self.unfused = {}
+        if c.healing.name == "lt_only" and c.lt_placement == "fused":
+            self.unfused = fusion_weights(self.adapter, self.selection.cuts)
+        if self.sequential:
+            self.prune_sequentially()
+        else:
+            if self.heldout is not None:
+                with stage("eval", "held-out distances"):
+                    key = {
+                        "model": self.loaded.identity_hash,
+                        "windows": self.heldout.content_hash(),
+                        "cuts": [list(cut) for cut in self.selection.cuts],
+                    }
+                    distances = heldout_distances(
+                        self.adapter,
+                        self.heldout,
+                        self.fit.transforms,
+                        self.baselines,
+                        key,
+                        c.lt_placement,
+                        self.spec.token_rule.massive_threshold,
+                    )
+                self.record(distances.columns())
+            with stage("surgery"):
+                self.kept = prune(self.adapter, self.selection.cuts, self.fit.transforms, c.lt_placement)
+        caches = (self.cache, self.stats_cache, self.baselines)
+        self.record({"cached_stages": sorted({CACHED_STAGE_NAMES.get(k, k) for cache in caches for k in cache.hits})})
+        params_after = count_parameters(self.loaded.model)
+        self.record({"params_after": params_after, "kept_blocks": self.kept})
+        self.record({"compression_ratio": 1.0 - params_after / self.row["params_before"]})
+        self.record(self.modality.pruned_columns(self.row))
+        self.record(self.modality.quality(self.loaded, self.heldout))
+
+    def prune_sequentially(self) -> None:
+        """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
+        earlier cuts are already applied (fused and removed), checked on held-out data in the same
+        context, then applied itself."""
+        c, adapter, request = self.config, self.adapter, self.spec.fit_request()
+        checks, removed = [], 0
+        for cut in self.selection.cuts:
+            shifted = (cut[0] - removed, cut[1] - removed)
+            stats = {}
+            if self.estimator.needs_statistics and not self.estimator.needs_tokens:
+                if removed == 0 and cut in self.selection.stats:
+                    stats = {shifted: self.selection.stats[cut]}
+                else:
+                    stats = self.stage_statistics(shifted, cut)
+            fit = fit_transforms(adapter, self.calibration.estimation, self.estimator, [shifted], stats, request)
+            self.fit = self.fit.merged(fit.relabelled(shifted, cut))
+            transform = fit.transforms[shifted]
+            with stage("eval", "held-out distances"):
+                check = TransformDistances({shifted: transform}, c.lt_placement, request.rule.massive_threshold)
+                run_capture(adapter, self.heldout, [check], desc="held-out distances")
+            checks.append(check)
+            with stage("surgery"):
+                prune(adapter, [shifted], {shifted: transform}, c.lt_placement)
+            removed += cut[1] - cut[0]
+        self.record(self.fit.columns())
+        self.record(sequential_checks(checks).columns())
+        self.kept = kept_blocks(self.row["num_layers"], self.selection.cuts)
+
+    def stage_statistics(self, shifted, cut) -> dict:
+        request = self.spec.fit_request()
+        accumulator = LinearStatistics(
+            [shifted], self.adapter.hidden_size, input_device(self.adapter),
+            request.placement, request.rule, request.precision,
+        )
+        with stage("capture", f"capture (stage {list(cut)})"):
+            run_capture(self.adapter, self.calibration.estimation, [accumulator], desc=f"capture (stage {list(cut)})")
+        return accumulator.result()
+
+    def heal(self) -> None:
+        """Fine-tune the pruned model (``healing``) and measure it again."""
+        c = self.config
+        if c.healing.name == "none":
+            return
+        self.row["ppl_heldout_before_healing"] = self.row.pop("ppl_heldout")
+        with stage("data", "healing data"):
+            windows = healing_windows(c.healing, self.loaded.tokenizer)
+        self.record({"healing_windows": windows.n_sequences})
+        trainable = None
+        if c.healing.name == "lt_only":
+            trainable = attach_trainable_transforms(
+                self.adapter, self.fit.transforms, self.kept, self.unfused, c.lt_placement
+            )
+        with stage("heal", f"healing ({c.healing.name})"):
+            result = heal(self.adapter, windows, c.healing, trainable)
+        self.record(result.columns())
+        self.record(self.modality.quality(self.loaded, self.heldout, healed=True))
+
+    def evaluate_pruned(self) -> None:
+        self.record(self.modality.evaluate_pruned(self.loaded, self.adapter, self.heldout))
+
+    def save(self) -> None:
+        """The pruned model as a standard checkpoint under ``results_dir/models/<config_hash>``."""
+        if not self.config.save_model:
+            return
+        with stage("save"):
+            target = self.paths.model_dir(self.row["config_hash"])
+            keys = ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")
+            metadata = {k: self.row[k] for k in keys}
+            save_checkpoint(self.loaded.model, self.loaded.tokenizer, target, metadata, self.loaded.processor)
+        self.record({"pruned_model_path": str(target)})
+
+
+def check_weights_finite(model) -> None:
+    """One min/max reduction per tensor on one thread (NaN and inf propagate through it): many small
+    parallel reductions stall on a busy CPU (0.3 s idle, up to 20 s with the other core loaded)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, parameter in model.named_parameters():
+            if parameter.dtype.is_floating_point and parameter.numel():
+                try:
+                    low, high = torch.aminmax(parameter.detach())
+                    finite = bool(torch.isfinite(low) & torch.isfinite(high))
+                except RuntimeError:  # a dtype without aminmax (float8)
+                    finite = bool(torch.isfinite(parameter.detach().float()).all())
+                if not finite:
+                    raise NonFiniteError("load", f"the weight {name} is")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"

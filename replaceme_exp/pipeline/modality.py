@@ -1,0 +1,82 @@
+"""What differs between pruning a language model and a vision encoder: the calibration data, the
+held-out data and how the model is evaluated before and after pruning. Selection, estimation,
+surgery, held-out distances and saving are the same for both (:mod:`replaceme_exp.pipeline.job`).
+
+A modality is registered under the name :func:`~replaceme_exp.pipeline.rules.modality_of` gives a
+model; :class:`Modality` is the interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replaceme_exp.data.batching import TokenBatches
+from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.models.loading import LoadedModel
+from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.registry import Registry
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Where a job reads and writes: ``results_dir`` (rows, baselines, models), ``cache_dir``
+    (converted models, statistics, generated data) and ``job_dir`` (its logs, W&B and CodeCarbon
+    files), all absolute."""
+
+    results_dir: Path
+    cache_dir: Path
+    job_dir: Path
+
+    @property
+    def baselines(self) -> Path:
+        return self.results_dir / "baselines"
+
+    def model_dir(self, config_hash: str) -> Path:
+        return self.results_dir / "models" / config_hash
+
+
+@dataclass
+class Calibration:
+    """The batches a job selects its cuts on (``batches``) and fits its transforms on
+    (``estimation``: the same, or with masked copies), and their row columns."""
+
+    batches: TokenBatches
+    estimation: TokenBatches
+    columns: dict = field(default_factory=dict)
+
+
+class Modality:
+    """Data and evaluation of one kind of model."""
+
+    name = "modality"
+
+    def __init__(self, spec: JobSpec, paths: JobPaths):
+        self.spec, self.config, self.paths = spec, spec.config, paths
+
+    def calibration(self, loaded: LoadedModel, adapter) -> Calibration:
+        """The calibration batches (announces its ``data`` stage)."""
+        raise NotImplementedError
+
+    def heldout(self, loaded: LoadedModel, adapter) -> TokenBatches | None:
+        """Held-out batches for the transforms' distances (None: no held-out check)."""
+        raise NotImplementedError
+
+    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
+        """The unpruned model's scores (cached in ``baselines``) and the evaluation's settings, as
+        row columns."""
+        raise NotImplementedError
+
+    def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
+        """The held-out quality of the pruned model (``healed``: after healing), as columns."""
+        return {}
+
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
+        """The pruned (and healed) model's scores, as row columns."""
+        raise NotImplementedError
+
+    def pruned_columns(self, row: dict) -> dict:
+        """Columns derived from the row once the blocks are removed."""
+        return {}
+
+
+MODALITIES: Registry[type[Modality]] = Registry("modality", "modality")

@@ -1,0 +1,171 @@
+"""The rules that join several keys of a job's configuration, checked before anything loads.
+
+Each key's own type and range are the schema's (:mod:`replaceme_exp.config.schema`); here is what
+depends on several keys, on the estimator's declared needs, on the machine (bitsandbytes, a GPU)
+or on files the job will read. Every rule raises one :class:`~replaceme_exp.errors.ConfigError`
+naming the key, the value and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from replaceme_exp.config import schema
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation.estimators import Requirements
+from replaceme_exp.evaluation.clip_benchmarks import benchmark_task
+from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
+from replaceme_exp.selection.metrics import METRICS
+
+IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
+
+
+def modality_of(model: schema.ModelConfig) -> str:
+    """``vision`` for a vision encoder (CLIP), else ``text``."""
+    return "vision" if is_vision_config(model) else "text"
+
+
+def writable_directory(key: str, value) -> None:
+    """``value`` names a directory this process can create and write."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, "must be a directory path")
+    existing = Path(value).expanduser()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(key, value, f"{existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(key, value, f"{existing} is not writable")
+
+
+def existing_file(key: str, value) -> None:
+    paths = value if isinstance(value, list) and value else [value]
+    if not all(isinstance(p, str) and Path(p).expanduser().is_file() for p in paths):
+        raise ConfigError(key, value, "no such file")
+
+
+def check_job(c: schema.JobConfig, needs: Requirements) -> None:
+    """Every cross-key rule of ``c`` for an estimator with ``needs``; the first broken one raises."""
+    for key in ("results_dir", "cache_dir"):
+        writable_directory(key, getattr(c, key))
+    check_selection(c)
+    check_method(c, needs)
+    check_data(c)
+    if is_vision_config(c.model):
+        check_vision(c)
+    elif c.calibration.source in IMAGE_SOURCES:
+        raise ConfigError(
+            "calibration.source", c.calibration.source, f"is image data for vision encoders, not model={c.model.name}"
+        )
+    elif isinstance(c.eval, schema.ImageEvalConfig):
+        raise ConfigError(
+            "eval.benchmarks", c.eval.benchmarks, "are image benchmarks, for vision encoders (model=clip_vit_l14)"
+        )
+    check_hardware(c)
+
+
+def check_selection(c: schema.JobConfig) -> None:
+    metric = METRICS.get(c.selection.metric)
+    if metric.whole_sequence and c.selection.tokens != "all":
+        raise ConfigError(
+            "selection.tokens", c.selection.tokens, f"selection.metric={metric.name} is computed over all tokens"
+        )
+    seq_len = getattr(c.calibration, "seq_len", None)
+    if c.estimation.tokens == "skip_first" and seq_len is not None and c.estimation.first >= seq_len:
+        raise ConfigError(
+            "estimation.first", c.estimation.first, f"leaves no token of sequences of calibration.seq_len={seq_len}"
+        )
+
+
+def check_method(c: schema.JobConfig, needs: Requirements) -> None:
+    """The objective, regulariser, structure and healing together."""
+    name = c.objective.name
+    if needs.uses_alpha:
+        if c.regularizer.name == "none" and c.alpha > 0:
+            raise ConfigError("alpha", c.alpha, "has no effect with regularizer=none; use regularizer=l2 (ridge)")
+        if c.regularizer.name not in needs.regularizers:
+            raise ConfigError(
+                "regularizer", c.regularizer.name, f"objective={name} supports {', '.join(needs.regularizers)}"
+            )
+    if needs.fits_transform and c.structure.name not in needs.structures:
+        raise ConfigError("structure", c.structure.name, f"objective={name} supports {' or '.join(needs.structures)}")
+    if c.healing.name == "lt_only" and not needs.fits_transform:
+        reason = f"trains the linear transform; objective={name} fits none (heal with lora or full_model)"
+        raise ConfigError("healing", c.healing.name, reason)
+    if c.healing.name != "none" and c.healing.data.source == "text_file":
+        existing_file("healing.data.path", c.healing.data.path)
+    if c.eval.harness is not None and set(c.eval.harness.metrics) != set(c.eval.harness.tasks):
+        metrics, tasks = c.eval.harness.metrics, list(c.eval.harness.tasks)
+        raise ConfigError(
+            "eval.harness.metrics",
+            metrics,
+            f"declare one metric per task of eval.harness.tasks {tasks} "
+            f"(missing {sorted(set(tasks) - set(metrics))}, extra {sorted(set(metrics) - set(tasks))})",
+        )
+    if c.eval.text == "text_file":
+        existing_file("eval.path", c.eval.path)
+
+
+def check_data(c: schema.JobConfig) -> None:
+    """The calibration data's files and resources, before the model loads."""
+    cal = c.calibration
+    if isinstance(cal, schema.FolderImagesConfig) and not Path(str(cal.path)).expanduser().is_dir():
+        raise ConfigError("calibration.path", cal.path, "no such image folder")
+    if isinstance(cal, schema.HubImagesConfig) and (not isinstance(cal.dataset, str) or cal.dataset in ("", "???")):
+        raise ConfigError("calibration.dataset", cal.dataset, "name the hub image dataset (owner/name)")
+    if cal.source == "text_file" or (cal.source == "hf_dataset" and getattr(cal, "dataset", None) == "json"):
+        existing_file("calibration.path", getattr(cal, "path", None))
+    if isinstance(cal, schema.GeneratedCalibrationConfig):
+        if cal.prompts_path is not None:
+            existing_file("calibration.prompts_path", cal.prompts_path)
+        if isinstance(cal, schema.DatasetPromptsCalibrationConfig) and cal.prompts_dataset == "json":
+            files = cal.prompts_data_files
+            if not (
+                isinstance(files, list)
+                and files
+                and all(isinstance(f, str) and Path(f).expanduser().is_file() for f in files)
+            ) and not (isinstance(files, str) and Path(files).expanduser().is_file()):
+                raise ConfigError(
+                    "calibration.prompts_data_files", files, "no such file (prompts_dataset=json reads it)"
+                )
+
+
+def check_vision(c: schema.JobConfig) -> None:
+    """A vision encoder: image data and benchmarks; text-only settings refused."""
+    name = c.model.name
+    if c.calibration.source not in IMAGE_SOURCES:
+        reason = f"model={name} is a vision encoder: calibrate it on images ({', '.join(IMAGE_SOURCES)})"
+        raise ConfigError("calibration.source", c.calibration.source, reason)
+    if not isinstance(c.eval, schema.ImageEvalConfig):
+        raise ConfigError("eval", c.eval.name, f"has no image benchmarks for model={name} (eval=clip)")
+    for benchmark in c.eval.benchmarks:
+        benchmark_task(benchmark)
+    if c.healing.name != "none":
+        raise ConfigError("healing", c.healing.name, "healing trains on text; not for a vision encoder")
+    if float(c.mask_ratio):
+        raise ConfigError("mask_ratio", float(c.mask_ratio), "token masking is for text calibration")
+    if c.multi_lt == "sequential" and not (c.cuts is None and c.num_lts == 1):
+        raise ConfigError("multi_lt", "sequential", "not for a vision encoder (its held-out check reads text)")
+    if c.model.capture_4bit:
+        raise ConfigError("model.capture_4bit", True, "not for a vision encoder")
+
+
+def check_hardware(c: schema.JobConfig) -> None:
+    """What the machine must have (bitsandbytes and a GPU for a 4-bit capture) and what a 4-bit
+    capture cannot be combined with."""
+    if not c.model.capture_4bit:
+        return
+    if c.capture.mode == "layerwise":
+        raise ConfigError(
+            "capture.mode", "layerwise", "not with model.capture_4bit (a 4-bit copy is placed on the GPU)"
+        )
+    if c.calibration.source == "generated":
+        reason = "not with model.capture_4bit (the answers would come from the 4-bit copy)"
+        raise ConfigError("calibration.source", c.calibration.source, reason)
+    check_nf4_capture(c.model)
+    several = len(c.cuts) > 1 if c.cuts is not None else c.num_lts != 1
+    if c.multi_lt == "sequential" and several:
+        raise ConfigError(
+            "model.capture_4bit", True, "not with multi_lt=sequential and several cuts (the 4-bit copy is not pruned)"
+        )

@@ -1,0 +1,313 @@
+"""What a job is: its configuration resolved once into the settings that act.
+
+:meth:`JobSpec.from_config` checks the composed configuration (every key, every cross-key rule),
+applies what the estimator declares (:class:`~replaceme_exp.estimation.Requirements`) and decides,
+in one place, what each setting does:
+
+- settings that cannot act are dropped (the row shows None, the hash leaves them out): selection
+  with explicit ``cuts``; merging and ``multi_lt`` for a single selected cut; masking keys when
+  ``mask_ratio`` is 0; solver settings of closed forms (Adam is mini-batch under either schedule);
+  ``estimation.first`` unless ``estimation.tokens=skip_first``;
+- settings that act in one way only take their canonical value: the regulariser and alpha when
+  the objective takes no alpha or alpha is 0 (``none``, 0); the structure and placement of
+  ``identity`` (``generic``, ``fused``); the token rule when nothing is fitted (``all``).
+
+The config hash (:attr:`JobSpec.config_hash`), the setting hash and the row's setting columns
+(:meth:`JobSpec.setting_columns`) all come from these effective settings, so equivalent spellings
+(``alpha=0`` and ``alpha=0.0``; a preset and its expansion; ``regularizer=none`` vs ``l2`` at
+alpha 0) share one hash and one description. Keys that change where or how a job runs, not what
+it computes, stay out of the hash (``results_dir``, ``cache_dir``, ``save_model``, ``force``,
+``capture`` except a float32 precision that acts, ``store``, ``tracking``, ``progress``,
+``model.device``, ``model.device_map``, ``eval.samples``, ``healing.log_every``,
+``healing.gradient_checkpointing``); local data files and the model's weights enter by content.
+``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import get_class
+from omegaconf import DictConfig
+
+from replaceme_exp.capture.execution import compute_device, resolve_precision
+from replaceme_exp.capture.token_rules import TokenRule
+from replaceme_exp.config import schema
+from replaceme_exp.config.validate import typed_config
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation.estimators import Estimator, Requirements
+from replaceme_exp.estimation.fitting import FitRequest
+from replaceme_exp.models.fingerprint import file_digest
+from replaceme_exp.pipeline.rules import check_job, modality_of
+from replaceme_exp.selection.metrics import METRICS
+from replaceme_exp.selection.passes import SelectionRequest
+from replaceme_exp.storage import content_key
+
+# Bump when the code changes what an unchanged configuration computes.
+SEMANTICS_VERSION = 3
+# Where and how a job runs, not what it computes.
+NON_SEMANTIC_KEYS = ("results_dir", "cache_dir", "save_model", "force", "capture", "store", "tracking", "progress")
+NON_SEMANTIC_MODEL_KEYS = ("device", "device_map")
+NON_SEMANTIC_HEALING_KEYS = ("log_every", "gradient_checkpointing")
+# Fields whose value names a local data file: the file enters the hash by content.
+DATA_FILE_FIELDS = ("path", "prompts_path", "prompts_data_files")
+
+
+@dataclass(frozen=True)
+class EffectiveSettings:
+    """The job's settings as they act (see the module docstring)."""
+
+    selection_metric: str | None  # "cosine", "angular_last", ...; None with explicit cuts
+    selects_by_ls: bool  # selection by the LS residual (which solves ridge LS in the placement)
+    alpha: float
+    regularizer: str
+    structure: str
+    lt_placement: str
+    estimation_tokens: str
+    estimation_first: int | None
+    massive_threshold: float
+    merge_consecutive: bool | None
+    multi_lt: str | None
+    mask_passes: int | None
+    capture_precision: str  # float64 or float32 on this machine
+    precision_acts: bool  # float32 products feed a statistic this job uses
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job's configuration (typed, checked), what its estimator declares, and its effective
+    settings; its config hash, setting hash and row setting columns.
+
+    ``weights``: the model's weights fingerprint (:func:`~replaceme_exp.models.fingerprint.weights_fingerprint`),
+    part of the hash (None: without it)."""
+
+    config: schema.JobConfig
+    requirements: Requirements
+    effective: EffectiveSettings
+    modality: str
+    weights: dict | None = None
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig | dict | schema.JobConfig, weights: dict | None = None) -> "JobSpec":
+        """Check ``cfg`` (one :class:`~replaceme_exp.errors.ConfigError` naming key, value and reason
+        for the first problem) and resolve it. Cheap: no model, no data."""
+        config = cfg if isinstance(cfg, schema.JobConfig) else typed_config(cfg)
+        requirements = estimator_class(config.objective).requirements(config.objective)
+        check_job(config, requirements)
+        return cls(config, requirements, resolve(config, requirements), modality_of(config.model), weights)
+
+    def with_weights(self, weights: dict | None) -> "JobSpec":
+        return dataclasses.replace(self, weights=weights)
+
+    # ---- identity -------------------------------------------------------------------------------
+
+    def identity(self) -> dict:
+        """The settings the config hash is taken over: the configuration reduced to what moves a
+        number, each setting as it acts, numbers by value."""
+        c, e = self.config, self.effective
+        data = dataclasses.asdict(c)
+        for key in NON_SEMANTIC_KEYS:
+            data.pop(key)
+        for key in NON_SEMANTIC_MODEL_KEYS:
+            data["model"].pop(key)
+        if self.weights is not None:
+            data["model"]["weights"] = self.weights
+        data["eval"].pop("samples")  # what the job shows, not what it measures
+        data["alpha"] = e.alpha
+        data["regularizer"] = {"name": e.regularizer}
+        data["structure"] = {"name": e.structure}
+        data["lt_placement"] = e.lt_placement
+        data["estimation"]["tokens"] = e.estimation_tokens
+        if e.estimation_first is None:
+            data["estimation"].pop("first")
+        data.pop("solver_schedule")  # acts only through objective.schedule
+        if self.requirements.solver == "adam":  # Adam is mini-batch under either schedule
+            data["objective"].pop("schedule")
+        if c.cuts is not None:
+            for key in ("selection", "n_prune", "num_lts"):
+                data.pop(key)
+        if e.merge_consecutive is None:
+            data.pop("merge_consecutive")
+        if e.multi_lt is None:
+            data.pop("multi_lt")
+        if c.healing.name == "none":  # its keys only let sweeps set them
+            data["healing"] = {"name": "none"}
+        for key in NON_SEMANTIC_HEALING_KEYS:
+            data["healing"].pop(key, None)
+        memo = Path(c.cache_dir) / "fingerprints"
+        for section in (data["calibration"], data["eval"], data["healing"].get("data") or {}):
+            for name in DATA_FILE_FIELDS:
+                paths = section.get(name)
+                paths = paths if isinstance(paths, list) else [paths]
+                files = [Path(p).expanduser() for p in paths if isinstance(p, str) and Path(p).expanduser().is_file()]
+                if files:
+                    section[f"{name}_sha256"] = [file_digest(f, memo) for f in files]
+        if e.precision_acts:
+            data["capture_precision"] = e.capture_precision  # float32 products round differently
+        if e.mask_passes is None:
+            data["mask_ratio"] = 0
+            data.pop("mask_passes")
+        data["semantics_version"] = SEMANTICS_VERSION
+        return _by_value(data)
+
+    @property
+    def config_hash(self) -> str:
+        """Hash of the effective settings (equal for equivalent spellings)."""
+        return _digest(self.identity())
+
+    @property
+    def setting_hash(self) -> str:
+        """The config hash without the seed (``calibration.seed`` and ``healing.seed`` follow
+        ``seed``): runs that share it differ only in the seed, the only runs a cell may average."""
+        data = self.identity()
+        data.pop("seed")
+        for group in ("calibration", "healing"):
+            if data[group].get("seed") == self.config.seed:
+                data[group].pop("seed")
+        return _digest(data)
+
+    # ---- the row --------------------------------------------------------------------------------
+
+    def setting_columns(self) -> dict[str, Any]:
+        """The row's setting columns: each setting as it acts (None where it cannot act)."""
+        c, e, r = self.config, self.effective, self.requirements
+        healing = c.healing.name != "none"
+        return {
+            "model": c.model.name,
+            "dtype": str(c.model.dtype),
+            "capture_4bit": bool(c.model.capture_4bit),
+            "calibration": c.calibration.name,
+            "n_calib_samples": c.calibration.n_samples,
+            "calib_seq_len": getattr(c.calibration, "seq_len", None),
+            "calibration_order": getattr(c.calibration, "order", None),
+            "calibration_chat_turns": getattr(c.calibration, "chat_turns", None),
+            "objective": c.objective.name,
+            "solver": r.solver,
+            "solver_schedule": r.solver_schedule,
+            "alpha_scale": r.alpha_scale if r.uses_alpha else None,
+            "structure": e.structure,
+            "regularizer": e.regularizer,
+            "alpha": float(e.alpha),
+            "mask_ratio": float(c.mask_ratio),
+            "mask_passes": e.mask_passes,
+            "estimation_tokens": e.estimation_tokens,
+            "estimation_first": e.estimation_first,
+            "massive_threshold": float(e.massive_threshold),
+            "lt_placement": e.lt_placement,
+            "plain_checkpoint": e.lt_placement == "fused" or not r.fits_transform,
+            "healing": c.healing.name,
+            # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job runs it
+            "healing_settings": dataclasses.asdict(c.healing) if healing else None,
+            "healing_data": c.healing.data.name if healing else None,
+            "multi_lt": e.multi_lt,
+            "merge_consecutive": e.merge_consecutive,
+            "seed": c.seed,
+            "num_lts": c.num_lts,
+            "n_prune": c.n_prune,
+            "selection_metric": e.selection_metric,
+            "eval": c.eval.name,
+            "capture_precision": e.capture_precision,
+        }
+
+    @property
+    def token_rule(self) -> TokenRule:
+        """Which calibration tokens enter the fits, as it acts."""
+        e = self.effective
+        return TokenRule(e.estimation_tokens, e.estimation_first or 1, e.massive_threshold)
+
+    def selection_request(self, stats_bytes: float | None = None) -> SelectionRequest:
+        """What the selection and statistics passes need (``stats_bytes``: the plan's budget)."""
+        c, e = self.config, self.effective
+        return SelectionRequest(
+            cuts=[tuple(cut) for cut in c.cuts] if c.cuts is not None else None,
+            n_prune=c.n_prune,
+            num_lts=c.num_lts,
+            merge_consecutive=bool(c.merge_consecutive),
+            metric=METRICS.get(c.selection.metric),
+            tokens=c.selection.tokens,
+            alpha=float(c.alpha),
+            placement=c.lt_placement,
+            rule=self.token_rule,
+            precision=e.capture_precision,
+            passes=c.capture.passes,
+            max_stats_gb=c.capture.max_stats_gb,
+            stats_bytes=stats_bytes,
+        )
+
+    def fit_request(self) -> FitRequest:
+        """How the transforms are fitted."""
+        c, e = self.config, self.effective
+        return FitRequest(
+            alpha=float(c.alpha),
+            regularizer=e.regularizer,
+            structure=c.structure.name,
+            seed=int(c.seed),
+            placement=c.lt_placement,
+            rule=self.token_rule,
+            precision=e.capture_precision,
+            store=c.store,
+            owner=self.config_hash,
+        )
+
+    def estimator(self) -> Estimator:
+        """The estimator of ``objective`` (built from its ``_target_`` and its keys)."""
+        objective = dataclasses.asdict(self.config.objective)
+        return get_class(objective.pop("_target_"))(**objective)
+
+
+def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
+    try:
+        found = get_class(objective._target_)
+    except Exception as err:  # noqa: BLE001 - hydra raises several types for an unknown path
+        raise ConfigError("objective._target_", objective._target_, f"no such estimator class ({err})") from err
+    if not (isinstance(found, type) and issubclass(found, Estimator)):
+        raise ConfigError("objective._target_", objective._target_, "is not an Estimator")
+    return found
+
+
+def resolve(config: schema.JobConfig, requirements: Requirements) -> EffectiveSettings:
+    """What each setting of ``config`` does under an estimator with ``requirements``."""
+    c, r = config, requirements
+    selects = c.cuts is None
+    metric = METRICS.get(c.selection.metric) if selects else None
+    selects_by_ls = selects and metric.uses_statistics
+    uses_alpha = r.uses_alpha and c.alpha != 0
+    fitted = r.fits or selects_by_ls
+    estimation_tokens = c.estimation.tokens if fitted else "all"
+    precision = resolve_precision(c.capture.precision, compute_device(c.capture))
+    takes_products = r.fits or (selects and metric.takes_products)
+    single_cut = selects and c.num_lts == 1
+    return EffectiveSettings(
+        selection_metric=metric.column_name(c.selection.tokens) if selects else None,
+        selects_by_ls=selects_by_ls,
+        alpha=float(c.alpha) if uses_alpha or selects_by_ls else 0.0,
+        regularizer=c.regularizer.name if uses_alpha else "none",
+        structure=c.structure.name if r.fits_transform else "generic",
+        lt_placement=c.lt_placement if r.fits_transform or selects_by_ls else "fused",
+        estimation_tokens=estimation_tokens,
+        estimation_first=c.estimation.first if estimation_tokens == "skip_first" else None,
+        massive_threshold=c.estimation.massive_threshold,
+        merge_consecutive=None if single_cut else c.merge_consecutive,
+        multi_lt=None if single_cut else c.multi_lt,
+        mask_passes=c.mask_passes if float(c.mask_ratio) else None,
+        capture_precision=precision,
+        precision_acts=precision != "float64" and takes_products,
+    )
+
+
+def _by_value(value: Any) -> Any:
+    """Numbers by value: integral floats become ints, so 0 and 0.0 hash alike."""
+    if isinstance(value, dict):
+        return {k: _by_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_by_value(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _digest(data: dict) -> str:
+    return content_key(data, 16)

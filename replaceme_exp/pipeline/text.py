@@ -1,0 +1,96 @@
+"""Language models: calibration text (with masked copies), held-out windows, perplexity, lm-eval
+and generation samples."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from replaceme_exp.data.augmentation import with_masked_copies
+from replaceme_exp.data.calibration import Answerer, build_calibration, heldout_windows
+from replaceme_exp.errors import check_finite
+from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.evaluation.harness import harness_settings, run_harness
+from replaceme_exp.evaluation.perplexity import perplexity
+from replaceme_exp.evaluation.samples import greedy_answers, side_by_side
+from replaceme_exp.models.loading import LoadedModel
+from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality
+from replaceme_exp.results.row import library_versions
+from replaceme_exp.stages import stage
+
+
+@MODALITIES.register("text")
+class TextModality(Modality):
+    name = "text"
+
+    def calibration(self, loaded: LoadedModel, adapter) -> Calibration:
+        c = self.config
+        with stage("data"):
+            answerer = Answerer(loaded.model, loaded.identity_hash, str(self.paths.cache_dir))
+            batches = build_calibration(c.calibration, loaded.tokenizer, answerer)
+            # Masking is augmentation of the estimation data: the plain sequences plus masked copies.
+            estimation = (
+                with_masked_copies(batches, float(c.mask_ratio), c.mask_passes, int(c.seed))
+                if float(c.mask_ratio)
+                else batches
+            )
+        counts = {"n_calib_tokens": batches.n_tokens, "n_estimation_tokens": estimation.n_tokens}
+        return Calibration(batches, estimation, counts)
+
+    def heldout(self, loaded: LoadedModel, adapter):
+        return heldout_windows(self.config.eval, loaded.tokenizer)
+
+    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
+        c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
+        key = {"model": loaded.identity_hash, "windows": heldout.content_hash(), "metric": "ppl_heldout"}
+        with stage("eval", "baseline perplexity"):
+            columns = {"ppl_heldout_baseline": baselines.get_or_compute(key, lambda: finite_perplexity(model, heldout))}
+        if (harness := c.eval.harness) is not None:
+            with stage("eval", "baseline lm-eval"):
+                settings = harness_settings(harness, int(c.seed))
+                columns.update(settings)
+                key = {
+                    "model": loaded.identity_hash,
+                    "metric": "harness",
+                    "harness": dataclasses.asdict(harness),
+                    "settings": settings,
+                    "libraries": library_versions(),
+                }
+                scores = baselines.get_or_compute(
+                    key, lambda: run_harness(model, tokenizer, harness, self.paths.job_dir, int(c.seed))
+                )
+                check_finite("eval", "the unpruned model's avg_acc is", [scores["avg_acc"]])
+                self.baseline_avg_acc = columns["avg_acc_baseline"] = scores["avg_acc"]
+                columns.update({f"baseline_{name}": value for name, value in scores.items()})
+        if (samples := c.eval.samples) is not None:
+            with stage("eval", "generation samples (unpruned)"):
+                self.unpruned_answers = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
+        return columns
+
+    def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
+        which = "healed" if healed else "pruned"
+        with stage("eval", f"{which} perplexity"):
+            value = perplexity(loaded.model, heldout)
+            check_finite("eval", f"the {which} model's held-out perplexity is", [value])
+        return {"ppl_heldout": value}
+
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
+        c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
+        columns = {}
+        if (harness := c.eval.harness) is not None:
+            with stage("eval", "pruned lm-eval"):
+                columns.update(run_harness(model, tokenizer, harness, self.paths.job_dir, int(c.seed)))
+                check_finite("eval", "the pruned model's avg_acc is", [columns["avg_acc"]])
+                columns["rp"] = columns["avg_acc"] / self.baseline_avg_acc
+        if (samples := c.eval.samples) is not None:
+            with stage("eval", "generation samples (pruned)"):
+                pruned = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
+            columns["generation_samples"] = side_by_side(list(samples.prompts), self.unpruned_answers, pruned)
+        return columns
+
+
+def finite_perplexity(model, windows) -> float:
+    """The unpruned model's held-out perplexity, refused (and so never cached) when not finite."""
+    value = perplexity(model, windows)
+    check_finite("eval", "the unpruned model's held-out perplexity is", [value])
+    return value
+

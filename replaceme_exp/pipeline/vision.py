@@ -1,0 +1,108 @@
+"""Vision encoders (CLIP's image tower): image calibration (every image position a token), held-out
+distances on an image set, and clip-benchmark's zero-shot classification and retrieval.
+
+Row columns per benchmark follow the paper's CLIP table: ``acc1_cifar10``, ``acc5_cifar10``,
+``mean_avg_p_voc2007``, ``acc1_eurosat``, ``acc5_eurosat``, ``text_recall5_mscoco``,
+``vision_recall5_mscoco``, each with ``baseline_<column>`` for the unpruned model (cached per
+model and benchmark settings)."""
+
+from __future__ import annotations
+
+from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.config.validate import build_option
+from replaceme_exp.data.images import build_image_calibration
+from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, evaluate_benchmark
+from replaceme_exp.models.loading import LoadedModel
+from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality
+from replaceme_exp.results.row import library_versions
+from replaceme_exp.stages import stage
+
+# clip-benchmark metric -> the paper table's column stem, per benchmark
+COLUMN_NAMES = {
+    "acc1": "acc1",
+    "acc5": "acc5",
+    "mean_per_class_recall": "mean_per_class_recall",
+    "mean_average_precision": "mean_avg_p",
+    "text_retrieval_recall@5": "text_recall5",
+    "image_retrieval_recall@5": "vision_recall5",
+}
+BENCHMARK_SUFFIX = {"voc2007_multilabel": "voc2007", "vtab/eurosat": "eurosat", "mscoco_captions": "mscoco"}
+
+
+def benchmark_columns(name: str, metrics: dict[str, float]) -> dict[str, float]:
+    """``{metric}_{benchmark}`` columns of one benchmark's clip-benchmark metrics."""
+    suffix = BENCHMARK_SUFFIX.get(name, name)
+    return {f"{COLUMN_NAMES.get(metric, metric)}_{suffix}": value for metric, value in metrics.items()}
+
+
+@MODALITIES.register("vision")
+class VisionModality(Modality):
+    name = "vision"
+
+    def patch_size(self, adapter) -> int:
+        return int(adapter.config.patch_size)
+
+    def calibration(self, loaded: LoadedModel, adapter) -> Calibration:
+        with stage("data"):
+            batches = build_image_calibration(
+                self.config.calibration, loaded.processor, self.patch_size(adapter), self.paths.cache_dir
+            )
+        columns = {"n_calib_tokens": batches.n_tokens, "n_estimation_tokens": batches.n_tokens}
+        columns["calib_seq_len"] = batches.seq_len  # image positions (patches and the class token)
+        return Calibration(batches, batches, columns)
+
+    def heldout(self, loaded: LoadedModel, adapter):
+        images = self.config.eval.heldout_images
+        if not images:
+            return None
+        image_set = build_option("calibration", {"name": "heldout_images", **images}, "eval.heldout_images")
+        with stage("data", "held-out images"):
+            return build_image_calibration(image_set, loaded.processor, self.patch_size(adapter), self.paths.cache_dir)
+
+    def settings(self) -> dict:
+        e = self.config.eval
+        return {"batch_size": int(e.batch_size), "limit": e.limit, "amp": bool(e.amp)}
+
+    def scores(self, loaded: LoadedModel, adapter, name: str) -> dict[str, float]:
+        s = self.settings()
+        return evaluate_benchmark(
+            loaded.model,
+            adapter,
+            loaded.tokenizer,
+            loaded.processor,
+            name,
+            s["batch_size"],
+            input_device(adapter),
+            s["limit"],
+            s["amp"],
+        )
+
+    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
+        settings = self.settings()
+        benchmarks = list(self.config.eval.benchmarks)
+        columns = {f"eval_{k}": v for k, v in settings.items()}
+        columns["eval_benchmarks"] = benchmarks
+        columns.update({f"{package}_version": v for package, v in library_versions(LIBRARIES).items()})
+        for name in benchmarks:
+            key = {
+                "model": loaded.identity_hash,
+                "metric": f"clip/{name}",
+                "benchmarks_version": BENCHMARKS_VERSION,
+                "libraries": library_versions(LIBRARIES),
+                **settings,
+            }
+            with stage("eval", f"baseline {name}"):
+                baseline = baselines.get_or_compute(key, lambda name=name: self.scores(loaded, adapter, name))
+            columns.update({f"baseline_{c}": v for c, v in benchmark_columns(name, baseline).items()})
+        return columns
+
+    def pruned_columns(self, row: dict) -> dict:
+        return {"vision_compression_ratio": row["n_prune"] / row["num_layers"]}  # the paper's 13% / 25%: blocks
+
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
+        columns = {}
+        for name in self.config.eval.benchmarks:
+            with stage("eval", f"pruned {name}"):
+                columns.update(benchmark_columns(name, self.scores(loaded, adapter, name)))
+        return columns

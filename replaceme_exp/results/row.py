@@ -1,0 +1,134 @@
+"""A job's row: the columns every row starts with, the row of a configuration refused before it ran,
+and the codec of its cells (lists and dicts are stored as JSON text; :func:`decode_cell` and
+:func:`cuts_of` read them back, whether a row comes from the store or from a running job)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import subprocess
+import uuid
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.storage import content_key
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+
+@functools.cache
+def git_sha() -> str | None:
+    """The commit of the code this process imported (read once: a long sweep records the code it
+    runs, not a commit made while it ran)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+git_sha()
+
+
+def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str | None]:
+    """Versions of the libraries whose code computes the numbers (recorded in every row), and of
+    the ``extra`` packages a kind of job also depends on."""
+    out = {}
+    for package in ("torch", "transformers", *extra):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def start_row(config_hash: str, setting_hash: str, sweep_id: str | None, settings: dict[str, Any]) -> dict:
+    """A new run's row: its identity, the code and libraries, and the job's setting columns."""
+    return {
+        "run_id": new_run_id(),
+        "sweep_id": sweep_id,
+        "config_hash": config_hash,
+        "setting_hash": setting_hash,
+        "status": "running",
+        "error": None,
+        "started_at": now(),
+        "git_sha": git_sha(),
+        "cached_stages": [],
+        **{f"{package}_version": v for package, v in library_versions().items()},
+        **settings,
+        "selection_distance": None,
+        "candidate_distances": None,  # [[start, end, distance], ...] over all candidates
+        "layer_distances": None,  # (num_layers, num_layers) mean cosine distances, with record_layer_distances
+        "pruned_model_path": None,
+    }
+
+
+def refused_row(cfg: DictConfig, err: Exception, sweep_id: str | None) -> dict:
+    """The failed row of a configuration refused before it ran (its config hash from the raw
+    config, since its effective settings cannot be derived)."""
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=False)
+    except Exception:  # noqa: BLE001
+        raw = str(cfg)
+    chash = "invalid-" + content_key(raw, 16)
+    return {
+        "run_id": new_run_id(),
+        "sweep_id": sweep_id,
+        "config_hash": chash,
+        "status": "failed",
+        "error": f"{type(err).__name__}: {err}",
+        "failed_stage": "validation",
+        "started_at": now(),
+        "git_sha": git_sha(),
+        "model": OmegaConf.select(cfg, "model.name", default=None, throw_on_resolution_failure=False),
+        "objective": OmegaConf.select(cfg, "objective.name", default=None, throw_on_resolution_failure=False),
+    }
+
+
+def encode_cell(value: Any) -> Any:
+    """A parquet-friendly cell: lists, tuples and dicts as JSON text."""
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return value
+
+
+def decode_cell(value: Any) -> Any:
+    """A cell as the job wrote it: JSON text back to lists and dicts (other text as it is)."""
+    if isinstance(value, str) and value[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def cuts_of(value: Any) -> list[tuple[int, int]] | None:
+    """The ``cuts`` cell as ``[(start, end), ...]`` (None when the row has none)."""
+    value = decode_cell(value)
+    if value is None or isinstance(value, str) or (isinstance(value, float) and value != value):
+        return None
+    return [(int(s), int(e)) for s, e in value]
+
+
+def format_cuts(value: Any, missing: str = "none") -> str:
+    """``[11,19) [20,24)``: the cuts of a row for a person; ``missing`` without any."""
+    cuts = cuts_of(value)
+    if not cuts:
+        return value if isinstance(value, str) and value else missing
+    return " ".join(f"[{s},{e})" for s, e in cuts)

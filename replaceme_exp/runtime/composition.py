@@ -1,0 +1,72 @@
+"""Hydra's composition errors in one line: a misspelled key in a YAML file or on the command line,
+an unknown option, a bad override. They name the key, where it was and what would work, then the
+process stops with exit code 2 (a bad value composes, and is refused as a failed row instead)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from replaceme_exp.config import schema
+
+log = logging.getLogger("replaceme_exp")
+
+
+def _chain(err: BaseException) -> str:
+    texts, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        texts.append(str(err))
+        err = err.__cause__ or err.__context__
+    return "\n".join(texts)
+
+
+def _keys_of(shape: str) -> str:
+    cls = getattr(schema, shape.removesuffix("Keys"), None)
+    return ", ".join(sorted(f.name for f in dataclasses.fields(cls))) if dataclasses.is_dataclass(cls) else ""
+
+
+def one_line(err: BaseException) -> str:
+    """The error as one line: ``calibration.n_sampels: not a key of calibration/mine.yaml (its keys: ...)``."""
+    text = _chain(err)
+    unknown = re.search(r"Key '([^']+)' not in '([^']+)'", text)
+    if unknown:
+        full = re.search(r"full_key: (\S+)", text)
+        where = re.search(r"In '([^']+)'", text)
+        key = full.group(1) if full else unknown.group(1)
+        place = f" of {where.group(1)}.yaml" if where and where.group(1) != "config" else ""
+        keys = _keys_of(unknown.group(2))
+        return f"{key}: not a key{place} (its keys: {keys})" if keys else f"{key}: not a key{place}"
+    missing = re.search(r"Could not find '([^']+)'\s*Available options in '([^']+)':\n((?:\t.*\n?)*)", text)
+    if missing:
+        options = ", ".join(line.strip() for line in missing.group(3).splitlines() if line.strip())
+        group, option = missing.group(1).rsplit("/", 1)
+        return f"{group}={option}: no such option (choose one of {options})"
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return "; ".join(lines) or type(err).__name__
+
+
+@contextmanager
+def one_line_composition_errors() -> Iterator[None]:
+    """Around ``hydra.main``: a composition error becomes one logged line and exit code 2
+    (``HYDRA_FULL_ERROR=1`` keeps Hydra's own report with its traceback)."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        yield
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a multi-line report
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException) as err:
+        logging.basicConfig(format="%(message)s")
+        log.error("invalid configuration: %s", one_line(err))
+        sys.exit(2)
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -1,0 +1,141 @@
+"""A job as the command line runs it: always a row.
+
+:func:`run_recorded` checks the configuration (one failed row naming key, value and reason; no
+model is loaded for a bad value), skips a configuration that already has a finished row (unless
+forced), runs identical jobs one at a time, opens the job's W&B run when the job starts, and
+writes a ``finished`` or ``failed`` row (with its error and the stage that failed). A failed job
+does not stop a sweep; a stop signal does, after its row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from pathlib import Path
+
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from replaceme_exp.capture.token_store import TokenStore
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.models.fingerprint import weights_fingerprint
+from replaceme_exp.pipeline import JobSpec, run_job
+from replaceme_exp.pipeline.modality import JobPaths
+from replaceme_exp.progress import configure_from, progress_listener, quiet_library_bars
+from replaceme_exp.results import ResultsStore
+from replaceme_exp.results.row import refused_row, start_row
+from replaceme_exp.runtime.locks import config_lock
+from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
+from replaceme_exp.surgery import recover_checkpoint
+from replaceme_exp.tracking import WandbRun
+
+log = logging.getLogger("replaceme_exp.job")
+
+
+def run_recorded(
+    cfg: DictConfig,
+    sweep_id: str | None = None,
+    raise_on_failure: bool = True,
+    job_dir: str | os.PathLike | None = None,
+    run_name: str | None = None,
+    sweep_name: str | None = None,
+) -> dict:
+    """Run one job unless its config hash already has a finished row (and ``force`` is off), and
+    always leave a row behind. Everything the job writes besides its row and model goes to
+    ``job_dir`` (the Hydra job directory; default ``results_dir/jobs/<run_id>``): the W&B run and
+    CodeCarbon's files. Returns the row (the existing one when skipped)."""
+    try:
+        spec = JobSpec.from_config(cfg)
+    except ConfigError as err:
+        return refused(cfg, err, sweep_id, raise_on_failure)
+    c = spec.config
+    results_dir, cache_dir = Path(to_absolute_path(c.results_dir)), Path(to_absolute_path(c.cache_dir))
+    store = ResultsStore(results_dir)
+    try:
+        weights = weights_fingerprint(c.model, cache_dir)
+    except Exception as err:  # noqa: BLE001 - e.g. the embedded model is missing: loading fails with a clear error
+        log.warning("model fingerprint unavailable: %s", err)
+        weights = None
+    spec = spec.with_weights(weights)
+    chash = spec.config_hash
+    with config_lock(results_dir, chash):
+        model_dir = results_dir / "models" / chash
+        recover_checkpoint(model_dir)
+        if removed := TokenStore.remove_leftovers(chash, c.store.directory):
+            log.info("removed %d token store(s) a killed run of this configuration left", removed)
+        done = store.finished_row(chash) if not c.force else None
+        if done is not None and c.save_model and not model_dir.is_dir():
+            log.warning("finished run %s lost its model %s: running again", done["run_id"], model_dir)
+            done = None
+        if done is not None:
+            log.info("skipping: a finished row exists for config_hash=%s", chash)
+            done["status"] = "skipped"
+            done["row_path"] = str(store.row_path(done))
+            return done
+        row = start_row(chash, spec.setting_hash, sweep_id, spec.setting_columns())
+        row.update(model_fingerprint=weights, sweep_name=sweep_name)
+        row["sweep_group"] = " ".join(filter(None, [sweep_name, sweep_id])) or None
+        job_dir = Path(job_dir) if job_dir else results_dir / "jobs" / row["run_id"]
+        paths = JobPaths(results_dir, cache_dir, job_dir)
+        tracker = WandbRun(c.tracking.wandb, OmegaConf.to_container(cfg, resolve=True), row, job_dir, run_name)
+        return run_and_record(spec, paths, row, store, tracker, raise_on_failure)
+
+
+def refused(cfg: DictConfig, err: ConfigError, sweep_id: str | None, raise_on_failure: bool) -> dict:
+    """The failed row of a configuration refused before it ran (the error is the job summary's
+    line: not logged twice)."""
+    row = refused_row(cfg, err, sweep_id)
+    try:
+        row["row_path"] = str(ResultsStore(to_absolute_path(cfg.results_dir)).write(row))
+    except Exception as write_err:  # noqa: BLE001 - results_dir itself may be the bad value
+        log.error("no row written: %s", write_err)
+    if raise_on_failure:
+        raise err
+    return row
+
+
+def run_and_record(
+    spec: JobSpec, paths: JobPaths, row: dict, store: ResultsStore, tracker: WandbRun, raise_on_failure: bool
+) -> dict:
+    """Run the job with its W&B run open and write its row, finished or failed."""
+    configure_from(spec.config.progress)
+    quiet_library_bars()
+    row["job_dir"] = str(paths.job_dir)
+    row["row_path"] = str(store.row_path(row))
+    started = time.perf_counter()
+    try:
+        tracker.start()
+        row["wandb_dir"] = tracker.directory
+    except Exception as err:  # noqa: BLE001 - tracking must not cost the job
+        log.warning("W&B run not started: %s", err)
+        tracker.run = None
+    failure = None
+    try:
+        with stop_signals_raise(), progress_listener(tracker.progress):
+            run_job(spec, paths, row, tracker.stage)
+    except Exception as err:  # noqa: BLE001 - every failure becomes a row
+        failure = err
+        row.update(status="failed", error=f"{type(err).__name__}: {err}")
+        # A configuration error or a stop signal is said in one line by the job's summary (run.py);
+        # anything else gets its traceback here.
+        if not isinstance(err, (ConfigError, JobInterrupted)):
+            where = f" in stage {row['failed_stage']}" if row.get("failed_stage") else ""
+            log.error("job failed%s: %s\n%s", where, row["error"], traceback.format_exc())
+    row["time_total_s"] = time.perf_counter() - started
+    try:
+        tracker.finish(row)
+    except Exception as err:  # noqa: BLE001 - tracking must not cost the row
+        log.warning("W&B logging failed: %s", err)
+    try:
+        path = store.write(row)
+    except OSError as err:  # e.g. a full disk: say so in one line; no partial row file is left
+        log.error("row of run %s not written under %s: %s", row["run_id"], store.runs, err)
+        raise
+    if failure is not None:
+        log.debug("failed row written to %s", path)
+        if raise_on_failure or isinstance(failure, JobInterrupted):
+            failure.row = row  # what the caller reports before it stops
+            raise failure
+    return row

@@ -1,0 +1,85 @@
+"""The selection metrics: how candidate cuts are compared (``selection.metric``).
+
+Each metric is registered under its config name with what it is computed from:
+
+- ``distance``: a per-token distance between ``L_{start-1}`` and ``L_{end-1}``, averaged over the
+  tokens (all, or each sequence's last with ``selection.tokens=last``);
+- ``similarity``: a similarity per cut from streamed moments (sums, ``L_k^T L_k``, cross products:
+  :class:`~replaceme_exp.capture.similarity.SimilarityStatistics`), the cut of largest similarity
+  chosen (distance ``1 - similarity``); over all tokens only;
+- ``statistics``: a score per cut from the LS statistics of every candidate (the least-squares
+  residual after the cut's own ridge transform, registered by :mod:`replaceme_exp.estimation`,
+  which solves it); over all tokens only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from replaceme_exp.capture.similarity import CCA_RIDGE, linear_cka_per_cut, mean_cca_per_cut
+from replaceme_exp.capture.statistics import cosine_distance
+from replaceme_exp.registry import Registry
+
+
+@dataclass(frozen=True)
+class SelectionMetric:
+    """``kind``: ``distance``, ``similarity`` or ``statistics`` (module docstring); ``token_distance``
+    ((n, d), (n, d) -> (n,)) for distances; ``similarity`` (SimilarityStatistics -> {cut: value})
+    for similarities; ``from_statistics`` ({cut: LinearStats}, alpha -> {cut: distance}) for
+    statistics; ``criterion``: what else its cached distances depend on (a ridge, ...)."""
+
+    name: str
+    kind: str
+    token_distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    similarity: Callable | None = None
+    from_statistics: Callable | None = None
+    criterion: str = ""
+
+    @property
+    def whole_sequence(self) -> bool:
+        """Defined over all tokens only (``selection.tokens=last`` is refused)."""
+        return self.kind != "distance"
+
+    @property
+    def takes_products(self) -> bool:
+        """Computed from products of activations (their precision can move it)."""
+        return self.kind != "distance"
+
+    @property
+    def uses_statistics(self) -> bool:
+        """Computed from the LS statistics of every candidate (alpha and the placement act on it)."""
+        return self.kind == "statistics"
+
+    def column_name(self, tokens: str) -> str:
+        """The row's ``selection_metric``: the name, ``<name>_last`` when only last tokens count."""
+        return self.name if tokens == "all" else f"{self.name}_last"
+
+
+METRICS: Registry[SelectionMetric] = Registry("selection.metric", "selection metric")
+
+
+def register(metric: SelectionMetric) -> SelectionMetric:
+    return METRICS.register(metric.name, metric)
+
+
+def angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row ``arccos(cos(a, b)) / pi`` (UIDL, Gromov et al.); (n, d), (n, d) -> (n,)."""
+    cos = F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12).clamp(-1.0, 1.0)
+    return torch.arccos(cos) / math.pi
+
+
+def euclidean_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row ``||a - b||``; (n, d), (n, d) -> (n,)."""
+    return (a.float() - b.float()).norm(dim=-1)
+
+
+register(SelectionMetric("cosine", "distance", token_distance=cosine_distance))
+register(SelectionMetric("angular", "distance", token_distance=angular_distance))
+register(SelectionMetric("l2", "distance", token_distance=euclidean_distance))
+register(SelectionMetric("cka", "similarity", similarity=linear_cka_per_cut))
+register(SelectionMetric("cca", "similarity", similarity=mean_cca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))

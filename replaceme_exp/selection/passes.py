@@ -1,0 +1,228 @@
+"""The capture passes of selection: the distance of every candidate cut under the selection metric
+and the least-squares statistics of the chosen cuts, from the cache where present, otherwise in as
+few passes over the calibration data as the statistics budget allows."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
+from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, gib
+from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.capture.similarity import SimilarityStatistics
+from replaceme_exp.capture.statistics import LinearStats
+from replaceme_exp.capture.token_rules import TokenRule
+from replaceme_exp.data.batching import TokenBatches
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.selection.cuts import Cut, candidate_cuts, cut_length, select_cuts, validate_cuts
+from replaceme_exp.selection.metrics import SelectionMetric
+from replaceme_exp.stages import stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SelectionRequest:
+    """What a job's selection and statistics passes need to know.
+
+    ``cuts``: explicit cuts (None: select ``num_lts`` cuts of ``n_prune`` blocks in total by
+    ``metric`` over ``tokens``); ``rule``, ``placement``, ``precision``: how the LS statistics are
+    taken; ``alpha``: the ridge of an ``ls_residual`` selection; ``passes`` and ``max_stats_gb``:
+    ``capture.passes`` and ``capture.max_stats_gb``; ``stats_bytes``: the plan's statistics budget."""
+
+    cuts: list[Cut] | None
+    n_prune: int | float
+    num_lts: int
+    merge_consecutive: bool
+    metric: SelectionMetric
+    tokens: str
+    alpha: float
+    placement: str
+    rule: TokenRule
+    precision: str
+    passes: str = "auto"
+    max_stats_gb: float | None = None
+    stats_bytes: float | None = None
+
+
+@dataclass
+class Selection:
+    """The cuts a job removes, every candidate's distance (None with explicit cuts) and the LS
+    statistics of the chosen cuts found or gathered (by cut)."""
+
+    cuts: list[Cut]
+    distances: dict[Cut, float] | None
+    stats: dict[Cut, LinearStats]
+
+
+def selection_distances(
+    request: SelectionRequest,
+    adapter,
+    calibration: TokenBatches,
+    cache: StatisticsCache,
+    candidates: list[Cut],
+    needs_stats: bool,
+    extra_statistics=(),
+) -> tuple[dict[Cut, float], dict[Cut, LinearStats]]:
+    """Distance of every candidate cut under the request's metric (cached), and, when one pass
+    gathered them, the LS statistics of every candidate. ``extra_statistics`` ride along when a
+    pass runs. Returns (distances, {cut: stats})."""
+    metric, rule, precision = request.metric, request.rule, request.precision
+    device = input_device(adapter)
+    length = candidates[0][1] - candidates[0][0]
+    criterion = metric.column_name(request.tokens)
+    if metric.uses_statistics:
+        criterion += f"/alpha={float(request.alpha)}/{request.placement}/tokens={rule.key()}"
+    criterion += metric.criterion
+    if metric.takes_products and precision != "float64":
+        criterion += f"/{precision}"
+    if (distances := cache.get_distances(length, criterion)) is not None:
+        log.info("selection distances (%s) found in the cache", criterion)
+        return distances, {}
+    by_distance = metric.kind == "distance"
+    cut_distances = CutDistances(candidates, metric.token_distance, request.tokens) if by_distance else None
+    similarity = None
+    if metric.kind == "similarity":
+        similarity = SimilarityStatistics(candidates, adapter.hidden_size, device, precision)
+        matrices = len(similarity.grams) + len(candidates)
+        size = gib(matrices * adapter.hidden_size**2 * 8)
+        log.info("%s selection: %d d x d float64 moments (%s)", metric.name, matrices, size)
+    if metric.uses_statistics:
+        groups = candidate_groups(request, adapter.hidden_size, candidates)
+    else:
+        fit = needs_stats and all_candidates_fit(request, adapter.hidden_size, len(candidates))
+        groups = [candidates] if fit else []
+    stats, distances = {}, {}
+    for i, group in enumerate(groups or [[]]):
+        linear = (
+            LinearStatistics(group, adapter.hidden_size, device, request.placement, rule, precision) if group else None
+        )
+        first = [s for s in (cut_distances, similarity) if s is not None] + list(extra_statistics) if i == 0 else []
+        label = "capture (selection)" if len(groups) < 2 else f"capture (selection, {i + 1}/{len(groups)})"
+        with stage("capture", label):
+            run_capture(adapter, calibration, first + ([linear] if linear is not None else []), desc=label)
+        group_stats = linear.result() if linear is not None else {}
+        if empty := [list(cut) for cut, s in group_stats.items() if s.n_tokens == 0]:
+            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
+        if metric.uses_statistics:
+            with stage("estimate", f"selection ({metric.name})"):
+                distances.update(metric.from_statistics(group_stats, float(request.alpha)))
+        if len(groups) == 1:  # kept for the chosen cuts only when one pass gathered every candidate
+            stats = group_stats
+    if similarity is not None:
+        with stage("estimate", f"selection ({metric.name})"):
+            distances = {cut: 1.0 - value for cut, value in metric.similarity(similarity).items()}
+    elif cut_distances is not None:
+        distances = cut_distances.result()
+    cache.put_distances(length, criterion, distances)
+    return distances, stats
+
+
+def select_and_capture(
+    request: SelectionRequest,
+    adapter,
+    calibration: TokenBatches,
+    cache: StatisticsCache,
+    needs_stats: bool,
+    compute_missing: bool = True,
+    extra_statistics=(),
+    stats_batches: TokenBatches | None = None,
+    stats_cache: StatisticsCache | None = None,
+) -> Selection:
+    """Distances for selection (without explicit cuts) and statistics for the chosen cuts, from the
+    cache where present, otherwise in as few passes as the budget allows. With
+    ``compute_missing=False`` statistics that are neither cached nor gathered by the selection pass
+    are left out (a later pass over the same data, e.g. the token capture, adds them).
+    ``extra_statistics`` (e.g. :class:`LayerDistances`) join the selection pass when one runs.
+    ``stats_batches`` / ``stats_cache``: other data for the statistics than for the selection (the
+    calibration set with masked copies) and their cache; the selection pass then gathers none."""
+    num_layers = adapter.num_layers
+    distances = None
+    stats = {}
+    separate_data = stats_batches is not None and stats_batches is not calibration
+    stats_batches = calibration if stats_batches is None else stats_batches
+    stats_cache = cache if stats_cache is None else stats_cache
+    rule, precision, placement = request.rule, request.precision, request.placement
+    if request.cuts is not None:
+        cuts = validate_cuts([list(c) for c in request.cuts], num_layers, request.merge_consecutive)
+    else:
+        candidates = candidate_cuts(num_layers, cut_length(request.n_prune, request.num_lts, num_layers))
+        distances, stats = selection_distances(
+            request, adapter, calibration, cache, candidates, needs_stats and not separate_data, extra_statistics
+        )
+        if separate_data:  # selection statistics (ls_residual) are of the plain data, not the estimation data
+            stats = {}
+        cuts = select_cuts(distances, request.num_lts, request.merge_consecutive)
+        log.info("selected cuts %s", cuts)
+    if not needs_stats:
+        return Selection(cuts, distances, {})
+    found = {}
+    for cut in cuts:
+        if cut in stats:
+            found[cut] = stats[cut]
+            stats_cache.put_stats(stats[cut], placement, rule.key(), precision)
+        elif (cached := stats_cache.get_stats(cut, placement, rule.key(), precision)) is not None:
+            log.info("statistics of cut %s found in the cache", list(cut))
+            found[cut] = cached
+    missing = [cut for cut in cuts if cut not in found]
+    if missing and compute_missing:
+        accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), placement, rule, precision)
+        with stage("capture", "capture (statistics)"):
+            run_capture(adapter, stats_batches, [accumulator], desc="capture (statistics)")
+        if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
+            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
+        for cut, s in accumulator.result().items():
+            stats_cache.put_stats(s, placement, rule.key(), precision)
+            found[cut] = s
+    return Selection(cuts, distances, found)
+
+
+def stats_budget(request: SelectionRequest) -> float:
+    """Bytes the LS statistics of one pass may take: ``capture.max_stats_gb`` when set, else the
+    plan's measured budget, else 8 GiB."""
+    if request.max_stats_gb is not None:
+        return float(request.max_stats_gb) * GIB
+    if request.stats_bytes is not None:
+        return float(request.stats_bytes)
+    return DEFAULT_STATS_GB * GIB
+
+
+def cut_stats_bytes(hidden: int) -> int:
+    """One cut's LS statistics: ``M^T M`` and ``M^T R``, two d x d float64 matrices (candidates
+    of one length have distinct starts, so each has its own ``M^T M`` whatever the token rule)."""
+    return 2 * hidden * hidden * 8
+
+
+def all_candidates_fit(request: SelectionRequest, hidden: int, n_candidates: int) -> bool:
+    """Whether one pass may accumulate the statistics of every candidate cut within the budget
+    (:func:`stats_budget`); ``capture.passes`` forces one or two. Logs the choice and why."""
+    mode = request.passes
+    need, budget = n_candidates * cut_stats_bytes(hidden), stats_budget(request)
+    fits = mode == "one" or (mode == "auto" and need <= budget)
+    why = f"capture.passes={mode}" if mode != "auto" else f"{gib(need)} {'within' if fits else 'over'} {gib(budget)}"
+    log.info(
+        "capture plan: %s (statistics of %d candidate cuts: %s)",
+        "one pass" if fits else "two passes",
+        n_candidates,
+        why,
+    )
+    return fits
+
+
+def candidate_groups(request: SelectionRequest, hidden: int, candidates: list) -> list[list]:
+    """The candidates of an ``ls_residual`` selection split into groups whose statistics fit the
+    budget, one capture pass each (all in one group with ``capture.passes=one``)."""
+    per_cut, budget = cut_stats_bytes(hidden), stats_budget(request)
+    size = len(candidates) if request.passes == "one" else max(1, min(len(candidates), int(budget // per_cut)))
+    groups = [candidates[i : i + size] for i in range(0, len(candidates), size)]
+    if len(groups) > 1:
+        log.info(
+            "capture plan: ls_residual selection in %d passes of %d candidates (%s each, budget %s)",
+            len(groups),
+            size,
+            gib(size * per_cut),
+            gib(budget),
+        )
+    return groups
