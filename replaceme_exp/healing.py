@@ -11,6 +11,13 @@
 - ``lora``: LoRA adapters (peft) on ``healing.lora.target_modules`` (``mlp``: the MLP projections by
   default: UIDL's healing as the paper ran it), merged into the weights after training.
 
+Low-precision (bfloat16 / float16) trainable weights train through float32 master weights
+(``healing.master_weights=float32``, the default): Adam updates a float32 copy and the model gets
+it rounded after every step, so updates below the weights' resolution accumulate instead of being
+lost (with lr 1e-5 and a bf16 weight of 0.02, whose spacing is 1.2e-4, plain Adam on the bf16
+weight does not move it at all). ``model`` trains the model's own parameters (before 2026-11-24).
+The separate placement's trainable T is float32 likewise; the fused placement's always was.
+
 Training is a plain loop: Adam, ``batch_size`` windows of ``context_length`` tokens per micro-step,
 ``gradient_accumulation_steps`` micro-steps per optimizer step, ``max_steps`` steps, cycling over
 the windows (reshuffled each epoch by ``seed``). Every mode ends as a model with the pruned
@@ -41,6 +48,41 @@ log = logging.getLogger(__name__)
 
 Cut = tuple[int, int]
 HEALING_MODES = ("lt_only", "full_model", "lora")
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class MasterWeights:
+    """What the optimiser updates: a float32 copy of each low-precision parameter (the parameter
+    itself for float32 ones, or for all with ``enabled=False``). After the backward pass,
+    :meth:`take_gradients` moves each parameter's gradient to its copy (as float32); after the step,
+    :meth:`write_back` rounds the copies into the parameters."""
+
+    def __init__(self, parameters: list[nn.Parameter], enabled: bool = True):
+        self.pairs = [
+            (p, p.detach().float().clone().requires_grad_(True) if enabled and p.dtype in LOW_PRECISION else p)
+            for p in parameters
+        ]
+
+    @property
+    def optimised(self) -> list[torch.Tensor]:
+        return [master for _, master in self.pairs]
+
+    @property
+    def copies(self) -> int:
+        """How many parameters have a float32 copy."""
+        return sum(master is not p for p, master in self.pairs)
+
+    def take_gradients(self) -> None:
+        for p, master in self.pairs:
+            if master is not p:
+                master.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        for p, master in self.pairs:
+            if master is not p:
+                p.copy_(master)
 
 
 class TransformedLinear(nn.Module):
@@ -97,11 +139,14 @@ def attach_trainable_transforms(
     kept: list[int],
     originals: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
     placement: str = "fused",
+    float32: bool = True,
 ) -> TrainableTransforms:
     """Make each cut's T a parameter of the pruned model (``kept``: original indices of its blocks)
     without changing what it computes. Fused: the fusion target (which holds ``T^T W`` after
-    surgery) gets ``originals[start - 1]`` back and is wrapped in a :class:`TransformedLinear`.
-    Separate: the hook of block ``start - 1`` multiplies by the parameter."""
+    surgery) gets ``originals[start - 1]`` back and is wrapped in a :class:`TransformedLinear`
+    (T in float32). Separate: the hook of block ``start - 1`` multiplies by the parameter, in
+    float32 (cast to the activations' dtype in the product), or with ``float32=False`` in the
+    block's dtype."""
     parameters, wrappers, cuts, initial = {}, {}, {}, {}
     for (start, end), transform in sorted(transforms.items()):
         if transform is None:
@@ -120,7 +165,8 @@ def attach_trainable_transforms(
         else:
             block = adapter.layers[index]
             first = next(block.parameters())
-            parameters[index] = nn.Parameter(transform.detach().to(first.device, first.dtype).clone())
+            dtype = torch.float32 if float32 else first.dtype
+            parameters[index] = nn.Parameter(transform.detach().to(first.device, dtype).clone())
     if placement == "separate":
         attach_separate_transforms(adapter, parameters)  # the hooks multiply by the parameters themselves
     return TrainableTransforms(placement, parameters, wrappers, cuts, initial)
@@ -240,8 +286,9 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
     checkpointing = bool(cfg.gradient_checkpointing)
     if checkpointing:
         set_activation_checkpointing(model, True)
+    masters = MasterWeights(parameters, enabled=cfg.master_weights == "float32")
     optimizer = torch.optim.Adam(
-        parameters, lr=float(cfg.lr), betas=tuple(cfg.betas), weight_decay=float(cfg.weight_decay)
+        masters.optimised, lr=float(cfg.lr), betas=tuple(cfg.betas), weight_decay=float(cfg.weight_decay)
     )
     max_grad_norm = cfg.max_grad_norm
     steps, accumulate, log_every = int(cfg.max_steps), int(cfg.gradient_accumulation_steps), int(cfg.log_every)
@@ -265,9 +312,11 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
                     step_loss += float(loss.detach()) / accumulate
                     tokens += n
                     seen_sequences += batch.input_ids.shape[0]
+                masters.take_gradients()
                 if max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(parameters, float(max_grad_norm))
+                    torch.nn.utils.clip_grad_norm_(masters.optimised, float(max_grad_norm))
                 optimizer.step()
+                masters.write_back()
                 window_losses.append(step_loss)
                 if step % log_every == 0 or step == steps:
                     curve.append([step, sum(window_losses) / len(window_losses)])
@@ -276,6 +325,8 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
                 counter.update(1)
     finally:
         optimizer.zero_grad(set_to_none=True)
+        for p in parameters:
+            p.grad = None
         if checkpointing:
             set_activation_checkpointing(model, False)
         model.train(was_training)
@@ -346,21 +397,27 @@ def heal(
     raise ConfigError("healing.name", mode, f"choose none or one of {HEALING_MODES}")
 
 
-def heal_with_lora(adapter: DecoderAdapter, windows: TokenBatches, cfg: HealingConfig) -> HealingResult:
-    """LoRA adapters from peft on the configured modules of ``adapter.model``, trained, then merged
-    into the base weights (``merge_and_unload``): the model object keeps its modules, now with
-    ``W + B A * alpha / r`` in the targeted linears."""
+def with_lora_adapters(adapter: DecoderAdapter, cfg: HealingConfig):
+    """``adapter.model`` wrapped by peft with ``cfg``'s LoRA adapters (float32 on a bf16 / fp16
+    model: peft's ``autocast_adapter_dtype``)."""
     from peft import get_peft_model
 
-    model = adapter.model
     config = lora_config(cfg, adapter)
-    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    names = {name.rsplit(".", 1)[-1] for name, m in adapter.model.named_modules() if isinstance(m, nn.Linear)}
     if missing := sorted(set(config.target_modules) - names):
         key, value = "healing.lora.target_modules", sorted(config.target_modules)
         raise ConfigError(key, value, f"no linear layer named {missing}")
     with warnings.catch_warnings():  # peft asks transformers v5 with a name it deprecates
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        peft_model = get_peft_model(model, config)
+        return get_peft_model(adapter.model, config, autocast_adapter_dtype=True)
+
+
+def heal_with_lora(adapter: DecoderAdapter, windows: TokenBatches, cfg: HealingConfig) -> HealingResult:
+    """LoRA adapters from peft on the configured modules of ``adapter.model``, trained, then merged
+    into the base weights (``merge_and_unload``): the model object keeps its modules, now with
+    ``W + B A * alpha / r`` in the targeted linears."""
+    model = adapter.model
+    peft_model = with_lora_adapters(adapter, cfg)
     parameters = [p for p in peft_model.parameters() if p.requires_grad]
     result = train_language_model(peft_model, parameters, windows, cfg, "lora")
     merged = peft_model.merge_and_unload()

@@ -77,13 +77,17 @@ def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, to
     for index, transform in transforms.items():
         if index in handles:
             handles.pop(index).remove()
+        first = next(adapter.layers[index].parameters())
         block = adapter.layers[index]
-        weight = transform.to(device=next(block.parameters()).device, dtype=next(block.parameters()).dtype)
+        # a trainable T (healing) keeps its dtype and is cast in each product; a fixed one is cast once
+        dtype = transform.dtype if transform.requires_grad else first.dtype
+        weight = transform.to(device=first.device, dtype=dtype)
 
         def hook(module, args, output, weight=weight):
             hidden = output[0] if isinstance(output, tuple) else output
             # a layer-wise capture runs the block on another device than where it lives
-            transformed = hidden @ (weight if weight.device == hidden.device else weight.to(hidden.device))
+            same = weight.device == hidden.device and weight.dtype == hidden.dtype
+            transformed = hidden @ (weight if same else weight.to(hidden.device, hidden.dtype))
             return (transformed, *output[1:]) if isinstance(output, tuple) else transformed
 
         handles[index] = block.register_forward_hook(hook)

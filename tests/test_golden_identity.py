@@ -1,7 +1,8 @@
 """Refactors change no result: the config hash, the setting hash and the row's setting columns of every
 shipped option, preset, template job and special spelling equal the values pinned in
 ``tests/golden/config_identity.json`` (written by ``tests/golden/compositions.py`` from the code before
-the job spec existed, commit 3c73b47); configurations that code refused are refused.
+the job spec existed, commit 3c73b47), or where a named change moved them on purpose, the hashes it
+recorded (``tests/golden/identity_changes.json``); configurations that code refused are refused.
 
 The row's setting columns changed on purpose where the old row described a setting as spelled rather
 than as it acts (:func:`as_now_described`)."""
@@ -11,7 +12,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from golden.compositions import GOLDEN, WEIGHTS, all_compositions, checked_compositions, composed, key
+from golden.compositions import (
+    CHANGES,
+    GOLDEN,
+    IDENTITY_CHANGES,
+    WEIGHTS,
+    all_compositions,
+    checked_compositions,
+    composed,
+    expected_hashes,
+    key,
+)
 
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.pipeline.spec import JobSpec
@@ -27,7 +38,12 @@ def as_now_described(pinned: dict, cfg) -> dict:
     - ``solver`` of a numerical objective likewise (it was set after the fit);
     - ``merge_consecutive`` and ``multi_lt`` are None for a single selected cut, where they cannot act
       (the hash always left them out, so the row of a first spelling described the others wrongly);
-    - ``plain_checkpoint`` is true for ``identity``, which attaches nothing in either placement.
+    - ``plain_checkpoint`` is true for ``identity``, which attaches nothing in either placement;
+
+    and after it (issue 22):
+
+    - ``healing_settings`` include ``master_weights``; ``healing_master_weights`` says it where it
+      acts: bf16 / fp16 weights that train (``full_model``; ``lt_only`` with a separate T).
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -39,6 +55,12 @@ def as_now_described(pinned: dict, cfg) -> dict:
         out["merge_consecutive"] = out["multi_lt"] = None
     if cfg.objective.name == "identity":
         out["plain_checkpoint"] = True
+    if isinstance(out.get("healing_settings"), dict):
+        out["healing_settings"] = {**out["healing_settings"], "master_weights": cfg.healing.master_weights}
+    separate_t = cfg.lt_placement == "separate" and cfg.objective.name != "identity"
+    trains = cfg.healing.name == "full_model" or (cfg.healing.name == "lt_only" and separate_t)
+    low_precision = cfg.model.dtype in ("bfloat16", "float16")
+    out["healing_master_weights"] = cfg.healing.master_weights if trains and low_precision else None
     return out
 
 
@@ -47,11 +69,21 @@ def pinned() -> dict:
     return json.loads(GOLDEN.read_text())
 
 
+@pytest.fixture(scope="module")
+def changes() -> dict:
+    return json.loads(CHANGES.read_text())
+
+
+def test_every_recorded_change_is_named_and_of_a_pinned_composition(pinned, changes):
+    assert {c["change"] for c in changes.values()} <= set(IDENTITY_CHANGES)
+    assert set(changes) <= set(pinned)
+
+
 def test_every_composition_is_pinned(pinned):
     assert {key(o) for o in all_compositions()} == set(pinned)
 
 
-def test_identity_of_every_composition_is_unchanged(pinned, tmp_path):
+def test_identity_of_every_composition_is_unchanged(pinned, changes, tmp_path):
     changed = []
     for overrides, cfg in composed(checked_compositions(), str(tmp_path)):
         old = pinned[key(overrides)]
@@ -74,7 +106,7 @@ def test_identity_of_every_composition_is_unchanged(pinned, tmp_path):
             "columns": spec.setting_columns(),
         }
         expected = as_now_described({k: old["row_settings"].get(k, "<absent>") for k in now["columns"]}, cfg)
-        then = {k: old[k] for k in ("config_hash", "setting_hash", "config_hash_weights", "setting_hash_weights")}
+        then = expected_hashes(pinned, changes, key(overrides))
         if {**then, "columns": expected} != now:
             changed.append((key(overrides), now, {**then, "columns": expected}))
     assert not changed, f"{len(changed)} changed, first: {changed[0]}"

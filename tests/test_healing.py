@@ -3,6 +3,7 @@ merges into a plain model; the job records the healing stage and the perplexity 
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -16,8 +17,9 @@ from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build_option, typed_config
 from replaceme_exp.data.batching import TokenBatch, TokenBatches
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal
+from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, with_lora_adapters
 from replaceme_exp.models import adapter_for
+from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.surgery import prune
@@ -66,14 +68,33 @@ def logits(model, batches: TokenBatches) -> torch.Tensor:
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
 
 
-def pruned_with_trainable_transform(placement: str, transform: torch.Tensor):
-    """A tiny model pruned at CUT with ``transform``, its T made a parameter (lt_only's start)."""
-    model = tiny_model(num_layers=6)
+def pruned_with_trainable_transform(
+    placement: str, transform: torch.Tensor, dtype: torch.dtype = torch.float32, float32: bool = True
+):
+    """A tiny model (in ``dtype``) pruned at CUT with ``transform``, its T made a parameter
+    (lt_only's start)."""
+    model = tiny_model(num_layers=6).to(dtype)
     adapter = adapter_for(model)
     unfused = fusion_weights(adapter, [CUT])
     kept = prune(adapter, [CUT], {CUT: transform}, placement)
-    trainable = attach_trainable_transforms(adapter, {CUT: transform}, kept, unfused, placement)
+    trainable = attach_trainable_transforms(adapter, {CUT: transform}, kept, unfused, placement, float32)
     return model, adapter, trainable
+
+
+def relative_update_error(trained: dict, reference: dict, start: dict) -> float:
+    """``||(W - W0) - (W_ref - W0)|| / ||W_ref - W0||`` over all tensors (compared in float32)."""
+    moved = torch.cat([(trained[n].float() - start[n]).flatten() for n in start])
+    expected = torch.cat([(reference[n].float() - start[n]).flatten() for n in start])
+    return float((moved - expected).norm() / expected.norm())
+
+
+def bf16_and_fp32_reference():
+    """A pruned tiny model in bfloat16 and the same weights in float32 (the reference)."""
+    model = tiny_model(num_layers=6)
+    prune(adapter_for(model), [CUT], {CUT: None})
+    low = model.to(torch.bfloat16)
+    reference = copy.deepcopy(low).to(torch.float32)
+    return low, reference
 
 
 @pytest.mark.integration
@@ -166,6 +187,53 @@ def test_full_model_healing_trains_every_weight():
     assert result.trainable_params == sum(p.numel() for p in before.values())
     assert result.loss_last < result.loss_first
     assert not any(p.requires_grad for p in model.parameters())  # frozen again: the tiny model came frozen
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_full_model_healing_of_a_bf16_model_moves_it_as_far_as_in_fp32():
+    """lr 3e-5 is below half the bf16 spacing of most weights (|w| ~ 0.1: spacing 4.9e-4): plain
+    Adam on the bf16 weights loses most updates; float32 master weights keep them."""
+    low, reference = bf16_and_fp32_reference()
+    start = {n: p.detach().float().clone() for n, p in reference.named_parameters()}
+    settings = {"lr": 3e-5, "max_steps": 60}
+    heal(adapter_for(reference), one_batch(), healing_cfg("full_model", **settings), None)
+    expected = dict(reference.named_parameters())
+    legacy = copy.deepcopy(low)
+    heal(adapter_for(low), one_batch(), healing_cfg("full_model", **settings), None)
+    assert all(p.dtype == torch.bfloat16 for p in low.parameters())  # the model keeps its dtype
+    assert relative_update_error(dict(low.named_parameters()), expected, start) < 0.25
+    heal(adapter_for(legacy), one_batch(), healing_cfg("full_model", master_weights="model", **settings), None)
+    assert relative_update_error(dict(legacy.named_parameters()), expected, start) > 0.8  # what it was
+
+
+@pytest.mark.integration
+def test_lt_only_with_the_separate_placement_trains_a_float32_t_on_a_bf16_model():
+    """T ~ I + noise: its diagonal's bf16 spacing (2^-7) is far above lr 3e-4, so a bf16 T keeps
+    its diagonal; the float32 T follows the T trained on the float32 model."""
+    transform = random_transform()
+    cfg = healing_cfg("lt_only", lr=3e-4, max_steps=8)
+    _, adapter, trainable = pruned_with_trainable_transform("separate", transform)
+    heal(adapter, one_batch(), cfg, trainable)
+    expected = adapter.model._replaceme_separate_transforms[1]
+    runs = {}
+    for float32 in (True, False):
+        model, adapter, trainable = pruned_with_trainable_transform("separate", transform, torch.bfloat16, float32)
+        assert trainable.parameters[1].dtype == (torch.float32 if float32 else torch.bfloat16)
+        heal(adapter, one_batch(), cfg, trainable)
+        runs[float32] = model._replaceme_separate_transforms[1]
+    diagonal = {"T": transform.to(torch.bfloat16).float().diagonal()}
+    trained = {float32: {"T": t.float().diagonal()} for float32, t in runs.items()}
+    assert relative_update_error(trained[True], {"T": expected.diagonal()}, diagonal) < 0.25
+    assert relative_update_error(trained[False], {"T": expected.diagonal()}, diagonal) > 0.9  # it barely moved
+
+
+@pytest.mark.integration
+def test_lora_adapters_on_a_bf16_model_train_in_float32():
+    low, _ = bf16_and_fp32_reference()
+    peft_model = with_lora_adapters(adapter_for(low), healing_cfg("lora"))
+    trained = [p for p in peft_model.parameters() if p.requires_grad]
+    assert trained and all(p.dtype == torch.float32 for p in trained)
 
 
 @pytest.mark.integration
@@ -277,6 +345,22 @@ def test_the_config_hash_follows_what_healing_learns_not_how_it_logs():
     assert config_hash(none) == config_hash(compose_config(SMOKE + ["cuts=[[2,4]]", *inert]))
     assert compose_config(["healing=lt_only"]).healing.data.dataset == "allenai/c4"  # the paper's data by default
     assert compose_config(["healing=full_model"]).healing.gradient_accumulation_steps == 4
+
+
+@pytest.mark.unit
+def test_master_weights_enter_the_hash_only_where_low_precision_weights_train():
+    def differs(*extra):
+        job = SMOKE + HEAL + list(extra)
+        return config_hash(compose_config(job)) != config_hash(compose_config(job + ["healing.master_weights=model"]))
+
+    assert differs("healing=full_model", "model.dtype=bfloat16")
+    assert differs("healing=lt_only", "lt_placement=separate", "model.dtype=float16")
+    assert not differs("healing=full_model")  # float32 weights: nothing to keep a master copy of
+    assert not differs("healing=lt_only", "model.dtype=bfloat16")  # the fused T always trained in float32
+    assert not differs("healing=lora", "model.dtype=bfloat16")  # peft's adapters are float32
+    assert not differs("model.dtype=bfloat16")
+    spec = JobSpec.from_config(compose_config(SMOKE + HEAL + ["healing=full_model", "model.dtype=bfloat16"]))
+    assert spec.setting_columns()["healing_master_weights"] == "float32"
 
 
 @pytest.mark.unit

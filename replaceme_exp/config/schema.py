@@ -389,6 +389,11 @@ class HealingConfig:
     gradient_checkpointing: bool = key(True, doc="recompute activations in the backward pass")
     seed: int = key(doc="draws windows and init (follows the top-level seed)")
     log_every: int = key(50, doc="a loss line every this many steps", check=positive_int)
+    master_weights: Literal["float32", "model"] = key(
+        "float32",
+        doc="bf16/fp16 trainable weights: Adam on float32 master copies, or on the weights themselves "
+        "(model: before 2026-11-24; most updates at lr 1e-5 fall below bf16's resolution)",
+    )
     data: HealingDataConfig = key(doc="the healing text (healing/data group)")
 
 

@@ -292,8 +292,9 @@ class PruningJob:
         self.record({"healing_windows": windows.n_sequences})
         trainable = None
         if c.healing.name == "lt_only":
+            float32 = c.healing.master_weights == "float32"
             trainable = attach_trainable_transforms(
-                self.adapter, self.fit.transforms, self.kept, self.unfused, c.lt_placement
+                self.adapter, self.fit.transforms, self.kept, self.unfused, c.lt_placement, float32
             )
         with stage("heal", f"healing ({c.healing.name})"):
             result = heal(self.adapter, windows, c.healing, trainable)

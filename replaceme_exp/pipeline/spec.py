@@ -7,7 +7,10 @@ in one place, what each setting does:
 - settings that cannot act are dropped (the row shows None, the hash leaves them out): selection
   with explicit ``cuts``; merging and ``multi_lt`` for a single selected cut; masking keys when
   ``mask_ratio`` is 0; solver settings of closed forms (Adam is mini-batch under either schedule);
-  ``estimation.first`` unless ``estimation.tokens=skip_first``;
+  ``estimation.first`` unless ``estimation.tokens=skip_first``; ``healing.master_weights`` unless
+  low-precision weights train (``full_model``, or ``lt_only`` with the separate placement, on a
+  bfloat16 / float16 model; the hash keeps it only at ``float32``, so ``model`` keeps the hash its
+  rows had before the key existed);
 - settings that act in one way only take their canonical value: the regulariser and alpha when
   the objective takes no alpha or alpha is 0 (``none``, 0); the structure and placement of
   ``identity`` (``generic``, ``fused``); the token rule when nothing is fitted (``all``).
@@ -74,6 +77,7 @@ class EffectiveSettings:
     mask_passes: int | None
     capture_precision: str  # float64 or float32 on this machine
     precision_acts: bool  # float32 products feed a statistic this job uses
+    healing_master_weights: str | None  # float32 / model where low-precision weights train, else None
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,8 @@ class JobSpec:
             data["healing"] = {"name": "none"}
         for key in NON_SEMANTIC_HEALING_KEYS:
             data["healing"].pop(key, None)
+        if e.healing_master_weights != "float32":
+            data["healing"].pop("master_weights", None)
         memo = Path(c.cache_dir) / "fingerprints"
         for section in (data["calibration"], data["eval"], data["healing"].get("data") or {}):
             for name in DATA_FILE_FIELDS:
@@ -202,6 +208,7 @@ class JobSpec:
             # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job runs it
             "healing_settings": dataclasses.asdict(c.healing) if healing else None,
             "healing_data": c.healing.data.name if healing else None,
+            "healing_master_weights": e.healing_master_weights,
             "multi_lt": e.multi_lt,
             "merge_consecutive": e.merge_consecutive,
             "seed": c.seed,
@@ -295,7 +302,15 @@ def resolve(config: schema.JobConfig, requirements: Requirements) -> EffectiveSe
         mask_passes=c.mask_passes if float(c.mask_ratio) else None,
         capture_precision=precision,
         precision_acts=precision != "float64" and takes_products,
+        healing_master_weights=_master_weights(c, c.lt_placement if r.fits_transform else "fused"),
     )
+
+
+def _master_weights(c: schema.JobConfig, placement: str) -> str | None:
+    """``healing.master_weights`` where it acts: low-precision weights that train."""
+    trains_weights = c.healing.name == "full_model" or (c.healing.name == "lt_only" and placement == "separate")
+    low_precision = c.model.dtype in ("bfloat16", "float16")
+    return c.healing.master_weights if trains_weights and low_precision else None
 
 
 def _by_value(value: Any) -> Any:

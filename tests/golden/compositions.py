@@ -2,10 +2,12 @@
 option of every config group, every method preset, every job of every multirun template, the settings
 whose effective value differs from their spelling, and the robustness tests' bad inputs.
 
-Each entry is a list of Hydra overrides on top of the default job. ``python tests/golden/compositions.py``
-rewrites the JSON from the code as it is (run it only when a change of identity is intended, with the
-semantics version bumped and the reason in the commit; the file in the repository was written from
-commit 3c73b47, before the job spec existed)."""
+Each entry is a list of Hydra overrides on top of the default job. The pinned file was written from
+commit 3c73b47, before the job spec existed, and stays as it is. A change of what a configuration
+computes changes its hashes on purpose: name the change in ``IDENTITY_CHANGES`` (a tag and why) and run
+``python tests/golden/compositions.py --change <tag>``, which records the new hashes of the
+compositions whose hashes moved in ``identity_changes.json`` under that tag (only the ones not
+recorded yet); the test then expects those."""
 
 from __future__ import annotations
 
@@ -17,6 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 TEMPLATES = ROOT / "multirun_templates"
 GOLDEN = Path(__file__).with_name("config_identity.json")
+CHANGES = Path(__file__).with_name("identity_changes.json")
+HASHES = ("config_hash", "setting_hash", "config_hash_weights", "setting_hash_weights")
+# Changes of what a configuration computes, by tag: each moved the hashes recorded under its tag.
+IDENTITY_CHANGES = {
+    "healing-master-weights": "issue 22: bf16/fp16 weights that heal (full_model; lt_only's separate T) train "
+    "through float32 master weights (healing.master_weights=float32, the default, enters the hash; "
+    "master_weights=model keeps the hash of before)",
+}
 GROUPS = (
     "model",
     "calibration",
@@ -247,13 +257,38 @@ def current_identity(cfg) -> dict:
     }
 
 
-def main() -> None:
+def expected_hashes(pinned: dict, changes: dict, name: str) -> dict:
+    """The hashes a composition should have now: the latest recorded change, else the pinned ones."""
+    return {k: (changes.get(name) or pinned[name])[k] for k in HASHES}
+
+
+def record_change(tag: str) -> None:
+    """Record under ``tag`` the hashes of every composition whose hashes moved (see the module)."""
     import tempfile
 
+    if tag not in IDENTITY_CHANGES:
+        raise SystemExit(f"--change {tag}: name it in IDENTITY_CHANGES first (known: {sorted(IDENTITY_CHANGES)})")
+    pinned = json.loads(GOLDEN.read_text())
+    changes = json.loads(CHANGES.read_text()) if CHANGES.is_file() else {}
+    moved = 0
     with tempfile.TemporaryDirectory() as cache_dir:
-        table = {key(o): current_identity(cfg) for o, cfg in composed(all_compositions(), cache_dir)}
-    GOLDEN.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    print(f"{len(table)} compositions written to {GOLDEN}", file=sys.stderr)
+        for overrides, cfg in composed(all_compositions(), cache_dir):
+            name, now = key(overrides), current_identity(cfg)
+            if now["valid"] != "valid" or pinned[name]["valid"] != "valid":
+                continue
+            if {k: now[k] for k in HASHES} != expected_hashes(pinned, changes, name):
+                changes[name] = {"change": tag, **{k: now[k] for k in HASHES}}
+                moved += 1
+    CHANGES.write_text(json.dumps(changes, indent=1, sort_keys=True) + "\n")
+    print(f"{moved} compositions recorded under {tag} in {CHANGES}", file=sys.stderr)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--change", required=True, help=f"the tag of the change ({', '.join(IDENTITY_CHANGES)})")
+    record_change(parser.parse_args().change)
 
 
 if __name__ == "__main__":
