@@ -9,8 +9,8 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
 
 - ``calibration_size``: average accuracy and perplexity against the number of calibration
   samples (LS and cosine, the unpruned model dashed).
-- ``pruned_layers``: average accuracy against the number of pruned blocks, ReplaceMe (LS) and
-  UIDL, one panel per model.
+- ``pruned_layers``: average accuracy against the number of pruned blocks (1-7; Falcon 1-15), the
+  paper's "ReplaceMe Adam" (the cosine objective) and UIDL, one panel per model.
 - ``time_emissions``: compression time and CO2 relative to ReplaceMe (LS), and RP, for LS,
   cosine and UIDL healed with LoRA (its healing counts as compression); uncached runs only (a
   run whose selection distances or LS statistics came from a cache did not pay for them; a run
@@ -233,11 +233,12 @@ def pruned_layers(runs: pd.DataFrame, path: Path, target: Target | None = None) 
         where = {**METHOD_FREE, "model": paper_models[0], "eval": "paper"}
         for other in paper_models[1:]:  # the caption names every paper model this panel stands for
             plotted.retarget.conditions({**where, "model": other})
-        uidl, replaceme = plotted.runs(runs, {**where, **UIDL}), plotted.runs(runs, {**where, **REPLACEME_LS})
+        uidl, replaceme = plotted.runs(runs, {**where, **UIDL}), plotted.runs(runs, {**where, **REPLACEME_COSINE})
         drawn = _line(ax, mean_std(uidl, "n_prune", "avg_acc"), plotted, panel, "UIDL", color="blue", ls="--")
-        drawn |= _line(ax, mean_std(replaceme, "n_prune", "avg_acc"), plotted, panel, "ReplaceMe", color="green")
+        drawn |= _line(ax, mean_std(replaceme, "n_prune", "avg_acc"), plotted, panel, "ReplaceMe Adam", color="green")
         if not drawn:
-            plotted.no_runs(ax, "+paper=pruned_layers", len(uidl) + len(replaceme), "avg_acc")
+            sweep = "+paper=pruned_layers_falcon" if panel == "falcon2_11b" else "+paper=pruned_layers"
+            plotted.no_runs(ax, sweep, len(uidl) + len(replaceme), "avg_acc")
         ax.set(title=title, xlabel="Pruned blocks", ylabel="Average accuracy")
         ax.grid(alpha=0.3)
     _legend(*axes[0])
@@ -587,7 +588,11 @@ FIGURES: dict[str, FigureSpec] = {
     figure.name: figure
     for figure in (
         FigureSpec("calibration_size", calibration_size, (Sweep("paper/calibration_size", 10),)),
-        FigureSpec("pruned_layers", pruned_layers, (Sweep("paper/pruned_layers", 40),)),
+        FigureSpec(
+            "pruned_layers",
+            pruned_layers,
+            (Sweep("paper/pruned_layers", 42), Sweep("paper/pruned_layers_falcon", 30)),
+        ),
         FigureSpec("time_emissions", time_emissions, (Sweep("paper/time_emissions", 3),)),
         FigureSpec("block_selection", block_selection, (Sweep("paper/block_selection", 72),)),
         FigureSpec("layer_distances", layer_distances, (Sweep("paper/layer_distances", 1),)),

@@ -188,10 +188,15 @@ TABLES = [
     ),
     TableSpec(
         "higher_compression",
-        "Average accuracy of ReplaceMe (LS) and UIDL at higher compression ratios (Llama 3 8B Instruct).",
+        "Average accuracy of ReplaceMe (cosine objective, Adam) and UIDL at higher compression ratios "
+        "(Llama 3 8B Instruct): the 6 tasks of the caption; the paper's 25% cells (60.7 / 50.4) are "
+        "the 7-task average with Lambada accuracy, the last column.",
         {k: v for k, v in LLAMA3_25.items() if k != "n_prune"},
-        [Row("UIDL", UIDL), Row("Ours", {"objective": "ls", "selection_metric": "cosine"})],
-        [Column(f"{100 * n / 32:g}%", "avg_acc", {"n_prune": n}) for n in (4, 8, 12, 16)],
+        [Row("UIDL", UIDL), Row("Ours", {"objective": "cosine", "selection_metric": "cosine"})],
+        [
+            *(Column(f"{100 * n / 32:g}%", "avg_acc", {"n_prune": n}) for n in (4, 8, 12, 16)),
+            Column("25% (7 tasks, with Lambada acc)", "avg_acc_all", {"n_prune": 8}),
+        ],
         sweeps=(Sweep("paper/higher_compression", 8),),
     ),
     TableSpec(

@@ -7,7 +7,9 @@ commit 3c73b47, before the job spec existed, and stays as it is. A change of wha
 computes changes its hashes on purpose: name the change in ``IDENTITY_CHANGES`` (a tag and why) and run
 ``python tests/golden/compositions.py --change <tag>``, which records the new hashes of the
 compositions whose hashes moved in ``identity_changes.json`` under that tag (only the ones not
-recorded yet); the test then expects those."""
+recorded yet), with the whole identity of compositions that did not exist (``added``: a new option
+or template job) and a mark on pinned ones no longer composed (``retired``); the test then expects
+those."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ IDENTITY_CHANGES = {
     "healing-master-weights": "issue 22: bf16/fp16 weights that heal (full_model; lt_only's separate T) train "
     "through float32 master weights (healing.master_weights=float32, the default, enters the hash; "
     "master_weights=model keeps the hash of before)",
+    "pruned-layers-cosine": "issue 22: the pruned-layers figure and the higher-compression table run the paper's "
+    "'ReplaceMe Adam' (experiment=replaceme_cosine) instead of LS, at 1-7 blocks (Falcon 1-15, its own template)",
 }
 GROUPS = (
     "model",
@@ -270,17 +274,27 @@ def record_change(tag: str) -> None:
         raise SystemExit(f"--change {tag}: name it in IDENTITY_CHANGES first (known: {sorted(IDENTITY_CHANGES)})")
     pinned = json.loads(GOLDEN.read_text())
     changes = json.loads(CHANGES.read_text()) if CHANGES.is_file() else {}
-    moved = 0
+    counts = {"moved": 0, "added": 0, "retired": 0}
+    names = set()
     with tempfile.TemporaryDirectory() as cache_dir:
         for overrides, cfg in composed(all_compositions(), cache_dir):
             name, now = key(overrides), current_identity(cfg)
+            names.add(name)
+            if name not in pinned:  # a composition that did not exist (a new option or template job)
+                if name not in changes:
+                    changes[name] = {"change": tag, "added": True, **now}
+                    counts["added"] += 1
+                continue
             if now["valid"] != "valid" or pinned[name]["valid"] != "valid":
                 continue
             if {k: now[k] for k in HASHES} != expected_hashes(pinned, changes, name):
                 changes[name] = {"change": tag, **{k: now[k] for k in HASHES}}
-                moved += 1
+                counts["moved"] += 1
+    for name in sorted(set(pinned) - names - set(changes)):
+        changes[name] = {"change": tag, "retired": True}
+        counts["retired"] += 1
     CHANGES.write_text(json.dumps(changes, indent=1, sort_keys=True) + "\n")
-    print(f"{moved} compositions recorded under {tag} in {CHANGES}", file=sys.stderr)
+    print(f"{counts} compositions recorded under {tag} in {CHANGES}", file=sys.stderr)
 
 
 def main() -> None:
