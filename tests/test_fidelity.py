@@ -257,6 +257,10 @@ def test_replaceme_official_runs_with_last_token_angular_selection_and_minibatch
     cosine = compose_config(["experiment=replaceme_official_cosine"])
     assert cosine.multi_lt == "sequential" and not cosine.merge_consecutive and cosine.objective.name == "cosine"
     assert compose_config(["experiment=uidl_official"]).objective.name == "identity"
+    # the official reproduce configs prune 8 blocks (layers_to_skip) and run the lm-eval suite
+    for preset in ("replaceme_official", "replaceme_official_cosine", "uidl_official"):
+        official = compose_config([f"experiment={preset}"])
+        assert (official.n_prune, official.eval.name) == (8, "paper"), preset
 
 
 @pytest.mark.unit

@@ -30,6 +30,8 @@ IDENTITY_CHANGES = {
     "master_weights=model keeps the hash of before)",
     "pruned-layers-cosine": "issue 22: the pruned-layers figure and the higher-compression table run the paper's "
     "'ReplaceMe Adam' (experiment=replaceme_cosine) instead of LS, at 1-7 blocks (Falcon 1-15, its own template)",
+    "official-presets": "issue 22: experiment=replaceme_official, replaceme_official_cosine and uidl_official "
+    "prune 8 blocks and run eval=paper, as the official reproduce configs do",
 }
 GROUPS = (
     "model",
@@ -288,7 +290,7 @@ def record_change(tag: str) -> None:
             if now["valid"] != "valid" or pinned[name]["valid"] != "valid":
                 continue
             if {k: now[k] for k in HASHES} != expected_hashes(pinned, changes, name):
-                changes[name] = {"change": tag, **{k: now[k] for k in HASHES}}
+                changes[name] = {"change": tag, **{k: now[k] for k in HASHES}, "row_settings": now["row_settings"]}
                 counts["moved"] += 1
     for name in sorted(set(pinned) - names - set(changes)):
         changes[name] = {"change": tag, "retired": True}
