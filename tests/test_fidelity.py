@@ -20,6 +20,7 @@ from replaceme_exp.data.sources import first_pair
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models import adapter_for
 from replaceme_exp.models.fingerprint import directory_digest, file_digest
+from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.tracking.emissions import job_gpu_ids
 
@@ -285,3 +286,15 @@ def test_codecarbon_measures_the_jobs_own_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     assert job_gpu_ids("cuda:1", None, True, 2) == [6]
     assert job_gpu_ids("auto", "auto", True, 2) == [4, 6]
+
+
+@pytest.mark.integration
+def test_the_literal_cosine_penalty_runs_with_a_warning_in_the_row_and_the_log(tmp_path, caplog):
+    cfg = job_config(tmp_path, "objective=cosine", "objective.epochs=1", "regularizer=l2", "alpha=0.01", "save_model=false")
+    row = run_recorded(cfg)
+    assert row["status"] == "finished" and "invariant to T's scale" in row["regularizer_warning"]
+    assert any("invariant to T's scale" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    well_posed = ["objective=cosine", "regularizer=l2_to_identity", "alpha=0.01"]
+    assert JobSpec.from_config(compose_config(SMOKE + well_posed)).setting_columns()["regularizer_warning"] is None
+    with pytest.raises(ConfigError, match="regularizer='l2_to_identity': objective=ls supports none, l2"):
+        JobSpec.from_config(compose_config(SMOKE + ["objective=ls", "regularizer=l2_to_identity", "alpha=1"]))

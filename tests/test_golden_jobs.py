@@ -23,7 +23,10 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
       (the config hash always left them out);
     - the ``solver_steps`` of a sequential job are filed under each cut as given, like its other
       per-cut columns (the old row filed a later cut's steps under its index shifted by the earlier
-      removals)."""
+      removals);
+
+    and after it (issue 22): ``healing_settings`` include ``master_weights`` (float32 for a float32
+    model, where it cannot act: the numbers are those of before)."""
     out = {k: v for k, v in pinned.items() if not volatile(k)}
     if out.get("candidate_distances") is not None and len(out["cuts"]) == 1 and out.get("num_lts") == 1:
         out["merge_consecutive"] = out["multi_lt"] = None
@@ -33,6 +36,8 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
             shifted[f"{start - removed}-{end - removed}"] = f"{start}-{end}"
             removed += end - start
         out["solver_steps"] = {shifted.get(k, k): v for k, v in out["solver_steps"].items()}
+    if isinstance(out.get("healing_settings"), dict):
+        out["healing_settings"] = {**out["healing_settings"], "master_weights": "float32"}
     return out
 
 

@@ -15,7 +15,7 @@ from replaceme_exp.capture.statistics import LinearStats, TokenCollector
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation import ridge_solve
-from replaceme_exp.estimation.numerical import NumericalEstimator
+from replaceme_exp.estimation.numerical import NumericalEstimator, penalty, regularizer_warning
 from replaceme_exp.models import adapter_for
 
 CUT = (2, 4)
@@ -59,6 +59,41 @@ def test_store_holds_the_non_padding_tokens_of_m_and_r(setup):
     # Same tokens in the same order (sequence by sequence), to bfloat16 precision.
     torch.testing.assert_close(store.tensors["M"].float(), m, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(store.tensors["R"].float(), r, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.integration
+def test_a_bf16_models_target_is_formed_exactly_and_rounded_once():
+    """R = L_{end-1} - (L_{start-1} - M_{start-1}) cancels (M is small next to the residual
+    stream): formed in bfloat16 it is rounded twice. The store's R is the exact value of the
+    model's own bf16 activations (caught here by plain forward hooks), rounded once."""
+    model = tiny_model("llama", 5, seed=8).to(torch.bfloat16)
+    with torch.no_grad():  # as in trained models, the MLP output is small next to the residual stream
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.mul_(0.02)
+    adapter = adapter_for(model)
+    batch = batches_of(random_sequences(8, 16, 16, seed=3), 8)  # one full batch, no padding
+    caught = {}
+    layers = model.model.layers
+    hooks = [
+        layers[CUT[0] - 1].register_forward_hook(
+            lambda m, a, out: caught.__setitem__("prev", out[0] if isinstance(out, tuple) else out)
+        ),
+        layers[CUT[0] - 1].mlp.register_forward_hook(lambda m, a, out: caught.__setitem__("M", out)),
+        layers[CUT[1] - 1].register_forward_hook(
+            lambda m, a, out: caught.__setitem__("L", out[0] if isinstance(out, tuple) else out)
+        ),
+    ]
+    with torch.no_grad():
+        model(input_ids=batch.batches[0].input_ids, attention_mask=batch.batches[0].attention_mask)
+    for hook in hooks:
+        hook.remove()
+    m, prev, target = (caught[k].double().reshape(-1, 32) for k in ("M", "prev", "L"))
+    exact = (target - (prev - m)).to(torch.bfloat16)
+    twice = caught["L"].reshape(-1, 32) - (caught["prev"] - caught["M"]).reshape(-1, 32)  # bf16 arithmetic
+    assert (twice != exact).float().mean() > 0.05  # the rounding this guards against happens here
+    stored = fill_store(adapter, batch, ("M", "R", "Y"))
+    assert torch.equal(stored.tensors["R"], exact)
+    assert torch.equal(stored.tensors["Y"], (prev - m).to(torch.bfloat16))
 
 
 @pytest.mark.integration
@@ -169,7 +204,8 @@ def test_alpha_scale_follows_the_loss(loss, scale):
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "solver, schedule", [("adam", "full_batch"), ("adam", "minibatch"), ("lbfgs", "full_batch")]
+    "solver, schedule",
+    [("adam", "full_batch"), ("adam", "minibatch"), ("lbfgs", "full_batch")]
     + [(s, "minibatch") for s in ("lbfgs", "nlcg", "trust_ncg")],
 )
 @pytest.mark.parametrize("regularizer", ["l1", "l2"])
@@ -236,3 +272,35 @@ def test_fit_has_no_mask_ratio():
     store, _ = random_store(64, 8, seed=4)
     with pytest.raises(TypeError):
         NumericalEstimator("cosine", "cosine", epochs=1).fit(store, 0.0, "none", "generic", 0, mask_ratio=0.2)
+
+
+@pytest.mark.unit
+def test_a_penalty_to_identity_is_the_penalty_of_t_minus_i():
+    t = torch.randn(6, 6, generator=torch.Generator().manual_seed(0))
+    eye = torch.eye(6)
+    assert penalty("l2_to_identity", 0.5, t).item() == pytest.approx(0.5 * (t - eye).pow(2).sum().item())
+    assert penalty("l1_to_identity", 0.5, t).item() == pytest.approx(0.5 * (t - eye).abs().sum().item())
+    assert penalty("l2", 0.5, t).item() == pytest.approx(0.5 * t.pow(2).sum().item())
+    assert penalty("l2_to_identity", 3.0, eye).item() == 0 == penalty("l1_to_identity", 3.0, torch.ones(6)).item()
+
+
+@pytest.mark.unit
+def test_with_the_cosine_loss_a_penalty_on_t_shrinks_t_with_the_steps_and_one_on_t_minus_i_settles():
+    """cos(M T, R) does not change with T's scale: the literal L2 has no minimiser and Adam keeps
+    shrinking T as the steps grow; L2 on T - I has one, reached and kept."""
+    a = torch.eye(8) + 0.3 * torch.randn(8, 8, generator=torch.Generator().manual_seed(5))
+    store, _ = random_store(256, 8, seed=2, target=lambda m: m @ a)
+    norms, directions = {}, {}
+    for regularizer in ("l2", "l2_to_identity"):
+        for epochs in (20, 80, 320):
+            estimator = NumericalEstimator("cosine", "cosine", lr=1e-2, batch_tokens=64, epochs=epochs)
+            t, _ = estimator.fit(store, 0.01, regularizer, "generic", seed=0)
+            norms[regularizer, epochs] = float(t.norm())
+            directions[regularizer, epochs] = float((t / t.norm() - a / a.norm()).norm())
+    assert norms["l2", 80] < 0.5 * norms["l2", 20] and norms["l2", 320] < norms["l2", 80]
+    assert norms["l2_to_identity", 320] == pytest.approx(norms["l2_to_identity", 80], rel=0.01)
+    assert norms["l2_to_identity", 320] > 5 * norms["l2", 320]
+    assert max(directions.values()) < 0.15  # both find the direction; only the scale differs
+    assert "invariant to T's scale" in regularizer_warning("cosine", "l2", 0.01)
+    assert regularizer_warning("cosine", "l2_to_identity", 0.01) is None
+    assert regularizer_warning("cosine_exact", "l2", 0.01) is None and regularizer_warning("cosine", "l2", 0) is None

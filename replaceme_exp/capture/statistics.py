@@ -338,10 +338,10 @@ class TokenCollector:
             )
             if self.placement == "separate":  # T maps the whole block output: "M" = L_{start-1}
                 m, y = prev, torch.zeros_like(prev)
-            else:
-                y = prev - m
+            else:  # in float64: R = L - (prev - M) cancels; the store rounds it once
+                y = prev.double() - m.double()
             self.store.write("M", self.offset, m)
-            self.store.write("R", self.offset, target - y)
+            self.store.write("R", self.offset, target.double() - y)
             if "Y" in self.store.names:
                 self.store.write("Y", self.offset, y)
             self.offset += m.shape[0]

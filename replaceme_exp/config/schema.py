@@ -333,7 +333,9 @@ class EstimationConfig:
 
 @Group
 class RegularizerConfig:
-    name: Literal["none", "l1", "l2"] = key(doc="penalty on T (strength: alpha)")
+    name: Literal["none", "l1", "l2", "l1_to_identity", "l2_to_identity"] = key(
+        doc="penalty on T, or on T - I (strength: alpha)"
+    )
 
 
 @Group

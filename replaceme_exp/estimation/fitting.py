@@ -53,7 +53,12 @@ class Fit:
     store_location: str | None = None
 
     def columns(self) -> dict:
+        """``transform_rms``: each cut's ``||T||_F / sqrt(d)`` (1 for T = I; how a penalty or a
+        scale-free loss left T's scale)."""
         out: dict = {"fit_tokens": self.fit_tokens}
+        rms = {label(c): float(t.norm() / t.shape[0] ** 0.5) for c, t in self.transforms.items() if t is not None}
+        if rms:
+            out["transform_rms"] = rms
         if self.loss_curves:
             out.update(
                 loss_curves=self.loss_curves,

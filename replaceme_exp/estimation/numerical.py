@@ -4,8 +4,8 @@ Objectives (per non-padding token, averaged over a batch):
 - ``cosine``: 1 - cos(M T, R), the paper's memory-saving form (stores M and R = L - Y);
 - ``cosine_exact``: 1 - cos(M T + Y, L) with L = R + Y (stores M, R and Y);
 - ``mse``: ||M T - R||^2, the least-squares objective solved numerically.
-Regularisers: ``l1`` (sum |T|), ``l2`` (||T||_F^2), weighted by ``alpha`` on a scale set by the
-objective (``alpha_scale``):
+Regularisers: ``l1`` (sum |T|), ``l2`` (||T||_F^2), and ``l1_to_identity`` / ``l2_to_identity``
+(the same on T - I), weighted by ``alpha`` on a scale set by the objective (``alpha_scale``):
 - ``token_mean`` (cosine, cosine_exact): mean loss per token + alpha * penalty, the scale of the
   paper's cosine alphas (1e-4 for L1, 1e-2 for L2);
 - ``token_sum`` (mse): sum over tokens of the loss + alpha * penalty, the convention of
@@ -14,6 +14,14 @@ objective (``alpha_scale``):
   (alpha / N) * penalty with N the number of stored tokens (same minimiser); a mini-batch uses its
   own mean loss + (alpha / N) * penalty, an unbiased estimate of that objective.
 Structures: ``generic`` (full T) and ``diagonal`` (T = diag(t)).
+
+``cosine`` is invariant to T's scale (cos(M cT, R) = cos(M T, R) for c > 0), so ``l1`` / ``l2`` on T
+(the paper's text: L1 1e-4, L2 1e-2 with the cosine objective) have no minimiser: the penalty only
+shrinks T, by an amount set by the learning rate and the number of steps rather than by alpha,
+while the fused model computes ``Y + M T``, where the scale matters. Kept for the paper's table,
+with a warning in the row (:func:`regularizer_warning`). Well-posed: the penalty on ``T - I``
+(``*_to_identity``: the scale settles where the penalty is smallest), or the penalty with
+``cosine_exact`` (1 - cos(M T + Y, L) depends on T's scale).
 
 Solvers: ``adam`` (mini-batches, the paper's recipe), ``lbfgs`` (PyTorch's ``torch.optim.LBFGS``
 with a strong-Wolfe line search), ``nlcg`` (SciPy's nonlinear conjugate gradient,
@@ -53,6 +61,20 @@ SCHEDULES = ("full_batch", "minibatch")
 MAX_LINE_SEARCH = 25
 # How ``alpha`` weighs the penalty against the data term, by loss (see the module docstring).
 ALPHA_SCALES = {"cosine": "token_mean", "cosine_exact": "token_mean", "mse": "token_sum"}
+REGULARIZERS = ("none", "l1", "l2", "l1_to_identity", "l2_to_identity")
+# Losses whose value does not change with T's scale: a penalty on T itself has no minimiser.
+SCALE_FREE_LOSSES = ("cosine",)
+
+
+def regularizer_warning(loss: str, regularizer: str, alpha: float) -> str | None:
+    """Why ``regularizer`` at ``alpha`` is ill-posed with ``loss`` (None: it is not)."""
+    if loss in SCALE_FREE_LOSSES and regularizer in ("l1", "l2") and alpha:
+        return (
+            f"objective.loss={loss} is invariant to T's scale: regularizer={regularizer} only shrinks T, by an "
+            "amount set by lr x steps, not by alpha (well-posed: regularizer="
+            f"{regularizer}_to_identity, or objective=cosine_exact)"
+        )
+    return None
 
 
 def batch_loss(loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -70,11 +92,15 @@ def batch_loss(loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor]) -> to
 def penalty(regularizer: str, alpha: float, t: torch.Tensor) -> torch.Tensor:
     """``alpha`` times the penalty of ``t``; ``alpha`` is the weight next to a MEAN per-token loss
     (callers convert: :meth:`NumericalEstimator.penalty_weight`)."""
-    if regularizer == "l1" and alpha:
+    if regularizer == "none" or not alpha:
+        return t.new_zeros(())
+    if regularizer.endswith("_to_identity"):  # t: a matrix, or the diagonal of a diagonal T
+        t = t - (torch.eye(t.shape[0], dtype=t.dtype, device=t.device) if t.dim() == 2 else torch.ones_like(t))
+    if regularizer.startswith("l1"):
         return alpha * t.abs().sum()
-    if regularizer == "l2" and alpha:
+    if regularizer.startswith("l2"):
         return alpha * t.pow(2).sum()
-    return t.new_zeros(())
+    raise ConfigError("regularizer", regularizer, f"choose one of {REGULARIZERS}")
 
 
 def batches_per_epoch(n_tokens: int, batch_tokens: int) -> int:
@@ -134,7 +160,7 @@ class NumericalEstimator(Estimator):
             statistics=objective.init == "ls",
             tokens=True,
             alpha_scale=ALPHA_SCALES[objective.loss],
-            regularizers=("none", "l1", "l2"),
+            regularizers=REGULARIZERS,
             structures=("generic", "diagonal"),
             solver=objective.solver,
             solver_schedule="minibatch" if objective.solver == "adam" else objective.schedule,
@@ -419,6 +445,6 @@ class ChunkedObjective:
         for rows, weight in self._chunks():
             (g,) = torch.autograd.grad(self._chunk_value(p, rows, weight), p, create_graph=True)
             out += torch.autograd.grad((g * vector).sum(), p)[0]
-        if self.regularizer == "l2" and self.alpha:
+        if self.regularizer in ("l2", "l2_to_identity") and self.alpha:
             out += 2 * self.alpha * vector
         return out

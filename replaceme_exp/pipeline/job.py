@@ -59,6 +59,8 @@ class PruningJob:
 
     def run(self) -> dict:
         torch.manual_seed(int(self.config.seed))
+        if warning := self.row.get("regularizer_warning"):
+            log.warning("%s", warning)
         self.plan()
         self.load()
         self.calibrate()

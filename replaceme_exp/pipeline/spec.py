@@ -43,6 +43,7 @@ from replaceme_exp.config.validate import typed_config
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.estimation.fitting import FitRequest
+from replaceme_exp.estimation.numerical import regularizer_warning
 from replaceme_exp.models.fingerprint import file_digest
 from replaceme_exp.pipeline.rules import check_job, modality_of
 from replaceme_exp.selection.metrics import METRICS
@@ -197,6 +198,7 @@ class JobSpec:
             "structure": e.structure,
             "regularizer": e.regularizer,
             "alpha": float(e.alpha),
+            "regularizer_warning": regularizer_warning(getattr(c.objective, "loss", ""), e.regularizer, e.alpha),
             "mask_ratio": float(c.mask_ratio),
             "mask_passes": e.mask_passes,
             "estimation_tokens": e.estimation_tokens,

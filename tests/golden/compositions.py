@@ -32,6 +32,7 @@ IDENTITY_CHANGES = {
     "'ReplaceMe Adam' (experiment=replaceme_cosine) instead of LS, at 1-7 blocks (Falcon 1-15, its own template)",
     "official-presets": "issue 22: experiment=replaceme_official, replaceme_official_cosine and uidl_official "
     "prune 8 blocks and run eval=paper, as the official reproduce configs do",
+    "regularizer-to-identity": "issue 22: the regularizer options l1_to_identity and l2_to_identity (new)",
 }
 GROUPS = (
     "model",
