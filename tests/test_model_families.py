@@ -138,3 +138,10 @@ def test_an_olmo2_job_refuses_fusion_in_one_line_and_runs_with_the_separate_plac
     row = run_recorded(compose_config(overrides + ["lt_placement=separate"]))
     assert row["status"] == "finished" and row["lt_placement"] == "separate"
     assert row["cos_dist_after"] != row["cos_dist_before"] and row["ppl_heldout"] < float("inf")  # T applied
+    # plain removal ranked by the LS residual: the fused residual's Y = L - M is wrong here too
+    ranked = [o for o in overrides if not o.startswith("cuts=")] + ["objective=identity", "selection=ls_residual"]
+    refused = run_recorded(compose_config(ranked), raise_on_failure=False)
+    assert refused["status"] == "failed" and "n_calib_tokens" not in refused
+    assert refused["error"].startswith("ConfigError: lt_placement='fused': OLMo 2 applies a norm after the MLP")
+    row = run_recorded(compose_config(ranked + ["lt_placement=separate"]))
+    assert row["status"] == "finished" and row["selection_metric"] == "ls_residual"

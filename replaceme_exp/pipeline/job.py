@@ -102,8 +102,11 @@ class PruningJob:
             self.captured = load_model(model_cfg, self.paths.cache_dir, self.spec.weights, nf4=nf4)
         self.capture_adapter = self.adapted(self.captured)
         self.capture_adapter.execution = self.execution
-        if self.spec.requirements.fits_transform and c.lt_placement == "fused":
-            self.capture_adapter.require_fusable()  # OLMo 2, Gemma 2/3: before any capture
+        # OLMo 2, Gemma 2/3, before any capture: a fused T, or an LS residual that ranks cuts by one
+        # (its Y = L - M would be wrong where a norm follows the MLP)
+        fused_ls = self.spec.requirements.fits_transform or self.spec.effective.selects_by_ls
+        if fused_ls and self.spec.effective.lt_placement == "fused":
+            self.capture_adapter.require_fusable()
         self.record({"model_revision": self.captured.identity.get("commit")})
 
     @staticmethod
