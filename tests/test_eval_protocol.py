@@ -123,10 +123,22 @@ def test_declared_metrics_must_name_the_suites_tasks():
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path, smollm2_tokenizer):
-    h = typed(["eval=offline", "eval.harness.limit=8"]).eval.harness
+def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path, smollm2_tokenizer, monkeypatch):
+    import lm_eval
+
+    calls, real = [], lm_eval.simple_evaluate
+
+    def spy(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", spy)
+    h = typed(["eval=offline", "eval.harness.limit=8", "seed=3"]).eval.harness
     model = tiny_model("llama", num_layers=2, vocab=len(smollm2_tokenizer), max_position_embeddings=1024)
-    scores = run_harness(model, smollm2_tokenizer, h, tmp_path, seed=3)
+    scores = run_harness(model, smollm2_tokenizer, h, tmp_path)
+    # lm-eval's own seeds (the official code's), whatever the job's seed
+    seeds = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+    assert calls and all(tuple(c[k] for k in seeds) == (0, 1234, 1234, 1234) for c in calls)
     for task in ("replaceme_capitals", "replaceme_opposites"):
         for metric in ("acc", "acc_norm"):
             p = scores[f"{metric}_{task}"]
@@ -145,14 +157,14 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
     assert scores["eval_max_length_used"] == 512
     json.dumps(scores)  # the callers cache it as JSON
 
-    settings = harness_settings(h, seed=3)
+    settings = harness_settings(h)
     assert json.loads(json.dumps(settings)) == settings
     assert settings == {
         "eval_batch_size": 8,
         "eval_add_bos_token": False,
         "eval_max_length": 512,
         "eval_fewshot": {"replaceme_capitals": 0, "replaceme_opposites": 0, "replaceme_pydoc_ppl": 0},
-        "eval_fewshot_seed": 3,
+        "eval_fewshot_seed": 1234,
         "eval_limit": 8,
         "eval_bootstrap_iters": 1000,
         "eval_metrics": {
@@ -163,7 +175,8 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
         "lm_eval_version": settings["lm_eval_version"],
     }
     assert settings["lm_eval_version"].count(".") >= 1
-    paper = harness_settings(typed(["eval=paper"]).eval.harness, seed=0)
+    paper = harness_settings(typed(["eval=paper"]).eval.harness)
+    assert harness_settings(typed(["eval=paper", "eval.harness.fewshot_seed=7"]).eval.harness)["eval_fewshot_seed"] == 7
     assert "eval_max_length" in paper and paper["eval_max_length"] is None and paper["eval_limit"] is None
     assert paper["eval_metrics"]["piqa"] == "acc_norm" and paper["eval_fewshot"]["winogrande"] == 5
 

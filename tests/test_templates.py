@@ -141,3 +141,11 @@ def test_every_template_belongs_to_exactly_one_table_figure_or_study():
     assert sorted(owners) == TEMPLATES
     assert all(len(names) == 1 for names in owners.values()), owners
     assert owners["paper/regularization_cosine"] == ["regularization"]  # two sweeps fill one table
+
+
+@pytest.mark.unit
+def test_the_main_tables_seeds_vary_only_the_solver_as_the_papers_significance_study():
+    jobs = [compose_config(["+paper=llama3_main", "experiment=replaceme_cosine", f"seed={s}"]) for s in (42, 43, 44)]
+    assert [j.seed for j in jobs] == [42, 43, 44]
+    assert {j.calibration.seed for j in jobs} == {42}  # one calibration sample
+    assert {j.eval.harness.fewshot_seed for j in jobs} == {1234}  # lm-eval's few-shot draw, not the job's seed

@@ -419,6 +419,9 @@ class HarnessConfig:
     max_length: Optional[int] = key(None, doc="context length (null: the model's)", check=positive_int)
     limit: Optional[Any] = key(None, doc="documents per task, or a fraction", check=harness_limit)
     bootstrap_iters: int = key(1000, doc="stderr resamples (0: no stderr)", check=non_negative_int)
+    fewshot_seed: int = key(
+        1234, doc="lm-eval's few-shot sampling seed (its default, as the official code ran it; not the job's seed)"
+    )
 
 
 @Group

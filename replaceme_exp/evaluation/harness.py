@@ -151,7 +151,7 @@ def bootstrap_iters(cfg: HarnessConfig) -> int:
     return int(cfg.bootstrap_iters)
 
 
-def harness_settings(cfg: HarnessConfig, seed: int) -> dict[str, Any]:
+def harness_settings(cfg: HarnessConfig) -> dict[str, Any]:
     """Every setting of the suite ``cfg`` (``eval.harness``) that moves a score, as JSON-able row
     columns. ``eval_max_length`` is the configured value (``null``: lm-eval takes the model's);
     the task versions are only known after the run (``eval_task_versions`` of :func:`run_harness`)."""
@@ -161,7 +161,7 @@ def harness_settings(cfg: HarnessConfig, seed: int) -> dict[str, Any]:
         "eval_add_bos_token": bool(cfg.add_bos_token),
         "eval_max_length": None if cfg.max_length is None else int(cfg.max_length),
         "eval_fewshot": {task: int(n) for task, n in cfg.tasks.items()},
-        "eval_fewshot_seed": int(seed),
+        "eval_fewshot_seed": int(cfg.fewshot_seed),
         "eval_limit": limit,
         "eval_bootstrap_iters": bootstrap_iters(cfg),
         "eval_metrics": declared_metrics(cfg),
@@ -290,7 +290,7 @@ def _declares_fewshot(manager, name: str) -> bool:
     return entry.cfg.get("num_fewshot") is not None
 
 
-def run_harness(model, tokenizer, cfg: HarnessConfig, work_dir: Path, seed: int = 0) -> dict[str, Any]:
+def run_harness(model, tokenizer, cfg: HarnessConfig, work_dir: Path) -> dict[str, Any]:
     """Scores of ``model`` on the suite ``cfg`` (``eval.harness``), see :func:`collect_scores`
     (each metric with its standard error where lm-eval gives one: closed form for accuracies,
     ``cfg.bootstrap_iters`` resamples for ``perplexity``), plus ``eval_task_versions`` ({task:
@@ -302,10 +302,10 @@ def run_harness(model, tokenizer, cfg: HarnessConfig, work_dir: Path, seed: int 
     include = str(materialize_offline_tasks(Path(work_dir) / "lm_eval_tasks")) if cfg.local_tasks else str(HUB_TASKS)
     manager = TaskManager(include_path=include, include_defaults=not cfg.local_tasks)
     with _quiet_lm_eval():
-        return _run_suite(model, tokenizer, cfg, manager, metrics, seed)
+        return _run_suite(model, tokenizer, cfg, manager, metrics)
 
 
-def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str, str], seed: int) -> dict[str, Any]:
+def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str, str]) -> dict[str, Any]:
     from lm_eval import simple_evaluate
 
     hf_logger = logging.getLogger("lm_eval.models.huggingface")
@@ -338,10 +338,11 @@ def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str,
             limit=cfg.limit,
             bootstrap_iters=bootstrap_iters(cfg),
             log_samples=False,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
+            # lm-eval's own defaults (the official code's); the job's seed stays out of the scores
+            random_seed=0,
+            numpy_random_seed=1234,
+            torch_random_seed=1234,
+            fewshot_random_seed=int(cfg.fewshot_seed),
         )
         results.update(out["results"])
         versions.update({task: _json_version(v) for task, v in (out.get("versions") or {}).items()})

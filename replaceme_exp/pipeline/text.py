@@ -46,7 +46,7 @@ class TextModality(Modality):
             columns = {"ppl_heldout_baseline": baselines.get_or_compute(key, lambda: finite_perplexity(model, heldout))}
         if (harness := c.eval.harness) is not None:
             with stage("eval", "baseline lm-eval"):
-                settings = harness_settings(harness, int(c.seed))
+                settings = harness_settings(harness)
                 columns.update(settings)
                 key = {
                     "model": loaded.identity_hash,
@@ -56,7 +56,7 @@ class TextModality(Modality):
                     "libraries": library_versions(),
                 }
                 scores = baselines.get_or_compute(
-                    key, lambda: run_harness(model, tokenizer, harness, self.paths.job_dir, int(c.seed))
+                    key, lambda: run_harness(model, tokenizer, harness, self.paths.job_dir)
                 )
                 check_finite("eval", "the unpruned model's avg_acc is", [scores["avg_acc"]])
                 self.baseline_avg_acc = columns["avg_acc_baseline"] = scores["avg_acc"]
@@ -78,7 +78,7 @@ class TextModality(Modality):
         columns = {}
         if (harness := c.eval.harness) is not None:
             with stage("eval", "pruned lm-eval"):
-                columns.update(run_harness(model, tokenizer, harness, self.paths.job_dir, int(c.seed)))
+                columns.update(run_harness(model, tokenizer, harness, self.paths.job_dir))
                 check_finite("eval", "the pruned model's avg_acc is", [columns["avg_acc"]])
                 columns["rp"] = columns["avg_acc"] / self.baseline_avg_acc
         if (samples := c.eval.samples) is not None:

@@ -33,6 +33,9 @@ IDENTITY_CHANGES = {
     "official-presets": "issue 22: experiment=replaceme_official, replaceme_official_cosine and uidl_official "
     "prune 8 blocks and run eval=paper, as the official reproduce configs do",
     "regularizer-to-identity": "issue 22: the regularizer options l1_to_identity and l2_to_identity (new)",
+    "fewshot-seed": "issue 22: lm-eval suites sample few-shot examples with eval.harness.fewshot_seed (1234, "
+    "lm-eval's default and the official code's) instead of the job's seed, which no longer moves scores",
+    "significance-seeds": "issue 22: +paper=llama3_main's seeds vary only the solver (calibration.seed fixed at 42)",
 }
 GROUPS = (
     "model",
@@ -284,9 +287,9 @@ def record_change(tag: str) -> None:
             name, now = key(overrides), current_identity(cfg)
             names.add(name)
             if name not in pinned:  # a composition that did not exist (a new option or template job)
-                if name not in changes:
+                if name not in changes or {k: now.get(k) for k in HASHES} != {k: changes[name].get(k) for k in HASHES}:
+                    counts["added" if name not in changes else "moved"] += 1
                     changes[name] = {"change": tag, "added": True, **now}
-                    counts["added"] += 1
                 continue
             if now["valid"] != "valid" or pinned[name]["valid"] != "valid":
                 continue
