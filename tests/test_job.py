@@ -176,6 +176,7 @@ def test_jobs_calibrate_on_a_users_own_data(tmp_path, kind):
     row = run_recorded(job_config(tmp_path, *overrides, "calibration.n_samples=32", "save_model=false"))
     assert row["status"] == "finished" and row["calibration"] in ("text_file", "jsonl")
     assert row["n_calib_tokens"] > 64 and row["cos_dist_after"] >= 0
+    assert row["chat_template"] is True  # SmolLM2's tokenizer renders the jsonl chats with its template
 
 
 @pytest.mark.e2e

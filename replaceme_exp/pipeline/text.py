@@ -33,7 +33,13 @@ class TextModality(Modality):
                 if float(c.mask_ratio)
                 else batches
             )
-        counts = {"n_calib_tokens": batches.n_tokens, "n_estimation_tokens": estimation.n_tokens}
+        counts = {
+            "n_calib_tokens": batches.n_tokens,
+            "n_estimation_tokens": estimation.n_tokens,
+            # how chats are rendered: the tokenizer's template, or "role: content" turns without one
+            # (a base model such as Llama 2 7B; README, "Paper text / official code / this project")
+            "chat_template": bool(getattr(loaded.tokenizer, "chat_template", None)),
+        }
         return Calibration(batches, estimation, counts)
 
     def heldout(self, loaded: LoadedModel, adapter):
