@@ -103,6 +103,7 @@ def test_a_bf16_models_target_is_formed_exactly_and_rounded_once():
         ("adam", dict(lr=3e-2, batch_tokens=256, epochs=150), 0.05),
         ("lbfgs", dict(max_iter=300, chunk_tokens=200), 0.02),
         ("trust_ncg", dict(max_iter=50, chunk_tokens=300), 0.02),
+        ("newton_cg", dict(max_iter=50, chunk_tokens=300), 0.02),
     ],
 )
 def test_mse_lands_on_the_closed_form(setup, solver, kwargs, tolerance):
@@ -128,7 +129,7 @@ def test_cosine_beats_ls_on_heldout_cosine_distance(setup):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("solver", ["adam", "lbfgs", "nlcg", "trust_ncg"])
+@pytest.mark.parametrize("solver", ["adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg"])
 @pytest.mark.parametrize("loss", ["cosine", "cosine_exact", "mse"])
 @pytest.mark.parametrize("structure, regularizer", [("generic", "l1"), ("diagonal", "l2"), ("generic", "none")])
 def test_every_objective_and_solver_lowers_its_loss(setup, solver, loss, structure, regularizer):
@@ -206,7 +207,7 @@ def test_alpha_scale_follows_the_loss(loss, scale):
 @pytest.mark.parametrize(
     "solver, schedule",
     [("adam", "full_batch"), ("adam", "minibatch"), ("lbfgs", "full_batch")]
-    + [(s, "minibatch") for s in ("lbfgs", "nlcg", "trust_ncg")],
+    + [(s, "minibatch") for s in ("lbfgs", "nlcg", "trust_ncg", "newton_cg")],
 )
 @pytest.mark.parametrize("regularizer", ["l1", "l2"])
 def test_every_path_weighs_the_penalty_by_alpha_over_the_stored_tokens_for_mse(solver, schedule, regularizer):
@@ -222,7 +223,7 @@ def test_every_path_weighs_the_penalty_by_alpha_over_the_stored_tokens_for_mse(s
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("solver", ["lbfgs", "nlcg", "trust_ncg"])
+@pytest.mark.parametrize("solver", ["lbfgs", "nlcg", "trust_ncg", "newton_cg"])
 def test_minibatch_schedule_takes_one_solver_step_per_shuffled_batch(solver):
     n, hidden, batch_tokens, epochs = 300, 12, 64, 3
     store, _ = random_store(n, hidden, seed=2)

@@ -308,7 +308,7 @@ class LeastSquaresObjectiveConfig(ObjectiveConfig):
 @Group
 class NumericalObjectiveConfig(ObjectiveConfig):
     loss: Literal["cosine", "cosine_exact", "mse"] = key(doc="the loss minimised over T")
-    solver: Literal["adam", "lbfgs", "nlcg", "trust_ncg"] = key("adam", doc="the optimiser")
+    solver: Literal["adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg"] = key("adam", doc="the optimiser")
     schedule: Literal["full_batch", "minibatch"] = key(
         doc="lbfgs/nlcg/trust_ncg over all tokens, or one step per batch"
     )

@@ -25,7 +25,9 @@ with a warning in the row (:func:`regularizer_warning`). Well-posed: the penalty
 
 Solvers: ``adam`` (mini-batches, the paper's recipe), ``lbfgs`` (PyTorch's ``torch.optim.LBFGS``
 with a strong-Wolfe line search), ``nlcg`` (SciPy's nonlinear conjugate gradient,
-``method="CG"``) and ``trust_ncg`` (SciPy's trust-region Newton-CG). Schedules for the non-Adam
+``method="CG"``), ``trust_ncg`` (SciPy's trust-region Newton-CG: the paper's table's "Trust-NCG") and
+``newton_cg`` (SciPy's line-search Newton-CG, ``method="Newton-CG"``: the "Newton-CG" of the paper's
+text), both with exact Hessian-vector products. Schedules for the non-Adam
 solvers (``schedule``):
 - ``full_batch``: up to ``max_iter`` iterations on the exact objective over all stored tokens,
   evaluated in chunks of ``chunk_tokens``: gradients and Hessian-vector products are summed chunk
@@ -53,7 +55,7 @@ from replaceme_exp.progress import progress_counter
 log = logging.getLogger(__name__)
 
 LOSSES = ("cosine", "cosine_exact", "mse")
-SOLVERS = ("adam", "lbfgs", "nlcg", "trust_ncg")
+SOLVERS = ("adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg")
 SCHEDULES = ("full_batch", "minibatch")
 # Strong-Wolfe line search of a mini-batch L-BFGS step: at most this many trial points (torchmin's
 # default ``max_ls``). torch.optim.LBFGS caps its search at max_eval - 1 evaluations, and its default
@@ -379,6 +381,9 @@ class NumericalEstimator(Estimator):
         callback = callback if track else None
         if self.solver == "nlcg":
             result = minimize(fun, x0, jac=True, method="CG", callback=callback, options={"maxiter": max_iter})
+        elif self.solver == "newton_cg":
+            options = {"maxiter": max_iter, "xtol": 1e-10}
+            result = minimize(fun, x0, jac=True, hessp=hessp, method="Newton-CG", callback=callback, options=options)
         else:
             result = minimize(
                 fun,

@@ -312,9 +312,12 @@ TABLES = [
         "solvers",
         "Solvers for the cosine objective, and MSE (Adam) against the LS closed form (Llama 3 8B Instruct, 25%).",
         LLAMA3_25,
-        [(f"Cosine, {s}", {"objective": "cosine", "solver": s}) for s in ("adam", "nlcg", "trust_ncg", "lbfgs")]
+        [
+            (f"Cosine, {s}", {"objective": "cosine", "solver": s})
+            for s in ("adam", "nlcg", "trust_ncg", "lbfgs", "newton_cg")
+        ]
         + [("MSE, adam", {"objective": "mse", "solver": "adam"}), ("LS (closed form)", {"objective": "ls"})],
-        sweeps=(Sweep("paper/solvers", 4),),
+        sweeps=(Sweep("paper/solvers", 5), Sweep("paper/solvers_sanity", 2)),
     ),
     TableSpec(
         "multi_lt_count",

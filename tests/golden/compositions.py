@@ -36,6 +36,8 @@ IDENTITY_CHANGES = {
     "fewshot-seed": "issue 22: lm-eval suites sample few-shot examples with eval.harness.fewshot_seed (1234, "
     "lm-eval's default and the official code's) instead of the job's seed, which no longer moves scores",
     "significance-seeds": "issue 22: +paper=llama3_main's seeds vary only the solver (calibration.seed fixed at 42)",
+    "solvers-table": "issue 22: +paper=solvers runs the non-Adam solvers in the official minibatch schedule and "
+    "adds newton_cg; +paper=solvers_sanity runs the table's MSE + Adam and LS rows",
 }
 GROUPS = (
     "model",
