@@ -29,7 +29,7 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
     assert first["rp"] == pytest.approx(first["avg_acc"] / first["avg_acc_baseline"])
     assert first["eval_batch_size"] == 8 and first["eval_add_bos_token"] is False
     # Every setting that moves a score is in the row (max_length was passed but not recorded before).
-    assert first["eval_max_length"] == 512 and first["eval_fewshot_seed"] == 42 and first["lm_eval_version"]
+    assert first["eval_max_length"] == 512 and first["eval_fewshot_seed"] == 1234 and first["lm_eval_version"]
     assert first["eval_fewshot"] == {"replaceme_capitals": 0, "replaceme_opposites": 0, "replaceme_pydoc_ppl": 0}
     assert first["torch_version"] and first["transformers_version"]
     # The unpruned model's scores travel with the row (the tables' baseline rows read them).
