@@ -464,3 +464,24 @@ def test_the_git_sha_is_read_once_at_import_so_a_long_sweep_records_the_code_it_
     before = job.git_sha.cache_info().hits
     assert job.git_sha() == job.git_sha()
     assert job.git_sha.cache_info().hits == before + 2 and job.git_sha.cache_info().misses == 1
+
+
+@pytest.mark.integration
+def test_save_transforms_writes_each_cuts_t_which_the_checkpoint_holds_fused(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from replaceme_exp.models import adapter_for, load_model
+
+    row = run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_transforms=true"))
+    assert row["status"] == "finished"
+    saved = load_file(row["transforms_path"])
+    assert set(saved) == {"2-4"} and saved["2-4"].dtype == torch.float64 and saved["2-4"].shape == (64, 64)
+    # the checkpoint's fusion target (block 1, before the cut) holds T^T W of the unpruned model's W
+    unpruned = load_model(job_config(tmp_path, "cuts=[[2,4]]").model, str(CACHE)).model
+    weight = adapter_for(unpruned).fusion_target(1).weight.double()
+    pruned = AutoModelForCausalLM.from_pretrained(row["pruned_model_path"])
+    fused = adapter_for(pruned).fusion_target(1).weight.double()
+    torch.testing.assert_close(fused, saved["2-4"].T @ weight, rtol=1e-5, atol=1e-6)
+    # where a job writes is not what it computes
+    assert config_hash(compose_config(SMOKE + ["save_transforms=true"])) == config_hash(compose_config(SMOKE))

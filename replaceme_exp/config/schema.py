@@ -541,6 +541,9 @@ class JobConfig:
     results_dir: str = key("results", doc="rows, baselines, pruned models")
     cache_dir: str = key("${oc.env:REPLACEME_CACHE,.cache}", doc="converted models, capture statistics")
     save_model: bool = key(True, doc="save the pruned checkpoint")
+    save_transforms: bool = key(
+        False, doc="also save each cut's estimated T as its own file (the official save_transform_only)"
+    )
     force: bool = key(False, doc="rerun a finished configuration")
     model: ModelConfig = key(doc="model group")
     calibration: CalibrationConfig = key(doc="calibration group")

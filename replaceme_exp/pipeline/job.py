@@ -15,13 +15,14 @@ import logging
 import platform
 
 import torch
+from safetensors.torch import save_file
 
 from replaceme_exp.capture import LayerDistances, LinearStatistics, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import CaptureExecution, plan_execution
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.errors import NonFiniteError, check_finite
-from replaceme_exp.estimation.fitting import Fit, fit_transforms
+from replaceme_exp.estimation.fitting import Fit, fit_transforms, label
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.heldout import heldout_distances, sequential_checks
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows
@@ -31,6 +32,7 @@ from replaceme_exp.pipeline.modality import MODALITIES, Calibration, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.selection.passes import Selection, select_and_capture
 from replaceme_exp.stages import stage
+from replaceme_exp.storage import atomic_path
 from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
 
 log = logging.getLogger("replaceme_exp.job")
@@ -310,7 +312,10 @@ class PruningJob:
         self.record(self.modality.evaluate_pruned(self.loaded, self.adapter, self.heldout))
 
     def save(self) -> None:
-        """The pruned model as a standard checkpoint under ``results_dir/models/<config_hash>``."""
+        """The pruned model as a standard checkpoint under ``results_dir/models/<config_hash>``; with
+        ``save_transforms``, each cut's estimated T under ``results_dir/transforms/<config_hash>``."""
+        if self.config.save_transforms:
+            self.save_transforms()
         if not self.config.save_model:
             return
         with stage("save"):
@@ -319,6 +324,17 @@ class PruningJob:
             metadata = {k: self.row[k] for k in keys}
             save_checkpoint(self.loaded.model, self.loaded.tokenizer, target, metadata, self.loaded.processor)
         self.record({"pruned_model_path": str(target)})
+
+
+    def save_transforms(self) -> None:
+        """One safetensors file: ``"<start>-<end>"`` (cuts of the unpruned model) -> T, float64,
+        (hidden, hidden), as estimated (before any healing); cuts without a T (identity) are left out."""
+        fitted = self.fit.transforms.items()
+        transforms = {label(cut): t.detach().double().cpu().contiguous() for cut, t in fitted if t is not None}
+        target = self.paths.transforms_file(self.row["config_hash"])
+        with stage("save", "save transforms"), atomic_path(target) as tmp:
+            save_file(transforms, str(tmp), metadata={"run_id": self.row["run_id"], "model": self.row["model"]})
+        self.record({"transforms_path": str(target)})
 
 
 def check_weights_finite(model) -> None:

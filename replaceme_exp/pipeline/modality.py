@@ -34,6 +34,9 @@ class JobPaths:
     def model_dir(self, config_hash: str) -> Path:
         return self.results_dir / "models" / config_hash
 
+    def transforms_file(self, config_hash: str) -> Path:
+        return self.results_dir / "transforms" / f"{config_hash}.safetensors"
+
 
 @dataclass
 class Calibration:

@@ -19,7 +19,7 @@ The config hash (:attr:`JobSpec.config_hash`), the setting hash and the row's se
 (:meth:`JobSpec.setting_columns`) all come from these effective settings, so equivalent spellings
 (``alpha=0`` and ``alpha=0.0``; a preset and its expansion; ``regularizer=none`` vs ``l2`` at
 alpha 0) share one hash and one description. Keys that change where or how a job runs, not what
-it computes, stay out of the hash (``results_dir``, ``cache_dir``, ``save_model``, ``force``,
+it computes, stay out of the hash (``results_dir``, ``cache_dir``, ``save_model``, ``save_transforms``, ``force``,
 ``capture`` except a float32 precision that acts, ``store``, ``tracking``, ``progress``,
 ``model.device``, ``model.device_map``, ``eval.samples``, ``healing.log_every``,
 ``healing.gradient_checkpointing``); local data files and the model's weights enter by content.
@@ -53,7 +53,9 @@ from replaceme_exp.storage import content_key
 # Bump when the code changes what an unchanged configuration computes.
 SEMANTICS_VERSION = 3
 # Where and how a job runs, not what it computes.
-NON_SEMANTIC_KEYS = ("results_dir", "cache_dir", "save_model", "force", "capture", "store", "tracking", "progress")
+NON_SEMANTIC_KEYS = (
+    "results_dir", "cache_dir", "save_model", "save_transforms", "force", "capture", "store", "tracking", "progress"
+)
 NON_SEMANTIC_MODEL_KEYS = ("device", "device_map")
 NON_SEMANTIC_HEALING_KEYS = ("log_every", "gradient_checkpointing")
 # Fields whose value names a local data file: the file enters the hash by content.
