@@ -43,9 +43,12 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
     harness_baseline = [json.loads(p.read_text()) for p in baselines if "harness" in p.read_text()]
     assert len(harness_baseline) == 1 and harness_baseline[0]["value"]["avg_acc"] == first["avg_acc_baseline"]
     assert "baseline_harness" in second["cached_stages"]
-    # The few-shot seed moves few-shot prompts: another seed gets its own unpruned scores.
+    # The job's seed does not move lm-eval's scores (lm-eval's own seeds): the unpruned scores are reused.
     reseeded = run_recorded(job_config(tmp_path, *OFFLINE, "seed=7"))
-    assert "baseline_harness" not in reseeded["cached_stages"] and "baseline_ppl" in reseeded["cached_stages"]
+    assert "baseline_harness" in reseeded["cached_stages"] and reseeded["eval_fewshot_seed"] == 1234
+    # The few-shot seed moves few-shot prompts: another one gets its own unpruned scores.
+    refewshot = run_recorded(job_config(tmp_path, *OFFLINE, "eval.harness.fewshot_seed=7"))
+    assert "baseline_harness" not in refewshot["cached_stages"] and "baseline_ppl" in refewshot["cached_stages"]
 
 
 @pytest.mark.unit
