@@ -298,3 +298,18 @@ def test_the_literal_cosine_penalty_runs_with_a_warning_in_the_row_and_the_log(t
     assert JobSpec.from_config(compose_config(SMOKE + well_posed)).setting_columns()["regularizer_warning"] is None
     with pytest.raises(ConfigError, match="regularizer='l2_to_identity': objective=ls supports none, l2"):
         JobSpec.from_config(compose_config(SMOKE + ["objective=ls", "regularizer=l2_to_identity", "alpha=1"]))
+
+
+@pytest.mark.unit
+def test_the_official_codes_calibration_datasets_have_presets():
+    """utils.get_calib_dataloader of the official code: C4 (en), WikiText-2 (raw v1) and
+    sec-data-mini, each read from its "text" column."""
+    official = {
+        "c4": ("allenai/c4", "en"),
+        "wikitext2": ("wikitext", "wikitext-2-raw-v1"),
+        "sec_data_mini": ("arcee-ai/sec-data-mini", None),
+    }
+    for name, (dataset, subset) in official.items():
+        calibration = compose_config([f"calibration={name}", "calibration.order=first"]).calibration
+        assert (calibration.dataset, calibration.subset, calibration.text_field) == (dataset, subset, "text"), name
+        assert calibration.source == "hf_dataset" and calibration.order == "first"

@@ -38,6 +38,7 @@ IDENTITY_CHANGES = {
     "significance-seeds": "issue 22: +paper=llama3_main's seeds vary only the solver (calibration.seed fixed at 42)",
     "solvers-table": "issue 22: +paper=solvers runs the non-Adam solvers in the official minibatch schedule and "
     "adds newton_cg; +paper=solvers_sanity runs the table's MSE + Adam and LS rows",
+    "official-datasets": "issue 22: calibration presets for the official code's C4, WikiText-2 and sec-data-mini (new)",
 }
 GROUPS = (
     "model",
