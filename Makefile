@@ -47,7 +47,7 @@ bench: setup
 # MODEL=, CALIBRATION=, EVAL=: the same tables from runs of another model, calibration set or suite (README).
 paper-tables: setup
 	$(PY) -m replaceme_exp.reporting.render_paper --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables \
-		$(if $(MODEL),--model $(MODEL)) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(EVAL),--eval $(EVAL))
+		$(if $(MODEL),--model $(MODEL)) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(EVAL),--eval $(EVAL)) $(if $(PROTOCOL),--protocol $(PROTOCOL))
 
 # The configuration reference, generated from the schema (tests/test_config_reference.py checks it is current).
 docs-reference: setup

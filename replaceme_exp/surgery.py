@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from replaceme_exp.models.adapters import DecoderAdapter, adapter_for
+from replaceme_exp.selection.cuts import fusion_blocks
 
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
@@ -46,16 +47,24 @@ def prune(
     """Apply all cuts in place. Fusion happens in original indices before any block is removed,
     so several cuts need no index bookkeeping. With ``placement="separate"`` each T instead
     multiplies the full output of block ``start-1`` (see :func:`attach_separate_transforms`).
-    Returns the original indices of the kept blocks."""
+    A cut that touches an earlier one (``touching_cuts=compose``) has its T applied after the
+    earlier one's, at the same block: ``M T0 T1`` fused, ``L T0 T1`` separate
+    (:func:`~replaceme_exp.selection.cuts.fusion_blocks`). Returns the original indices of the
+    kept blocks."""
+    blocks = fusion_blocks(cuts)
     if placement == "fused":
-        for cut in cuts:
+        for cut in sorted(cuts):
             transform = transforms.get(cut)
             if transform is not None:
-                fuse_transform(adapter, cut[0] - 1, transform)
+                fuse_transform(adapter, blocks[cut], transform)
     kept = kept_blocks(adapter.num_layers, cuts)
     adapter.keep_layers(kept)
     if placement == "separate":
-        separate = {kept.index(cut[0] - 1): t for cut, t in transforms.items() if t is not None}
+        separate: dict[int, torch.Tensor] = {}
+        for cut in sorted(cuts):
+            if (t := transforms.get(cut)) is not None:
+                index = kept.index(blocks[cut])
+                separate[index] = separate[index].double() @ t.double() if index in separate else t
         attach_separate_transforms(adapter, separate)
     elif placement != "fused":
         raise ValueError(f"lt_placement={placement!r}: choose fused or separate")

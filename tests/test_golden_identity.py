@@ -46,7 +46,9 @@ def as_now_described(pinned: dict, cfg) -> dict:
     - ``healing_settings`` include ``master_weights``; ``healing_master_weights`` says it where it
       acts: bf16 / fp16 weights that train (``full_model``; ``lt_only`` with a separate T);
     - ``regularizer_warning`` says why an L1 / L2 penalty on T with the scale-free cosine loss is
-      ill-posed (None elsewhere).
+      ill-posed (None elsewhere);
+    - the protocol axis: ``protocol``, ``calibration_batch_order``, ``calibration_drop_last``,
+      ``capture_dtype``, ``padded_positions``, ``touching_cuts``.
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -72,6 +74,22 @@ def as_now_described(pinned: dict, cfg) -> dict:
         if literal
         else None
     )
+    # the protocol axis (issue 22): columns a row recorded before it had none of; under
+    # protocol=paper (every pinned composition) each says this project's default as it acts
+    calibration = cfg.calibration
+    text_calibration = "batch_order" in calibration
+    single_cut = selects and cfg.num_lts == 1
+    absent = {
+        "protocol": cfg.get("protocol", "paper"),
+        "calibration_batch_order": calibration.get("batch_order") if text_calibration else None,
+        "calibration_drop_last": calibration.get("drop_last") if text_calibration else None,
+        "capture_dtype": cfg.model.get("capture_dtype") or cfg.model.dtype,
+        "padded_positions": False,
+        "touching_cuts": None if single_cut or cfg.merge_consecutive else cfg.get("touching_cuts", "apart"),
+    }
+    for column, value in absent.items():
+        if out.get(column, "<absent>") == "<absent>":
+            out[column] = value
     return out
 
 

@@ -580,4 +580,5 @@ def test_no_target_renders_the_papers_settings_unchanged():
     for spec in TABLES:
         plain, paper = build_table(spec, runs), build_table(spec, runs, target=Target())
         assert plain.equals(paper) and paper.attrs["retargeted"] is None
-    assert Retargeting(Target()).conditions(LLAMA3_25) == LLAMA3_25
+    # the paper's protocol: rows without a protocol column are the paper's (cells.DEFAULTS_FOR_MISSING_COLUMNS)
+    assert Retargeting(Target()).conditions(LLAMA3_25) == {**LLAMA3_25, "protocol": "paper"}

@@ -62,6 +62,8 @@ def test_the_first_token_is_the_attention_sink_that_dominates_the_least_squares_
     seen = []
 
     class Sinks:
+        takes_padding = False
+
         def requests(self):
             def update(acts, tokens):
                 target = (acts[("L", 18)] - acts[("L", 10)] + acts[("M", 10)]).float()

@@ -85,6 +85,8 @@ def test_skip_first_counts_positions_of_masked_copies_not_visible_tokens(model):
     seen = []
 
     class Positions:
+        takes_padding = False
+
         def requests(self):
             return [((("L", 0),), lambda acts, tokens: seen.append(tokens.positions.clone()))]
 

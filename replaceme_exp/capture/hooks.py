@@ -41,7 +41,11 @@ class CaptureRequests:
     are needed, by how many requests each, and the last block any of them needs."""
 
     def __init__(self, statistics: list, num_layers: int):
-        self.requests = [req for stat in statistics for req in stat.requests()]
+        pairs = [(req, stat.takes_padding) for stat in statistics for req in stat.requests()]
+        self.requests = [req for req, _ in pairs]
+        # which requests also take the padded positions' rows (appended after the tokens' rows)
+        self.padded = [padded for _, padded in pairs]
+        self.padded_keys = {key for (keys, _), padded in zip(self.requests, self.padded) if padded for key in keys}
         self.needed: dict[ActKey, int] = {}
         for keys, _ in self.requests:
             for key in keys:
@@ -64,7 +68,9 @@ class BatchCapture:
     """One batch's capture state: its token bookkeeping, the activations kept until every request
     that needs them has run, and the requests still pending.
 
-    Activations are flattened to the non-padding tokens, (n_tokens, hidden); they are kept on
+    Activations are flattened to the non-padding tokens, (n_tokens, hidden); a statistic that
+    ``takes_padding`` gets the padded positions' rows after them (``n_tokens`` counts both,
+    ``last_rows`` still index the sequences' last tokens). They are kept on
     ``keep_device`` and handed to the updates on ``compute_device`` (the same device in a
     whole-model capture; host memory and the GPU in a layer-wise capture that keeps them off it).
     """
@@ -80,7 +86,13 @@ class BatchCapture:
             else position_ids_for(self.mask)
         )
         self.tokens = BatchTokens(int(lengths.sum()), lengths.cumsum(0) - 1, positions[self.mask])
+        self.padded_tokens = self.tokens
+        if plan.padded_keys:
+            n_padded = int((~self.mask).sum())
+            all_positions = torch.cat([positions[self.mask], positions[~self.mask]])
+            self.padded_tokens = BatchTokens(self.tokens.n_tokens + n_padded, self.tokens.last_rows, all_positions)
         self.acts: dict[ActKey, torch.Tensor] = {}
+        self.padding: dict[ActKey, torch.Tensor] = {}  # the padded positions' rows, for padded requests
         self.pending = set(range(len(plan.requests)))
         self.remaining = dict(plan.needed)
 
@@ -88,18 +100,28 @@ class BatchCapture:
         if key not in self.plan.needed:
             return
         # boolean indexing copies: a block may change the hooked tensor in place afterwards (Falcon)
-        kept = output[self.mask.to(output.device)]
-        pin = self.keep_device.type == "cpu" and kept.device.type == "cuda"
-        self.acts[key] = kept.to(self.keep_device).pin_memory() if pin else kept.to(self.keep_device)
+        mask = self.mask.to(output.device)
+        self.acts[key] = self._kept(output[mask])
+        if key in self.plan.padded_keys:
+            self.padding[key] = self._kept(output[~mask])
         for i in sorted(self.pending):
             keys, update = self.plan.requests[i]
             if all(k in self.acts for k in keys):
-                update({k: self.acts[k].to(self.compute_device, non_blocking=True) for k in keys}, self.tokens)
+                if self.plan.padded[i]:
+                    acts = {k: torch.cat([self.acts[k], self.padding[k]]).to(self.compute_device) for k in keys}
+                    update(acts, self.padded_tokens)
+                else:
+                    update({k: self.acts[k].to(self.compute_device, non_blocking=True) for k in keys}, self.tokens)
                 self.pending.discard(i)
                 for k in keys:
                     self.remaining[k] -= 1
                     if self.remaining[k] == 0:
                         del self.acts[k]
+                        self.padding.pop(k, None)
+
+    def _kept(self, rows: torch.Tensor) -> torch.Tensor:
+        pin = self.keep_device.type == "cpu" and rows.device.type == "cuda"
+        return rows.to(self.keep_device).pin_memory() if pin else rows.to(self.keep_device)
 
     def check_complete(self) -> None:
         if self.pending:

@@ -84,6 +84,8 @@ class SimilarityStatistics:
     ``L_k^T L_k``; each cut adds its own cross product. :func:`linear_cka_per_cut` and
     :func:`mean_cca_per_cut` turn them into similarities."""
 
+    takes_padding = False  # padded positions are not data: never compared
+
     def __init__(self, cuts: list[Cut], hidden_size: int, device: torch.device, precision: str = "float64"):
         if precision not in PRECISIONS:
             raise ValueError(f"capture.precision={precision!r}: choose one of {PRECISIONS}")

@@ -7,7 +7,9 @@ removes blocks ``start..end-1``; it compares ``L_{start-1}`` with ``L_{end-1}`` 
 
 Each statistic exposes ``requests()``: a list of ``(keys, update)`` pairs. The runner calls
 ``update(acts, tokens)`` once per batch as soon as all ``keys`` of that pair are available, with
-``acts[key]`` of shape (n_tokens_in_batch, hidden) holding only non-padding tokens.
+``acts[key]`` of shape (n_tokens_in_batch, hidden) holding only non-padding tokens (a statistic
+whose ``takes_padding`` is true also gets the padded positions' rows, after them: the official
+code's statistics of padded batches).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class CutDistances:
     paper's ``1 - cos``). ``tokens``: ``all`` non-padding tokens or each sequence's ``last``.
     """
 
+    takes_padding = False  # padded positions are not data: never compared
+
     def __init__(self, cuts: list[Cut], distance: Callable = cosine_distance, tokens: str = "all"):
         if tokens not in ("all", "last"):
             raise ValueError(f"selection.tokens={tokens!r}: choose all or last")
@@ -90,6 +94,8 @@ class LayerDistances:
     Per batch the unit-normalised outputs are stacked in chunks of ``chunk_tokens`` tokens, so
     the extra memory is L x chunk_tokens x hidden floats, and one matmul gives every pair.
     """
+
+    takes_padding = False  # padded positions are not data: never compared
 
     def __init__(self, num_layers: int, chunk_tokens: int = 1024):
         self.num_layers, self.chunk_tokens = num_layers, chunk_tokens
@@ -176,6 +182,7 @@ class LinearStatistics:
         if precision not in PRECISIONS:
             raise ValueError(f"capture.precision={precision!r}: choose one of {PRECISIONS}")
         self.cuts, self.placement, self.rule = list(cuts), placement, rule or TokenRule()
+        self.takes_padding = self.rule.padded_positions
         self.precision = precision
         self.dtype = torch.float64 if precision == "float64" else torch.float32
         self.by_start: dict[int, list[Cut]] = {}
@@ -247,8 +254,14 @@ class TransformDistances:
     kept apart for the sink tokens (massive at ``L_{start-1}`` or ``L_{end-1}``: norm above
     ``sink_threshold`` times the median of its sequence, :func:`massive_tokens`) and the rest."""
 
-    def __init__(self, transforms: dict[Cut, torch.Tensor | None], placement: str = "fused", sink_threshold=20.0):
-        self.transforms, self.placement, self.sink_threshold = dict(transforms), placement, float(sink_threshold)
+    takes_padding = False  # padded positions are not data: never compared
+
+    def __init__(
+        self, transforms: dict[Cut, torch.Tensor | None], placement: str | dict[Cut, str] = "fused", sink_threshold=20.0
+    ):
+        self.transforms, self.sink_threshold = dict(transforms), float(sink_threshold)
+        # by cut: a composed cut's T maps the whole block output (``placement`` given per cut)
+        self.placements = placement if isinstance(placement, dict) else {cut: placement for cut in self.transforms}
         self.before = {cut: 0.0 for cut in self.transforms}
         self.l2_before = {cut: 0.0 for cut in self.transforms}
         self.after = {cut: 0.0 for cut in self.transforms}
@@ -267,7 +280,7 @@ class TransformDistances:
             m, prev, target = acts[m_key].float(), acts[prev_key].float(), acts[target_key].float()
             if transform is None:
                 received = prev
-            elif self.placement == "separate":
+            elif self.placements[cut] == "separate":
                 received = prev @ transform.to(device=m.device, dtype=torch.float32)
             else:
                 received = prev - m + m @ transform.to(device=m.device, dtype=torch.float32)
@@ -326,6 +339,7 @@ class TokenCollector:
     def __init__(self, cut: Cut, store, placement: str = "fused", rule: TokenRule | None = None):
         self.cut, self.store, self.offset, self.placement = cut, store, 0, placement
         self.rule = rule or TokenRule()
+        self.takes_padding = self.rule.padded_positions
 
     def requests(self) -> list[Request]:
         m_key, prev_key, target_key = cut_keys(self.cut, with_mlp=True)

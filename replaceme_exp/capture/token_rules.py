@@ -6,7 +6,8 @@ norm is 30-200x the median from block 11 on, and it holds about 99.5% of the lea
 ``||L_{end-1} - Y_{start-1}||^2`` of cut [11, 19). A transform fitted on all tokens is spent on
 reproducing that one token. The rules:
 
-- ``all``: every non-padding token (the paper, the official code);
+- ``all``: every non-padding token (the paper); with ``padded_positions`` also every padded
+  position, whose activations the official code's ``view(-1, hidden)`` of padded batches keeps;
 - ``skip_first``: leave out the first ``first`` positions of each sequence (position ids, so a
   masked copy's hidden tokens do not shift them);
 - ``skip_massive``: leave out the tokens whose residual norm, at the cut's input ``L_{start-1}``
@@ -68,6 +69,7 @@ class TokenRule:
     kind: str = "all"
     first: int = 1
     massive_threshold: float = 20.0
+    padded_positions: bool = False
 
     def __post_init__(self):
         if self.kind not in TOKEN_RULES:
@@ -79,6 +81,13 @@ class TokenRule:
             raise ConfigError("estimation.massive_threshold", threshold, "must be a finite number > 1")
         if threshold <= 1:
             raise ConfigError("estimation.massive_threshold", threshold, "must be > 1 (times the median norm)")
+        if self.padded_positions and self.kind != "all":
+            raise ConfigError(
+                "estimation.padded_positions",
+                True,
+                f"adds every padded position to the fit (the official code), which only estimation.tokens=all "
+                f"does; tokens={self.kind} picks tokens by their sequence",
+            )
 
     @property
     def per_cut(self) -> bool:
@@ -87,7 +96,10 @@ class TokenRule:
         return self.kind in ("skip_massive", "rescale_massive")
 
     def key(self) -> str:
-        """What the rule selects, for cache keys: ``all``, ``skip_first=2``, ``skip_massive=20``."""
+        """What the rule selects, for cache keys: ``all``, ``all+padded``, ``skip_first=2``,
+        ``skip_massive=20``."""
+        if self.padded_positions:
+            return "all+padded"
         if self.kind == "skip_first":
             return f"skip_first={self.first}"
         if self.kind in ("skip_massive", "rescale_massive"):

@@ -138,6 +138,9 @@ class ModelConfig:
     device: str = key("auto", doc="auto (cuda if present), cpu, cuda, cuda:<i>, mps", check=device_value)
     device_map: Optional[str] = key(None, doc="auto: spread over the GPUs (accelerate); null: one device")
     capture_4bit: bool = key(False, doc="capture on a 4-bit NF4 copy (the official use_4bit; bitsandbytes + GPU)")
+    capture_dtype: Optional[Literal["float32", "float16", "bfloat16"]] = key(
+        None, doc="capture on a copy in this dtype (official: float32), then prune the model in dtype; null: dtype"
+    )
 
 
 @Group
@@ -173,7 +176,11 @@ class CalibrationConfig:
 @Group
 class TextCalibrationConfig(CalibrationConfig):
     seq_len: int = key(doc="tokens per sequence (longer ones are truncated)", check=positive_int)
-    padding_side: Literal["left", "right"] = key("right", doc="where padding goes (masked out either way)")
+    padding_side: Literal["left", "right"] = key("right", doc="where padding goes")
+    batch_order: Literal["by_length", "as_read"] = key(
+        "by_length", doc="sequences batched longest first (least padding), or in the order read (official)"
+    )
+    drop_last: bool = key(False, doc="drop an incomplete last batch (the official DataLoader's drop_last)")
 
 
 @Group
@@ -328,6 +335,9 @@ class EstimationConfig:
     first: int = key(1, doc="skip_first: positions left out of each sequence", check=positive_int)
     massive_threshold: float = key(
         20.0, doc="norm over the sequence median that makes a token massive", check=above_one
+    )
+    padded_positions: bool = key(
+        False, doc="padded positions' activations enter the fit too (the official code; needs tokens=all)"
     )
 
 
@@ -525,7 +535,14 @@ class JobConfig:
     n_prune: int | float = key(4, doc="blocks removed in total, or a fraction of the depth", check=n_prune_value)
     num_lts: int = key(1, doc="linear transforms (cuts of n_prune/num_lts blocks)", check=positive_int)
     alpha: float = key(0.0, doc="regularisation strength (ridge for ls)", check=finite_non_negative)
+    protocol: Literal["paper", "official"] = key(
+        "paper", doc="the paper's text, or what the official code ran (pipeline/protocol.py)"
+    )
     merge_consecutive: bool = key(True, doc="join selected cuts that touch into one transform")
+    touching_cuts: Literal["apart", "compose"] = key(
+        "apart",
+        doc="unmerged cuts: kept a block apart, or allowed to touch, both T in one down-projection (official)",
+    )
     multi_lt: Literal["independent", "sequential"] = key(
         "independent", doc="several cuts: each T from the unpruned model, or on the partly pruned one"
     )

@@ -63,6 +63,20 @@ class TokenBatches:
         """Non-padding tokens."""
         return sum(b.n_tokens for b in self.batches)
 
+    @property
+    def n_positions(self) -> int:
+        """Every position of every batch, padded ones included."""
+        return sum(b.attention_mask.numel() for b in self.batches)
+
+    def layout_hash(self) -> str:
+        """The content hash, plus how the sequences are batched and padded (what statistics that
+        include padded positions depend on)."""
+        h = hashlib.sha256(self.content_hash().encode())
+        for batch in self.batches:
+            h.update(f"{tuple(batch.attention_mask.shape)}|".encode())
+            h.update(batch.attention_mask.numpy().astype("int8").tobytes())
+        return h.hexdigest()[:16]
+
     def content_hash(self) -> str:
         """Hash of the token ids (or, for images, the pixels) that the model sees
         (order-independent of batching)."""
@@ -79,6 +93,19 @@ class TokenBatches:
                     h.update(b"@" + batch.position_ids[row][mask.bool()].numpy().astype("int64").tobytes())
                 h.update(b"|")
         return h.hexdigest()[:16]
+
+
+def with_counted_positions(batches: TokenBatches) -> TokenBatches:
+    """``batches`` with explicit positions ``0..width-1`` on every row, padded ones too: what a
+    model given no position ids uses (the official code), so right-padded positions continue
+    counting instead of repeating the last token's position. Tokens' positions are unchanged under
+    right padding."""
+    out = []
+    for batch in batches:
+        rows, width = batch.input_ids.shape
+        positions = torch.arange(width, dtype=torch.long).expand(rows, width).clone()
+        out.append(TokenBatch(batch.input_ids, batch.attention_mask, positions))
+    return TokenBatches(out, batches.seq_len)
 
 
 def pad_sequences(sequences: list[list[int]], pad_id: int, side: str) -> TokenBatch:

@@ -153,8 +153,15 @@ def build_calibration(cfg: schema.TextCalibrationConfig, tokenizer, answerer: An
     configured source (``answerer``: the model that answers the prompts of ``source: generated``)."""
     documents = CALIBRATION_SOURCES.get(cfg.source).read(cfg, tokenizer, cfg.n_samples, int(cfg.seed), answerer)
     batches = tokenize_documents(
-        documents, tokenizer, seq_len=cfg.seq_len, batch_size=cfg.batch_size, padding_side=cfg.padding_side
+        documents,
+        tokenizer,
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size,
+        padding_side=cfg.padding_side,
+        sort_by_length=cfg.batch_order == "by_length",
     )
+    if cfg.drop_last and len(batches) > 1 and batches.batches[-1].input_ids.shape[0] < cfg.batch_size:
+        batches = TokenBatches(batches.batches[:-1], batches.seq_len)
     if batches.n_tokens == 0:
         raise ConfigError("calibration", cfg.name, "the calibration text tokenises to no tokens")
     return batches

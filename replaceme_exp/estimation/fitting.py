@@ -38,6 +38,11 @@ class FitRequest:
     precision: str
     store: StoreConfig
     owner: str = ""
+    composed: frozenset = frozenset()  # cuts whose T maps the whole block output (touching_cuts=compose)
+
+    def placement_of(self, cut: Cut) -> str:
+        """Where ``cut``'s statistics and tokens come from: ``separate`` for a composed cut."""
+        return "separate" if cut in self.composed else self.placement
 
 
 @dataclass
@@ -113,7 +118,7 @@ def fit_from_tokens(
     stores = {
         cut: TokenStore(
             estimator.store_names(),
-            batches.n_tokens,
+            batches.n_positions if rule.padded_positions else batches.n_tokens,
             adapter.hidden_size,
             device,
             location=request.store.location,
@@ -126,12 +131,12 @@ def fit_from_tokens(
     }
     # An LS start point needs the statistics of its cut: gathered in the same pass when missing.
     missing = [cut for cut in cuts if estimator.init == "ls" and cut not in stats]
-    extra = (
-        [LinearStatistics(missing, adapter.hidden_size, device, request.placement, rule, request.precision)]
-        if missing
-        else []
-    )
-    collectors = {cut: TokenCollector(cut, store, request.placement, rule) for cut, store in stores.items()}
+    extra = [
+        LinearStatistics(group, adapter.hidden_size, device, where, rule, request.precision)
+        for where in ("fused", "separate")
+        if (group := [cut for cut in missing if request.placement_of(cut) == where])
+    ]
+    collectors = {cut: TokenCollector(cut, store, request.placement_of(cut), rule) for cut, store in stores.items()}
     fit = Fit({})
     try:
         with stage("capture", "capture (tokens)"):
@@ -141,7 +146,7 @@ def fit_from_tokens(
                 raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cut {list(cut)}")
             stores[cut].truncate(collector.offset)
             fit.fit_tokens[label(cut)] = int(collector.offset)
-        stats = {**stats, **(extra[0].result() if extra else {})}
+        stats = {**stats, **{cut: s for accumulator in extra for cut, s in accumulator.result().items()}}
         with stage("estimate"):
             for cut, store in stores.items():
                 init = None

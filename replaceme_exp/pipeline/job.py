@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import logging
 import platform
+from contextlib import contextmanager
 
 import torch
 from safetensors.torch import save_file
@@ -27,7 +28,7 @@ from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.heldout import heldout_distances, sequential_checks
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows
 from replaceme_exp.models import adapter_for, count_parameters, load_model
-from replaceme_exp.models.loading import LoadedModel
+from replaceme_exp.models.loading import LoadedModel, resolve_dtype
 from replaceme_exp.pipeline.modality import MODALITIES, Calibration, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.selection.passes import Selection, select_and_capture
@@ -55,6 +56,10 @@ class PruningJob:
         self.spec, self.config, self.paths, self.row = spec, spec.config, paths, row
         self.modality = MODALITIES.get(spec.modality)(spec, paths)
         self.sequential = False
+        # activations from another copy of the model than the one pruned: 4-bit, or another dtype
+        self.captures_on_copy = bool(spec.config.model.capture_4bit) or (
+            spec.effective.capture_dtype != spec.config.model.dtype
+        )
 
     def record(self, columns: dict) -> None:
         self.row.update(columns)
@@ -94,11 +99,12 @@ class PruningJob:
         self.record({"capture_mode": self.execution.mode, "capture_plan": self.execution.reason})
 
     def load(self) -> None:
-        """The model the captures run on (a 4-bit copy with ``model.capture_4bit``)."""
+        """The model the captures run on (a 4-bit copy with ``model.capture_4bit``, a copy in
+        ``model.capture_dtype``)."""
         c = self.config
-        model_cfg = c.model
+        model_cfg = dataclasses.replace(c.model, dtype=self.spec.effective.capture_dtype)
         if self.execution is not None and self.execution.mode == "layerwise":  # the weights wait in host memory
-            model_cfg = dataclasses.replace(c.model, device="cpu", device_map=None)
+            model_cfg = dataclasses.replace(model_cfg, device="cpu", device_map=None)
         with stage("load"):
             nf4 = bool(c.model.capture_4bit)
             self.captured = load_model(model_cfg, self.paths.cache_dir, self.spec.weights, nf4=nf4)
@@ -127,7 +133,10 @@ class PruningJob:
         enabled, refresh = bool(c.capture.cache), bool(c.force)
         self.cache = StatisticsCache(root, model, self.calibration.batches.content_hash(), enabled, refresh)
         self.stats_cache = self.cache
-        if self.calibration.estimation is not self.calibration.batches:
+        if self.spec.effective.padded_positions:  # padded positions' statistics depend on the batching
+            content = self.calibration.estimation.layout_hash()
+            self.stats_cache = StatisticsCache(root, model, content, enabled, refresh)
+        elif self.calibration.estimation is not self.calibration.batches:
             content = self.calibration.estimation.content_hash()
             self.stats_cache = StatisticsCache(root, model, content, enabled, refresh)
 
@@ -182,14 +191,14 @@ class PruningJob:
                 self.estimator,
                 self.selection.cuts,
                 self.selection.stats,
-                self.spec.fit_request(),
+                dataclasses.replace(self.spec.fit_request(), composed=self.selection.composed),
             )
             self.record(self.fit.columns())
 
     def load_evaluated_model(self) -> None:
-        """The model that is evaluated and pruned: the captured one, or with ``model.capture_4bit``
-        the full-precision model, loaded once the 4-bit copy is freed."""
-        if self.config.model.capture_4bit:
+        """The model that is evaluated and pruned: the captured one, or (``model.capture_4bit``,
+        ``model.capture_dtype``) the model in ``model.dtype``, loaded once the copy is freed."""
+        if self.captures_on_copy:
             del self.capture_adapter, self.captured
             gc.collect()
             torch.cuda.empty_cache()
@@ -230,13 +239,14 @@ class PruningJob:
                         "windows": self.heldout.content_hash(),
                         "cuts": [list(cut) for cut in self.selection.cuts],
                     }
+                    placement = {cut: self.selection.placement_of(cut, c.lt_placement) for cut in self.selection.cuts}
                     distances = heldout_distances(
                         self.adapter,
                         self.heldout,
                         self.fit.transforms,
                         self.baselines,
                         key,
-                        c.lt_placement,
+                        placement if self.selection.composed else c.lt_placement,
                         self.spec.token_rule.massive_threshold,
                     )
                 self.record(distances.columns())
@@ -259,12 +269,14 @@ class PruningJob:
         for cut in self.selection.cuts:
             shifted = (cut[0] - removed, cut[1] - removed)
             stats = {}
-            if self.estimator.needs_statistics and not self.estimator.needs_tokens:
-                if removed == 0 and cut in self.selection.stats:
-                    stats = {shifted: self.selection.stats[cut]}
-                else:
-                    stats = self.stage_statistics(shifted, cut)
-            fit = fit_transforms(adapter, self.calibration.estimation, self.estimator, [shifted], stats, request)
+            # the official code reloads the saved pruned model without a dtype: captures in float32
+            with weights_in(self.loaded.model, self.spec.effective.capture_dtype):
+                if self.estimator.needs_statistics and not self.estimator.needs_tokens:
+                    if removed == 0 and cut in self.selection.stats:
+                        stats = {shifted: self.selection.stats[cut]}
+                    else:
+                        stats = self.stage_statistics(shifted, cut)
+                fit = fit_transforms(adapter, self.calibration.estimation, self.estimator, [shifted], stats, request)
             self.fit = self.fit.merged(fit.relabelled(shifted, cut))
             transform = fit.transforms[shifted]
             with stage("eval", "held-out distances"):
@@ -335,6 +347,21 @@ class PruningJob:
         with stage("save", "save transforms"), atomic_path(target) as tmp:
             save_file(transforms, str(tmp), metadata={"run_id": self.row["run_id"], "model": self.row["model"]})
         self.record({"transforms_path": str(target)})
+
+
+@contextmanager
+def weights_in(model, dtype: str):
+    """``model`` with its weights cast to ``dtype`` inside the block, back afterwards (lossless
+    from a narrower dtype: bfloat16 -> float32 -> bfloat16 restores every weight)."""
+    original, target = next(model.parameters()).dtype, resolve_dtype(dtype)
+    if target == original:
+        yield
+        return
+    model.to(target)
+    try:
+        yield
+    finally:
+        model.to(original)
 
 
 def check_weights_finite(model) -> None:

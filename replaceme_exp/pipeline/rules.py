@@ -51,6 +51,7 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
         writable_directory(key, getattr(c, key))
     check_selection(c)
     check_method(c, needs)
+    check_official_settings(c, needs)
     check_data(c)
     if is_vision_config(c.model):
         check_vision(c)
@@ -105,6 +106,27 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
         )
     if c.eval.text == "text_file":
         existing_file("eval.path", c.eval.path)
+
+
+def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:
+    """The official code's settings (``protocol=official`` sets them; each may be set alone) where
+    they cannot act as it does."""
+    if c.estimation.padded_positions and needs.fits:
+        key = "estimation.padded_positions"
+        if c.estimation.tokens != "all":
+            reason = f"adds every padded position to the fit, which estimation.tokens={c.estimation.tokens} does not"
+            raise ConfigError(key, True, reason + " (it picks tokens by their sequence); use estimation=all")
+        if getattr(c.calibration, "padding_side", "right") != "right":
+            reason = "needs calibration.padding_side=right (the official batches: padding after each sequence)"
+            raise ConfigError(key, True, reason)
+        if float(c.mask_ratio):
+            raise ConfigError(key, True, "not with mask_ratio > 0 (masked copies carry their own positions)")
+    if c.model.capture_dtype is not None and c.model.capture_4bit:
+        raise ConfigError("model.capture_dtype", c.model.capture_dtype, "not with model.capture_4bit (a 4-bit copy)")
+    several = len(c.cuts) > 1 if c.cuts is not None else c.num_lts != 1
+    if several and not c.merge_consecutive and c.touching_cuts == "compose" and c.healing.name == "lt_only":
+        reason = "not with healing=lt_only (two touching cuts' transforms share one down-projection)"
+        raise ConfigError("touching_cuts", "compose", reason)
 
 
 def check_data(c: schema.JobConfig) -> None:

@@ -45,6 +45,7 @@ from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.estimation.numerical import regularizer_warning
 from replaceme_exp.models.fingerprint import file_digest
+from replaceme_exp.pipeline.protocol import apply_protocol
 from replaceme_exp.pipeline.rules import check_job, modality_of
 from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.selection.passes import SelectionRequest
@@ -76,11 +77,14 @@ class EffectiveSettings:
     estimation_first: int | None
     massive_threshold: float
     merge_consecutive: bool | None
+    touching_cuts: str | None  # unmerged cuts that may touch: apart / compose; None where no two cuts can
     multi_lt: str | None
     mask_passes: int | None
     capture_precision: str  # float64 or float32 on this machine
     precision_acts: bool  # float32 products feed a statistic this job uses
     healing_master_weights: str | None  # float32 / model where low-precision weights train, else None
+    padded_positions: bool  # padded positions enter the fits (only where something is fitted)
+    capture_dtype: str  # the dtype of the model the activations are captured on
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class JobSpec:
         """Check ``cfg`` (one :class:`~replaceme_exp.errors.ConfigError` naming key, value and reason
         for the first problem) and resolve it. Cheap: no model, no data."""
         config = cfg if isinstance(cfg, schema.JobConfig) else typed_config(cfg)
+        config = apply_protocol(config, estimator_class(config.objective).requirements(config.objective))
         requirements = estimator_class(config.objective).requirements(config.objective)
         check_job(config, requirements)
         return cls(config, requirements, resolve(config, requirements), modality_of(config.model), weights)
@@ -138,6 +143,20 @@ class JobSpec:
                 data.pop(key)
         if e.merge_consecutive is None:
             data.pop("merge_consecutive")
+        if e.touching_cuts in (None, "apart"):
+            data.pop("touching_cuts")
+        if c.protocol == "paper":  # keys added after the hashes were pinned: in the hash when they act
+            data.pop("protocol")
+        if e.capture_dtype == c.model.dtype:
+            data["model"].pop("capture_dtype")
+        else:
+            data["model"]["capture_dtype"] = e.capture_dtype
+        if data["calibration"].get("batch_order") == "by_length":
+            data["calibration"].pop("batch_order")
+        if data["calibration"].get("drop_last") is False:
+            data["calibration"].pop("drop_last")
+        if not e.padded_positions:
+            data["estimation"].pop("padded_positions")
         if e.multi_lt is None:
             data.pop("multi_lt")
         if c.healing.name == "none":  # its keys only let sweeps set them
@@ -193,6 +212,11 @@ class JobSpec:
             "calib_seq_len": getattr(c.calibration, "seq_len", None),
             "calibration_order": getattr(c.calibration, "order", None),
             "calibration_chat_turns": getattr(c.calibration, "chat_turns", None),
+            "calibration_batch_order": getattr(c.calibration, "batch_order", None),
+            "calibration_drop_last": getattr(c.calibration, "drop_last", None),
+            "protocol": c.protocol,
+            "capture_dtype": e.capture_dtype,
+            "padded_positions": e.padded_positions,
             "objective": c.objective.name,
             "solver": r.solver,
             "solver_schedule": r.solver_schedule,
@@ -215,6 +239,7 @@ class JobSpec:
             "healing_master_weights": e.healing_master_weights,
             "multi_lt": e.multi_lt,
             "merge_consecutive": e.merge_consecutive,
+            "touching_cuts": e.touching_cuts,
             "seed": c.seed,
             "num_lts": c.num_lts,
             "n_prune": c.n_prune,
@@ -227,7 +252,7 @@ class JobSpec:
     def token_rule(self) -> TokenRule:
         """Which calibration tokens enter the fits, as it acts."""
         e = self.effective
-        return TokenRule(e.estimation_tokens, e.estimation_first or 1, e.massive_threshold)
+        return TokenRule(e.estimation_tokens, e.estimation_first or 1, e.massive_threshold, e.padded_positions)
 
     def selection_request(self, stats_bytes: float | None = None) -> SelectionRequest:
         """What the selection and statistics passes need (``stats_bytes``: the plan's budget)."""
@@ -246,6 +271,8 @@ class JobSpec:
             passes=c.capture.passes,
             max_stats_gb=c.capture.max_stats_gb,
             stats_bytes=stats_bytes,
+            touching_cuts=e.touching_cuts or "apart",
+            sequential=e.multi_lt == "sequential",
         )
 
     def fit_request(self) -> FitRequest:
@@ -302,11 +329,14 @@ def resolve(config: schema.JobConfig, requirements: Requirements) -> EffectiveSe
         estimation_first=c.estimation.first if estimation_tokens == "skip_first" else None,
         massive_threshold=c.estimation.massive_threshold,
         merge_consecutive=None if single_cut else c.merge_consecutive,
+        touching_cuts=None if single_cut or c.merge_consecutive else c.touching_cuts,
         multi_lt=None if single_cut else c.multi_lt,
         mask_passes=c.mask_passes if float(c.mask_ratio) else None,
         capture_precision=precision,
         precision_acts=precision != "float64" and takes_products,
         healing_master_weights=_master_weights(c, c.lt_placement if r.fits_transform else "fused"),
+        padded_positions=bool(c.estimation.padded_positions) and fitted,
+        capture_dtype=c.model.capture_dtype or c.model.dtype,
     )
 
 

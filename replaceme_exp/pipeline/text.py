@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from replaceme_exp.data.augmentation import with_masked_copies
+from replaceme_exp.data.batching import with_counted_positions
 from replaceme_exp.data.calibration import Answerer, build_calibration, heldout_windows
 from replaceme_exp.errors import check_finite
 from replaceme_exp.evaluation.baseline import BaselineCache
@@ -27,6 +28,8 @@ class TextModality(Modality):
         with stage("data"):
             answerer = Answerer(loaded.model, loaded.identity_hash, str(self.paths.cache_dir))
             batches = build_calibration(c.calibration, loaded.tokenizer, answerer)
+            if self.spec.effective.padded_positions:  # padded positions run as the official code runs them
+                batches = with_counted_positions(batches)
             # Masking is augmentation of the estimation data: the plain sequences plus masked copies.
             estimation = (
                 with_masked_copies(batches, float(c.mask_ratio), c.mask_passes, int(c.seed))

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 # A row written before a key existed matches that key's default value (e.g. healing=none).
-DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none", "estimation_tokens": "all"}
+DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none", "estimation_tokens": "all", "protocol": "paper"}
 
 # The columns that define a setting, for rows without ``setting_hash`` (the signature uses those
 # present in the frame). Not the seed, run ids, timestamps, code versions, devices or metrics, and
@@ -42,7 +42,12 @@ SETTING_COLUMNS = (
     "calib_seq_len",
     "calibration_order",
     "calibration_chat_turns",
+    "calibration_batch_order",
+    "calibration_drop_last",
+    "protocol",
     "capture_4bit",
+    "capture_dtype",
+    "padded_positions",
     "objective",
     "solver",
     "solver_schedule",
@@ -61,6 +66,7 @@ SETTING_COLUMNS = (
     "num_lts",
     "n_prune",
     "merge_consecutive",
+    "touching_cuts",
     "selection_metric",
     "eval_batch_size",
     "eval_max_length",

@@ -187,13 +187,14 @@ class Target:
     depth_problem: str | None = None
     calib_samples: int | None = None  # the target calibration's default n_samples
     calib_samples_problem: str | None = None
+    protocol: str = "paper"  # the runs' protocol: paper (the paper's text) or official (the official code's)
     ppl: tuple[str, str] | None = None  # (column, what it measures) of the target suite's perplexity
     suite_ppl_columns: tuple = ()  # the perplexity columns the target suite records
     notes: list = field(default_factory=list)  # what resolving could not do
 
     @property
     def retargeted(self) -> bool:
-        return any(getattr(self, key) is not None for key in RETARGET_KEYS)
+        return any(getattr(self, key) is not None for key in RETARGET_KEYS) or self.protocol != "paper"
 
     def settings(self) -> dict:
         return {key: getattr(self, key) for key in RETARGET_KEYS if getattr(self, key) is not None}
@@ -203,12 +204,14 @@ class Target:
         return " ".join(f"{k}={v}" for k, v in self.settings().items())
 
     def folder(self) -> str:
-        """The output subfolder of a retargeted rendering: ``<model>[_<calibration>][_<eval>]``."""
-        return "_".join(self.settings().values())
+        """The output subfolder of a retargeted rendering: ``<model>[_<calibration>][_<eval>]``,
+        then ``protocol_official`` for the official protocol's runs."""
+        parts = list(self.settings().values()) + ([f"protocol_{self.protocol}"] if self.protocol != "paper" else [])
+        return "_".join(parts)
 
     def describe(self) -> str:
         """One line for the printout: the target and what was inferred or read for it."""
-        parts = []
+        parts = [f"protocol={self.protocol}"] if self.protocol != "paper" else []
         for key, value in self.settings().items():
             how = f" ({self.inferred[key]})" if key in self.inferred else ""
             parts.append(f"{key}={value}{how}")
@@ -227,12 +230,13 @@ def resolve_target(
     calibration: str | None = None,
     eval: str | None = None,  # noqa: A002 - the config group's name
     conf: Path = CONF,
+    protocol: str = "paper",
 ) -> Target:
     """The :class:`Target` of these settings: with a model, the calibration and eval not given
     are the most common among its finished runs (ties: the latest run's); its depth is the
     ``num_layers`` its finished runs record; the calibration's default size and the suite's
     perplexity come from ``conf/``."""
-    target = Target(model, calibration, eval)
+    target = Target(model, calibration, eval, protocol=protocol)
     finished = finished_runs(runs)
     if model is not None:
         own = select_cell(finished, target.settings())  # the model's runs, of the given calibration / eval
@@ -324,6 +328,9 @@ class Retargeting:
     def conditions(self, conditions: dict) -> dict:
         """``conditions`` with the target applied (see the module docstring)."""
         t, out = self.target, dict(conditions)
+        out["protocol"] = t.protocol
+        if t.protocol == "official" and out.get("selection_metric") == "cosine":  # pipeline/protocol.py
+            out["selection_metric"] = "angular_last"
         if not self.active:
             return out
         self.seen |= set(conditions) & set(RETARGET_KEYS)
@@ -383,6 +390,8 @@ class Retargeting:
         if not self.active:
             return None
         t, parts = self.target, []
+        if t.protocol == "official":
+            parts.append("protocol=official (the official code's settings, pipeline/protocol.py)")
         for key in RETARGET_KEYS:
             value = getattr(t, key)
             if value is None or key not in self.seen:

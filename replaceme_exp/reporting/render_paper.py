@@ -4,7 +4,9 @@ and figure how many runs were found, matched and shown.
     python -m replaceme_exp.reporting.render_paper --results results --out results/paper_tables
     python -m replaceme_exp.reporting.render_paper --model tiny_llama [--calibration pydoc] [--eval quick]
 
-With ``--model`` / ``--calibration`` / ``--eval`` the same tables and figures are rendered from
+Runs of ``protocol=official`` (what the official code ran) are rendered apart, into
+``<out>/protocol_official/`` (``--protocol`` picks one). With ``--model`` / ``--calibration`` /
+``--eval`` the same tables and figures are rendered from
 runs of another model, calibration set or suite (``paper_settings.Target``; with only a model,
 the calibration and suite are its runs' most common ones) into ``<out>/<model>[_<calibration>]
 [_<eval>]/``, so that the paper's own tables in ``<out>`` are not overwritten.
@@ -37,6 +39,15 @@ def out_folder(out: str | Path, target: Target) -> Path:
     return Path(out) / target.folder() if target.retargeted else Path(out)
 
 
+def protocols_to_render(runs: pd.DataFrame, protocol: str | None) -> list[str]:
+    """``[protocol]`` when one is asked for; else ``paper``, and ``official`` too when some
+    finished run ran under it (rows from before the protocol column are ``paper``)."""
+    if protocol is not None:
+        return [protocol]
+    ran = set(runs["protocol"].dropna()) if "protocol" in runs.columns else set()
+    return ["paper"] + (["official"] if "official" in ran else [])
+
+
 def render(
     results: str | Path,
     out: str | Path,
@@ -44,21 +55,27 @@ def render(
     calibration: str | None = None,
     eval: str | None = None,  # noqa: A002 - the config group's name
     echo=print,
+    protocol: str | None = None,
 ) -> list[Path]:
-    """Write every table and figure (retargeted when any setting is given); ``echo`` gets the
-    opening line, the target and one count line per table and figure. Returns the files."""
+    """Write every table and figure (retargeted when any setting is given), for each protocol of
+    :func:`protocols_to_render` (the official one into ``<folder>/protocol_official``, its
+    captions saying so); ``echo`` gets the opening line, the target and one count line per table
+    and figure. Returns the files."""
     runs = ResultsStore(results).load(latest_per_config=True)
     echo(describe_rows(runs, results))
-    target = resolve_target(runs, model, calibration, eval)
-    folder = out_folder(out, target)
-    if target.retargeted:
-        echo(f"target: {target.describe()}")
-        echo(f"writing to {folder} (retargeted; the paper's own tables in {out} are left as they are)")
-    else:
-        echo(f"writing to {folder} (the paper's settings)")
-    written = write_paper_tables(results, folder, runs, target, echo=echo)
-    written += write_paper_figures(runs, folder, target, echo=echo)
-    echo(f"wrote {len(written)} files to {folder}")
+    written: list[Path] = []
+    for name in protocols_to_render(runs, protocol):
+        target = resolve_target(runs, model, calibration, eval, protocol=name)
+        folder = out_folder(out, target)
+        if target.retargeted:
+            echo(f"target: {target.describe()}")
+            echo(f"writing to {folder} (retargeted; the paper's own tables in {out} are left as they are)")
+        else:
+            echo(f"writing to {folder} (the paper's settings, protocol=paper)")
+        files = write_paper_tables(results, folder, runs, target, echo=echo)
+        files += write_paper_figures(runs, folder, target, echo=echo)
+        echo(f"wrote {len(files)} files to {folder}")
+        written += files
     return written
 
 
@@ -69,8 +86,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="render from runs of this model (conf/model name)")
     parser.add_argument("--calibration", default=None, help="... of this calibration set (default: inferred)")
     parser.add_argument("--eval", default=None, help="... of this eval suite (default: inferred)")
+    parser.add_argument(
+        "--protocol",
+        default=None,
+        choices=["paper", "official"],
+        help="only the runs of this protocol (default: paper, and official where such runs exist)",
+    )
     args = parser.parse_args(argv)
-    render(args.results, args.out, args.model or None, args.calibration or None, args.eval or None)
+    render(
+        args.results,
+        args.out,
+        args.model or None,
+        args.calibration or None,
+        args.eval or None,
+        protocol=args.protocol or None,
+    )
 
 
 if __name__ == "__main__":

@@ -50,11 +50,12 @@ def candidate_cuts(num_layers: int, length: int) -> list[Cut]:
     return [(start, start + length) for start in range(1, num_layers - length + 1)]
 
 
-def validate_cuts(cuts: Any, num_layers: int, merge_consecutive: bool = True) -> list[Cut]:
+def validate_cuts(cuts: Any, num_layers: int, merge_consecutive: bool = True, touching: str = "apart") -> list[Cut]:
     """Explicit ``cuts`` from the config as sorted tuples; clear errors for impossible ones.
 
     Cuts that touch (``end == next start``) are joined when ``merge_consecutive``; otherwise
-    they are refused: the second transform's fusion target, block ``end - 1``, is removed.
+    they are refused (``touching="apart"``: the second transform's fusion target, block
+    ``end - 1``, is removed) or kept (``"compose"``: see :func:`composed_cuts`).
     """
     if not isinstance(cuts, (list, tuple)) or not cuts:
         raise ConfigError("cuts", cuts, "give a non-empty list of [start, end) pairs, e.g. cuts='[[20,28]]'")
@@ -70,12 +71,12 @@ def validate_cuts(cuts: Any, num_layers: int, merge_consecutive: bool = True) ->
     for (s1, e1), (s2, e2) in zip(parsed, parsed[1:]):
         if s2 < e1:
             raise ConfigError("cuts", cuts, f"[{s1}, {e1}) and [{s2}, {e2}) overlap")
-        if s2 == e1 and not merge_consecutive:
+        if s2 == e1 and not merge_consecutive and touching != "compose":
             raise ConfigError(
                 "cuts",
                 cuts,
                 f"[{s1}, {e1}) and [{s2}, {e2}) touch: block {s2 - 1}, which would take the second transform, "
-                f"is removed by the first; give [{s1}, {e2}) or set merge_consecutive=true",
+                f"is removed by the first; give [{s1}, {e2}), set merge_consecutive=true or touching_cuts=compose",
             )
     return merge_consecutive_cuts(parsed) if merge_consecutive else parsed
 
@@ -91,12 +92,15 @@ def merge_consecutive_cuts(cuts: list[Cut]) -> list[Cut]:
     return merged
 
 
-def select_cuts(distances: dict[Cut, float], num_lts: int, merge_consecutive: bool) -> list[Cut]:
+def select_cuts(
+    distances: dict[Cut, float], num_lts: int, merge_consecutive: bool, touching: str = "apart"
+) -> list[Cut]:
     """The ``num_lts`` non-overlapping cuts of smallest distance, taken greedily in order of
     distance (ties broken by the earlier start); joined when consecutive and ``merge_consecutive``.
-    Without merging, touching cuts count as overlapping: each transform needs its fusion target
-    (block ``start - 1``) to survive. Returns the cuts sorted by start."""
-    gap = 0 if merge_consecutive else 1
+    Without merging, touching cuts count as overlapping (``touching="apart"``: each transform
+    needs its fusion target, block ``start - 1``, to survive) or may touch (``"compose"``, the
+    official ``select_non_overlapping_blocks``). Returns the cuts sorted by start."""
+    gap = 0 if merge_consecutive or touching == "compose" else 1
     chosen: list[Cut] = []
     for cut in sorted(distances, key=lambda c: (distances[c], c)):
         if all(cut[1] + gap <= s or e + gap <= cut[0] for s, e in chosen):
@@ -107,3 +111,24 @@ def select_cuts(distances: dict[Cut, float], num_lts: int, merge_consecutive: bo
         raise ConfigError("num_lts", num_lts, f"only {len(chosen)} non-overlapping cuts fit in the model")
     chosen.sort()
     return merge_consecutive_cuts(chosen) if merge_consecutive else chosen
+
+
+def composed_cuts(cuts: list[Cut]) -> frozenset[Cut]:
+    """The cuts that start where an earlier one ends (unmerged touching cuts). Such a cut's
+    transform goes into the same down-projection as the earlier one's (block ``start - 1`` is
+    gone): the official code composes them there, ``M T0 T1``, having estimated ``T1`` from the
+    unpruned model as a map of the whole block output ``L_{start-1} -> L_{end-1}``."""
+    ends = {end for _, end in cuts}
+    return frozenset(cut for cut in cuts if cut[0] in ends)
+
+
+def fusion_blocks(cuts: list[Cut]) -> dict[Cut, int]:
+    """The block each cut's transform is fused into: ``start - 1``, or for a cut that touches
+    an earlier one, that one's block (the last block kept before it)."""
+    blocks: dict[Cut, int] = {}
+    by_end: dict[int, Cut] = {}
+    for cut in sorted(cuts):
+        earlier = by_end.get(cut[0])
+        blocks[cut] = blocks[earlier] if earlier is not None else cut[0] - 1
+        by_end[cut[1]] = cut
+    return blocks

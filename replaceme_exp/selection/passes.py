@@ -16,7 +16,14 @@ from replaceme_exp.capture.statistics import LinearStats
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.selection.cuts import Cut, candidate_cuts, cut_length, select_cuts, validate_cuts
+from replaceme_exp.selection.cuts import (
+    Cut,
+    candidate_cuts,
+    composed_cuts,
+    cut_length,
+    select_cuts,
+    validate_cuts,
+)
 from replaceme_exp.selection.metrics import SelectionMetric
 from replaceme_exp.stages import stage
 
@@ -28,8 +35,10 @@ class SelectionRequest:
     """What a job's selection and statistics passes need to know.
 
     ``cuts``: explicit cuts (None: select ``num_lts`` cuts of ``n_prune`` blocks in total by
-    ``metric`` over ``tokens``); ``rule``, ``placement``, ``precision``: how the LS statistics are
-    taken; ``alpha``: the ridge of an ``ls_residual`` selection; ``passes`` and ``max_stats_gb``:
+    ``metric`` over ``tokens``); ``merge_consecutive`` / ``touching_cuts``: what happens to cuts
+    that touch (:func:`~replaceme_exp.selection.cuts.select_cuts`); ``sequential``: transforms
+    estimated on the partly pruned model; ``rule``, ``placement``, ``precision``: how the LS
+    statistics are taken; ``alpha``: the ridge of an ``ls_residual`` selection; ``passes`` and ``max_stats_gb``:
     ``capture.passes`` and ``capture.max_stats_gb``; ``stats_bytes``: the plan's statistics budget."""
 
     cuts: list[Cut] | None
@@ -45,16 +54,25 @@ class SelectionRequest:
     passes: str = "auto"
     max_stats_gb: float | None = None
     stats_bytes: float | None = None
+    touching_cuts: str = "apart"
+    sequential: bool = False  # transforms estimated one after another on the partly pruned model
 
 
 @dataclass
 class Selection:
     """The cuts a job removes, every candidate's distance (None with explicit cuts) and the LS
-    statistics of the chosen cuts found or gathered (by cut)."""
+    statistics of the chosen cuts found or gathered (by cut). ``composed``: the cuts whose T
+    composes onto a touching earlier cut's (their statistics map the whole block output,
+    :func:`~replaceme_exp.selection.cuts.composed_cuts`)."""
 
     cuts: list[Cut]
     distances: dict[Cut, float] | None
     stats: dict[Cut, LinearStats]
+    composed: frozenset[Cut] = frozenset()
+
+    def placement_of(self, cut: Cut, placement: str) -> str:
+        """The placement of ``cut``'s statistics in a job of ``placement``."""
+        return "separate" if cut in self.composed else placement
 
 
 def selection_distances(
@@ -146,7 +164,9 @@ def select_and_capture(
     stats_cache = cache if stats_cache is None else stats_cache
     rule, precision, placement = request.rule, request.precision, request.placement
     if request.cuts is not None:
-        cuts = validate_cuts([list(c) for c in request.cuts], num_layers, request.merge_consecutive)
+        cuts = validate_cuts(
+            [list(c) for c in request.cuts], num_layers, request.merge_consecutive, request.touching_cuts
+        )
     else:
         candidates = candidate_cuts(num_layers, cut_length(request.n_prune, request.num_lts, num_layers))
         distances, stats = selection_distances(
@@ -154,29 +174,42 @@ def select_and_capture(
         )
         if separate_data:  # selection statistics (ls_residual) are of the plain data, not the estimation data
             stats = {}
-        cuts = select_cuts(distances, request.num_lts, request.merge_consecutive)
+        cuts = select_cuts(distances, request.num_lts, request.merge_consecutive, request.touching_cuts)
         log.info("selected cuts %s", cuts)
+    # estimated on the unpruned model, a touching cut's T maps L_{start-1}; sequentially, on the
+    # partly pruned model, it is an ordinary fused cut of that model
+    composes = request.touching_cuts == "compose" and not request.merge_consecutive and not request.sequential
+    composed = composed_cuts(cuts) if composes else frozenset()
+    selection = Selection(cuts, distances, {}, composed)
     if not needs_stats:
-        return Selection(cuts, distances, {})
+        return selection
     found = {}
     for cut in cuts:
-        if cut in stats:
+        cut_placement = selection.placement_of(cut, placement)
+        if cut in stats and cut_placement == placement:
             found[cut] = stats[cut]
             stats_cache.put_stats(stats[cut], placement, rule.key(), precision)
-        elif (cached := stats_cache.get_stats(cut, placement, rule.key(), precision)) is not None:
+        elif (cached := stats_cache.get_stats(cut, cut_placement, rule.key(), precision)) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
     missing = [cut for cut in cuts if cut not in found]
     if missing and compute_missing:
-        accumulator = LinearStatistics(missing, adapter.hidden_size, input_device(adapter), placement, rule, precision)
+        device = input_device(adapter)
+        accumulators = {
+            where: LinearStatistics(group, adapter.hidden_size, device, where, rule, precision)
+            for where in ("fused", "separate")
+            if (group := [cut for cut in missing if selection.placement_of(cut, placement) == where])
+        }
         with stage("capture", "capture (statistics)"):
-            run_capture(adapter, stats_batches, [accumulator], desc="capture (statistics)")
-        if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
-            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
-        for cut, s in accumulator.result().items():
-            stats_cache.put_stats(s, placement, rule.key(), precision)
-            found[cut] = s
-    return Selection(cuts, distances, found)
+            run_capture(adapter, stats_batches, list(accumulators.values()), desc="capture (statistics)")
+        for where, accumulator in accumulators.items():
+            if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
+                raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
+            for cut, s in accumulator.result().items():
+                stats_cache.put_stats(s, where, rule.key(), precision)
+                found[cut] = s
+    selection.stats = found
+    return selection
 
 
 def stats_budget(request: SelectionRequest) -> float:

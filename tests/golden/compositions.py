@@ -39,6 +39,9 @@ IDENTITY_CHANGES = {
     "solvers-table": "issue 22: +paper=solvers runs the non-Adam solvers in the official minibatch schedule and "
     "adds newton_cg; +paper=solvers_sanity runs the table's MSE + Adam and LS rows",
     "official-datasets": "issue 22: calibration presets for the official code's C4, WikiText-2 and sec-data-mini (new)",
+    "protocol-axis": "issue 22: protocol=paper|official (pipeline/protocol.py) and the official code's settings it "
+    "sets (padded positions, float32 capture, batches in order with the last incomplete one dropped, touching cuts "
+    "composed); the official presets become protocol=official with calibration=slimorca",
 }
 GROUPS = (
     "model",
@@ -152,6 +155,27 @@ EQUIVALENCES = [
         "tracking.wandb.mode=disabled",
         "tracking.codecarbon.enabled=false",
     ],
+]
+# The protocol axis and the official code's settings it sets (each also on its own).
+EQUIVALENCES += [
+    ["protocol=official"],
+    ["protocol=paper"],
+    ["protocol=official", "experiment=replaceme_ls"],
+    ["protocol=official", "experiment=replaceme_cosine"],
+    ["protocol=official", "experiment=replaceme_cosine", "num_lts=2", "merge_consecutive=false"],
+    ["protocol=official", "experiment=uidl_baseline"],
+    ["protocol=official", "experiment=replaceme_ls", "selection=cka"],
+    ["protocol=official", "calibration=slimorca_fineweb"],
+    ["protocol=official", "calibration=slimorca", "calibration.order=shuffled"],
+    ["estimation=all", "estimation.padded_positions=true"],
+    ["estimation=all", "estimation.padded_positions=true", "objective=identity"],
+    ["model.capture_dtype=float32"],
+    ["model.capture_dtype=float32", "model.dtype=float32"],
+    ["calibration.drop_last=true"],
+    ["calibration.batch_order=as_read"],
+    ["num_lts=2", "merge_consecutive=false", "touching_cuts=compose"],
+    ["num_lts=2", "touching_cuts=compose"],
+    ["cuts=[[10,12],[12,14]]", "merge_consecutive=false", "touching_cuts=compose"],
 ]
 # tests/test_robustness.py's bad inputs: they compose; their identity is pinned too.
 BAD_INPUTS = [

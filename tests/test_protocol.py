@@ -1,0 +1,274 @@
+"""The protocol axis (``protocol=paper|official``, pipeline/protocol.py) and the official code's
+settings it sets: padded positions in the statistics, a float32 capture copy, batches in the order
+read with an incomplete last one dropped, touching cuts composed into one down-projection, and
+sequential transforms for numerical objectives. Each is checked against an independent
+computation: the official code's own arithmetic over a plain ``model(...)`` forward, or a
+hand-written forward pass (tests/helpers/explicit.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers.batches import batches_of, random_sequences
+from helpers.config import CACHE, compose_config, typed
+from helpers.explicit import explicit_blocks
+from helpers.jobs import job_config
+from helpers.models import tiny_model
+from helpers.tables import SPECS, frame, run
+from safetensors.torch import load_file
+
+from replaceme_exp.capture import LinearStatistics, run_capture
+from replaceme_exp.capture.token_rules import TokenRule
+from replaceme_exp.data.batching import with_counted_positions
+from replaceme_exp.data.calibration import build_calibration
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.models import adapter_for
+from replaceme_exp.models.loading import load_model
+from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.reporting.paper_settings import Target
+from replaceme_exp.reporting.paper_tables import build_table
+from replaceme_exp.runtime import run_recorded
+from replaceme_exp.selection.cuts import composed_cuts, fusion_blocks, select_cuts, validate_cuts
+from replaceme_exp.surgery import load_pruned
+
+# ---- the axis ---------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_protocol_official_sets_what_the_official_code_ran_and_keeps_explicit_choices():
+    paper = JobSpec.from_config(compose_config(["experiment=replaceme_cosine", "calibration=slimorca", "num_lts=2"]))
+    spec = JobSpec.from_config(
+        compose_config(["experiment=replaceme_cosine", "calibration=slimorca", "num_lts=2", "protocol=official"])
+    )
+    c, p = spec.config, paper.config
+    assert (p.selection.metric, p.selection.tokens, p.calibration.order, p.calibration.chat_turns) == (
+        "cosine", "all", "shuffled", "all",
+    )
+    assert (c.selection.metric, c.selection.tokens) == ("angular", "last")
+    assert (c.calibration.order, c.calibration.chat_turns) == ("first", "first_pair")
+    assert (c.calibration.batch_order, c.calibration.drop_last) == ("as_read", True)
+    assert c.estimation.padded_positions is True and p.estimation.padded_positions is False
+    assert (c.model.capture_dtype, c.model.dtype) == ("float32", "bfloat16")
+    assert (c.objective.schedule, c.multi_lt, c.touching_cuts) == ("minibatch", "sequential", "compose")
+    assert spec.config_hash != paper.config_hash
+    columns = spec.setting_columns()
+    assert columns["protocol"] == "official" and columns["selection_metric"] == "angular_last"
+    assert (columns["capture_dtype"], columns["dtype"], columns["padded_positions"]) == ("float32", "bfloat16", True)
+    # the LS pipeline estimates every T from the unpruned model: independent
+    ls = JobSpec.from_config(compose_config(["experiment=replaceme_ls", "num_lts=2", "protocol=official"]))
+    assert ls.config.multi_lt == "independent"
+    # a setting that is not the paper's stays as chosen; a token rule keeps padded positions out
+    cka = JobSpec.from_config(compose_config(["protocol=official", "selection=cka"]))
+    assert cka.config.selection.metric == "cka" and cka.config.estimation.padded_positions is False
+    # protocol=paper is this project's configuration, unchanged (and its hash)
+    default = JobSpec.from_config(compose_config([]))
+    paper_default = JobSpec.from_config(compose_config(["protocol=paper"]))
+    assert (paper_default.config, paper_default.config_hash) == (default.config, default.config_hash)
+
+
+@pytest.mark.unit
+def test_the_parts_of_a_mix_take_the_official_record_order():
+    spec = JobSpec.from_config(compose_config(["calibration=slimorca_fineweb", "protocol=official"]))
+    assert {p["order"] for p in spec.config.calibration.parts.values()} == {"first"}
+
+
+@pytest.mark.unit
+def test_the_official_presets_are_protocol_official_and_their_rows_can_fill_the_official_tables():
+    for preset in ("replaceme_official", "replaceme_official_cosine", "uidl_official"):
+        columns = JobSpec.from_config(compose_config([f"experiment={preset}"])).setting_columns()
+        assert (columns["protocol"], columns["calibration"], columns["selection_metric"]) == (
+            "official", "slimorca", "angular_last",
+        )
+        assert (columns["calibration_order"], columns["calibration_chat_turns"], columns["n_prune"]) == (
+            "first", "first_pair", 8,
+        )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["estimation=rescale_massive", "estimation.padded_positions=true"], "estimation.padded_positions"),
+        (
+            ["estimation=all", "estimation.padded_positions=true", "calibration.padding_side=left"],
+            "estimation.padded_positions",
+        ),
+        (["estimation=all", "estimation.padded_positions=true", "mask_ratio=0.2"], "estimation.padded_positions"),
+        (["model.capture_dtype=float32", "model.capture_4bit=true"], "model.capture_dtype"),
+        (["num_lts=2", "merge_consecutive=false", "touching_cuts=compose", "healing=lt_only"], "touching_cuts"),
+    ],
+)
+def test_official_settings_that_cannot_act_are_refused_in_one_line(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        JobSpec.from_config(compose_config(overrides))
+    assert str(err.value).startswith(key) and "\n" not in str(err.value)
+
+
+# ---- padded positions -------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_padded_positions_give_the_official_statistics_of_a_padded_batch():
+    """The official lstsq.py: ``model(**inputs)`` of a right-padded batch (no position ids), then
+    ``view(-1, hidden)`` of the MLP output and hidden states, padded positions included."""
+    model = tiny_model(num_layers=6)
+    batches = batches_of(random_sequences(5, 4, 12, seed=3), batch_size=3)  # padded: lengths differ
+    cut, hidden = (2, 4), model.config.hidden_size
+    rule = TokenRule("all", padded_positions=True)
+    padded = LinearStatistics([cut], hidden, torch.device("cpu"), "fused", rule)
+    plain = LinearStatistics([cut], hidden, torch.device("cpu"), "fused", TokenRule("all"))
+    run_capture(adapter_for(model), with_counted_positions(batches), [padded, plain])
+    got = padded.result()[cut]
+
+    mtm = torch.zeros(hidden, hidden, dtype=torch.float64)
+    mtr = torch.zeros(hidden, hidden, dtype=torch.float64)
+    mlp = {}
+    hook = model.model.layers[cut[0] - 1].mlp.register_forward_hook(lambda m, a, out: mlp.update(out=out))
+    with torch.no_grad():
+        for batch in batches:
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+            states = out.hidden_states[1:]
+            a1 = mlp["out"].reshape(-1, hidden).double()
+            a2 = (states[cut[1] - 1] + mlp["out"] - states[cut[0] - 1]).reshape(-1, hidden).double()
+            mtm += a1.T @ a1
+            mtr += a1.T @ a2
+    hook.remove()
+    positions = sum(b.attention_mask.numel() for b in batches)
+    assert got.n_tokens == positions > batches.n_tokens
+    torch.testing.assert_close(got.mtm, mtm, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.mtr, mtr, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(plain.result()[cut].mtm, mtm, rtol=1e-3)  # masked statistics differ
+
+
+@pytest.mark.unit
+def test_batches_in_the_order_read_with_the_incomplete_last_one_dropped():
+    tokenizer = load_model(typed(["model=tiny_llama"]).model, CACHE).tokenizer
+    base = ["calibration=pydoc", "calibration.n_samples=10", "calibration.batch_size=4", "calibration.seq_len=32"]
+    by_length = build_calibration(typed(base).calibration, tokenizer)
+    in_order = ["calibration.batch_order=as_read", "calibration.drop_last=true"]
+    official = build_calibration(typed(base + in_order).calibration, tokenizer)
+    assert [b.input_ids.shape[0] for b in by_length] == [4, 4, 2]
+    assert [b.input_ids.shape[0] for b in official] == [4, 4]
+
+    def rows(batches):
+        return [tuple(ids[mask.bool()].tolist()) for b in batches for ids, mask in zip(b.input_ids, b.attention_mask)]
+
+    read = rows(build_calibration(typed(base + ["calibration.batch_order=as_read"]).calibration, tokenizer))
+    assert rows(official) == read[:8]  # the documents as drawn, in order
+    assert sorted(rows(by_length), key=len, reverse=True) == rows(by_length) != read
+
+
+# ---- touching cuts ----------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_unmerged_cuts_may_touch_when_composed():
+    distances = {(1, 3): 0.1, (3, 5): 0.2, (5, 7): 0.3, (2, 4): 0.9, (4, 6): 0.9}
+    assert select_cuts(distances, 2, merge_consecutive=False) == [(1, 3), (5, 7)]
+    assert select_cuts(distances, 2, merge_consecutive=False, touching="compose") == [(1, 3), (3, 5)]
+    assert select_cuts(distances, 2, merge_consecutive=True, touching="compose") == [(1, 5)]
+    with pytest.raises(ConfigError, match="touch"):
+        validate_cuts([[1, 3], [3, 5]], 8, merge_consecutive=False)
+    cuts = validate_cuts([[1, 3], [3, 5], [6, 7]], 8, merge_consecutive=False, touching="compose")
+    assert composed_cuts(cuts) == {(3, 5)}
+    assert fusion_blocks(cuts) == {(1, 3): 0, (3, 5): 0, (6, 7): 5}
+
+
+def _lstsq(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.lstsq(x.double(), y.double()).solution
+
+
+def _calibration_sequences(cfg):
+    spec = JobSpec.from_config(cfg)
+    loaded = load_model(spec.config.model, CACHE)
+    batches = build_calibration(spec.config.calibration, loaded.tokenizer)
+    return loaded.model, [ids[mask.bool()] for b in batches for ids, mask in zip(b.input_ids, b.attention_mask)]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_touching_cuts_compose_as_the_official_lstsq(tmp_path):
+    """lstsq.py with merge_consecutive=false: T0 maps M_0 to L_2 - Y_0, T1 (estimated on the
+    unpruned model) maps the whole L_2 to L_4, and block 0's down-projection becomes T1^T T0^T W."""
+    cfg = job_config(
+        tmp_path, "cuts=[[1,3],[3,5]]", "merge_consecutive=false", "touching_cuts=compose",
+        "estimation=all", "save_transforms=true",
+    )
+    row = run_recorded(cfg)
+    model, sequences = _calibration_sequences(cfg)
+    acts = [explicit_blocks(model, ids) for ids in sequences]
+    m0 = torch.cat([a[0]["M"] for a in acts])
+    t0 = _lstsq(m0, torch.cat([a[2]["L"] - a[0]["Y"] for a in acts]))
+    t1 = _lstsq(torch.cat([a[2]["L"] for a in acts]), torch.cat([a[4]["L"] for a in acts]))
+    saved = load_file(row["transforms_path"])
+    torch.testing.assert_close(saved["1-3"], t0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(saved["3-5"], t1, rtol=1e-4, atol=1e-5)
+    assert row["kept_blocks"] == [0, 5] and row["touching_cuts"] == "compose"
+    pruned = load_pruned(row["pruned_model_path"])
+    w = model.model.layers[0].mlp.down_proj.weight.double()
+    expected = (saved["3-5"].T @ saved["1-3"].T @ w).float()
+    torch.testing.assert_close(pruned.model.layers[0].mlp.down_proj.weight, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_touching_cuts_estimated_sequentially_fuse_into_the_kept_block(tmp_path):
+    """cosine_dist.py's order, with LS: the second cut is estimated on the model with the first
+    applied, where block 0 (holding M T0) is the block before it."""
+    cfg = job_config(
+        tmp_path, "cuts=[[1,3],[3,5]]", "merge_consecutive=false", "touching_cuts=compose",
+        "multi_lt=sequential", "estimation=all", "save_transforms=true",
+    )
+    row = run_recorded(cfg)
+    model, sequences = _calibration_sequences(cfg)
+    acts = [explicit_blocks(model, ids) for ids in sequences]
+    t0 = _lstsq(torch.cat([a[0]["M"] for a in acts]), torch.cat([a[2]["L"] - a[0]["Y"] for a in acts]))
+    applied = copy.deepcopy(model)
+    down = applied.model.layers[0].mlp.down_proj
+    down.weight.data = (t0.T @ down.weight.double()).float()
+    applied.model.layers = torch.nn.ModuleList([applied.model.layers[0], *applied.model.layers[3:]])
+    staged = [explicit_blocks(applied, ids) for ids in sequences]
+    t1 = _lstsq(torch.cat([a[0]["M"] for a in staged]), torch.cat([a[2]["L"] - a[0]["Y"] for a in staged]))
+    saved = load_file(row["transforms_path"])
+    torch.testing.assert_close(saved["1-3"], t0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(saved["3-5"], t1, rtol=1e-3, atol=1e-4)
+    assert row["multi_lt"] == "sequential" and row["kept_blocks"] == [0, 5]
+
+
+# ---- capture dtype ----------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_float32_capture_copy_estimates_as_a_float32_model_and_prunes_the_bfloat16_one(tmp_path):
+    common = ["cuts=[[2,4]]", "estimation=all", "save_transforms=true", "eval.samples=null"]
+    copy32 = run_recorded(job_config(tmp_path / "a", *common, "model.dtype=bfloat16", "model.capture_dtype=float32"))
+    full32 = run_recorded(job_config(tmp_path / "b", *common, "model.dtype=float32", "save_model=false"))
+    bf16 = run_recorded(job_config(tmp_path / "c", *common, "model.dtype=bfloat16", "save_model=false"))
+    t_copy, t_full, t_bf16 = (load_file(r["transforms_path"])["2-4"] for r in (copy32, full32, bf16))
+    torch.testing.assert_close(t_copy, t_full, rtol=1e-9, atol=1e-9)  # the same float32 activations
+    assert (t_bf16 - t_full).abs().max() > 1e-4  # a bfloat16 capture moves T
+    assert (copy32["capture_dtype"], copy32["dtype"]) == ("float32", "bfloat16")
+    assert load_pruned(copy32["pruned_model_path"]).dtype == torch.bfloat16
+
+
+# ---- the tables -------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_the_tables_render_each_protocol_from_its_own_runs():
+    paper_run = run(1, objective="ls", avg_acc=0.60)
+    official_run = run(2, objective="ls", avg_acc=0.62, protocol="official", selection_metric="angular_last")
+    runs = frame(paper_run, official_run)
+    spec = SPECS["llama3_main"]
+
+    def ls_cell(table):
+        chosen = table[(table["Setting"] == "ReplaceMe") & (table["Linear transform"] == "Linear (LS)")]
+        return chosen.iloc[0]["Avg-acc"]
+
+    paper = build_table(spec, runs)
+    official = build_table(spec, runs, target=Target(protocol="official"))
+    assert (str(ls_cell(paper)), str(ls_cell(official))) == ("0.6", "0.62")
+    assert "protocol=official" in official.attrs["retargeted"] and paper.attrs["retargeted"] is None
