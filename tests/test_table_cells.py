@@ -13,7 +13,7 @@ from helpers.tables import SPECS, cells, frame, run
 
 from replaceme_exp.reporting.cells import choose_setting
 from replaceme_exp.reporting.paper_figures import calibration_size, leaderboard, time_emissions
-from replaceme_exp.reporting.paper_tables import TASK_COLUMNS, build_table, table_notes, to_latex, to_markdown
+from replaceme_exp.reporting.paper_tables import MISSING, TASK_COLUMNS, build_table, table_notes, to_latex, to_markdown
 from replaceme_exp.results import ResultsStore
 
 pytestmark = pytest.mark.unit
@@ -242,3 +242,73 @@ def test_leaderboard_bars_are_scores_over_the_unpruned_models_per_task(tmp_path)
     assert list(uidl.index) == ["leaderboard_bbh"] and uidl.loc["leaderboard_bbh", "mean"] == pytest.approx(0.6)
     assert "llama3_8b_instruct" not in plotted.index.get_level_values(0)  # no runs: nothing drawn
     assert (tmp_path / "leaderboard.png").stat().st_size > 0
+
+
+# One transform per cut (single-cut runs record merge_consecutive=None), and the row columns of
+# the other methods as JobSpec writes them.
+LS = dict(objective="ls", solver=None, solver_schedule=None, merge_consecutive=None)
+UIDL_RUN = dict(
+    objective="identity", solver=None, solver_schedule=None, selection_metric="angular_last", merge_consecutive=None
+)
+NC = dict(num_lts=2, merge_consecutive=False)  # two transforms on cuts never merged
+
+
+def test_structured_lts_shows_uidl_and_the_non_consecutive_row_from_their_own_runs():
+    runs = frame(
+        run(1, **LS, avg_acc=0.62, ppl_lambada=21.21, rp=0.896),
+        run(2, **LS, structure="diagonal", avg_acc=0.61, ppl_lambada=89.09, rp=0.884),
+        run(3, **UIDL_RUN, avg_acc=0.58, ppl_lambada=2216.96, rp=0.825),
+        run(4, **{**LS, **NC}, avg_acc=0.6, ppl_lambada=16.07, rp=0.8960),
+        run(5, **{**LS, **NC}, avg_acc=0.64, ppl_lambada=16.09, rp=0.8962, seed=7),  # another seed: averaged
+        # Not these rows: two LS transforms merged where the cuts touch; the cosine Multi_LT_NC (the
+        # main table's); identity on cuts chosen by mean cosine distance (not UIDL's selection).
+        run(6, **{**LS, "num_lts": 2, "merge_consecutive": True}, avg_acc=0.1, ppl_lambada=1.0, rp=0.1),
+        run(7, **NC, avg_acc=0.2, ppl_lambada=2.0, rp=0.2),
+        run(8, **{**UIDL_RUN, "selection_metric": "cosine"}, avg_acc=0.3, ppl_lambada=3.0, rp=0.3),
+    )
+    table = build_table(SPECS["structured_lts"], runs)
+    assert list(table["Setting"]) == [
+        "Generic",
+        "Diagonal",
+        "Orthonormal",
+        "UIDL",
+        "Generic, non-consecutive (2 LTs)",
+    ]
+    assert {k: cells(table, "Generic")[k] for k in ("Runs", "Avg-acc", "Perplexity")} == {
+        "Runs": 1,
+        "Avg-acc": "0.62",
+        "Perplexity": "21.21",
+    }
+    uidl = cells(table, "UIDL")
+    assert (uidl["Runs"], uidl["Avg-acc"], uidl["Perplexity"], uidl["RP"]) == (1, "0.58", "2217", "0.825")
+    nc = cells(table, "Generic, non-consecutive (2 LTs)")
+    assert (nc["Runs"], nc["Avg-acc"], nc["Perplexity"]) == (2, "0.62 ± 0.028 (n=2)", "16.08 ± 0.014 (n=2)")
+    assert nc["RP"] == "0.8961 ± 0.00014 (n=2)"
+    # No orthonormal run: missing, not borrowed from another row.
+    assert cells(table, "Orthonormal")["Runs"] == 0 and cells(table, "Orthonormal")["Avg-acc"] == MISSING
+    assert table_notes(table) == []
+
+
+def test_the_cosine_approximation_table_shows_the_multi_a_rows_from_their_own_runs():
+    runs = frame(
+        run(1, merge_consecutive=None, avg_acc=0.634, ppl_lambada=15.88),
+        run(2, objective="cosine_exact", merge_consecutive=None, avg_acc=0.630, ppl_lambada=16.63),
+        run(3, **NC, avg_acc=0.628, ppl_lambada=13.95),
+        run(4, **NC, objective="cosine_exact", avg_acc=0.630, ppl_lambada=13.12),
+        # Two transforms on touching cuts merged into one: not Multi_A.
+        run(5, num_lts=2, merge_consecutive=True, avg_acc=0.1, ppl_lambada=1.0),
+        # Qwen's Multi_A (not in the paper's table): no row takes it.
+        run(6, **NC, model="qwen25_7b_instruct", n_prune=7, num_layers=28, avg_acc=0.2, ppl_lambada=2.0),
+    )
+    table = build_table(SPECS["cosine_approximation"], runs)
+    shown = {row["Setting"]: (row["Runs"], row["Perplexity"], row["Avg-acc"]) for row in table.to_dict("records")}
+    assert shown == {
+        "Llama 3 8B, approx. loss": (1, "15.88", "0.634"),
+        "Llama 3 8B, orig. loss": (1, "16.63", "0.63"),
+        "Qwen 2.5 7B, approx. loss": (0, MISSING, MISSING),
+        "Qwen 2.5 7B, orig. loss": (0, MISSING, MISSING),
+        "Llama 3 8B, Multi_A approx. loss": (1, "13.95", "0.628"),
+        "Llama 3 8B, Multi_A orig. loss": (1, "13.12", "0.63"),
+    }
+    assert list(shown)[-2:] == ["Llama 3 8B, Multi_A approx. loss", "Llama 3 8B, Multi_A orig. loss"]
+    assert table_notes(table) == []

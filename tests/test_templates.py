@@ -98,6 +98,17 @@ def _value(v) -> str:
         ("layer_distances", "seed=42", {"record_layer_distances": True, "calibration.n_samples": 256}),
         ("task_specific", "calibration=sciq", {"calibration.dataset": "allenai/sciq", "eval.name": "sciq"}),
         ("model_scales", "n_prune=0.25", {"n_prune": 0.25, "objective.name": "ls", "calibration.name": "slimorca"}),
+        ("structured_lts_uidl_nc", "experiment=uidl_baseline", {"objective.name": "identity", "num_lts": 1}),
+        (
+            "structured_lts_uidl_nc",
+            "experiment=multi_lt_nc_ls",
+            {"objective.name": "ls", "num_lts": 2, "merge_consecutive": False, "structure.name": "generic"},
+        ),
+        (
+            "cosine_approximation_multi_a",
+            "objective=cosine_exact",
+            {"objective.name": "cosine_exact", "num_lts": 2, "merge_consecutive": False, "n_prune": 8},
+        ),
     ],
 )
 def test_template_jobs_get_their_method(template, job, expected):
@@ -149,3 +160,46 @@ def test_the_main_tables_seeds_vary_only_the_solver_as_the_papers_significance_s
     assert [j.seed for j in jobs] == [42, 43, 44]
     assert {j.calibration.seed for j in jobs} == {42}  # one calibration sample
     assert {j.eval.harness.fewshot_seed for j in jobs} == {1234}  # lm-eval's few-shot draw, not the job's seed
+
+
+# Tables whose every row a job of their sweeps fills, each job one row: per template, its job count
+# and the commands documented in it (the overrides added to each of its jobs; [] is the plain one).
+QWEN = ["model=qwen25_7b_instruct", "n_prune=7"]  # cosine_approximation.yaml's Qwen 2.5 7B rows
+ROWS_FILLED_BY_SWEEPS = {
+    "structured_lts": {"paper/structured_lts": (3, [[]]), "paper/structured_lts_uidl_nc": (2, [[]])},
+    "cosine_approximation": {
+        "paper/cosine_approximation": (2, [[], QWEN]),
+        "paper/cosine_approximation_multi_a": (2, [[]]),
+    },
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("table", sorted(ROWS_FILLED_BY_SWEEPS))
+def test_every_row_of_the_table_is_filled_by_one_job_of_its_sweeps(table):
+    """The jobs of the table's sweeps, as the rows they write (JobSpec's setting columns), against
+    the conditions of its cells: each row matches one job and each job one row."""
+    import pandas as pd
+    from helpers.tables import SPECS
+
+    from replaceme_exp.pipeline.spec import JobSpec
+    from replaceme_exp.reporting.paper_settings import select_cell
+
+    spec, templates = SPECS[table], ROWS_FILLED_BY_SWEEPS[table]
+    assert {sweep.template: sweep.jobs for sweep in spec.sweeps} == {t: n for t, (n, _) in templates.items()}
+    written = []
+    for template, (n_jobs, commands) in templates.items():
+        jobs = expand(template)[1]
+        assert len(jobs) == n_jobs
+        for extra in commands:
+            for job in jobs:
+                overrides = [template_override(template), *extra, *(f"{k}={_value(v)}" for k, v in job.items())]
+                columns = JobSpec.from_config(compose_config(overrides)).setting_columns()
+                written.append({"job": " ".join(overrides), **columns})
+    written = pd.DataFrame(written)
+    filled = []
+    for row in spec.row_specs():
+        matched = select_cell(written, {**spec.where, **row.conditions})
+        assert row.kind == "measured" and len(matched) == 1, (row.label, list(matched["job"]))
+        filled.append(matched["job"].item())
+    assert sorted(filled) == sorted(written["job"])  # no job left without a row

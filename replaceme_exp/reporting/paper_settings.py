@@ -53,6 +53,9 @@ DEFAULT_METHOD = {
 }
 LLAMA3_25 = {**DEFAULT_METHOD, "model": "llama3_8b_instruct", "n_prune": 8, "eval": "paper"}
 UIDL = {"objective": "identity", "selection_metric": "angular_last"}
+# Multi_LT_NC (the official code's num_A > 1 with merge_consecutive False, "Multi_A"): two transforms on
+# two cuts never merged into one (experiment=multi_lt_nc_cosine / multi_lt_nc_ls; the paper gives no number).
+MULTI_LT_NC = {"num_lts": 2, "merge_consecutive": False}
 
 PAPER_CALIBRATION = DEFAULT_METHOD["calibration"]
 PAPER_CALIB_SAMPLES = DEFAULT_METHOD["n_calib_samples"]

@@ -45,6 +45,7 @@ from replaceme_exp.reporting.cells import (
 from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
+    MULTI_LT_NC,
     UIDL,
     Retargeting,
     Tally,
@@ -142,6 +143,8 @@ CLIP_COLUMNS = [
     Column("EuroSAT acc5", "acc5_eurosat"),
 ]
 
+LLAMA3_8B = {"model": "llama3_8b_instruct", "n_prune": 8}
+
 TABLES = [
     TableSpec(
         "llama2_comparison",
@@ -177,7 +180,7 @@ TABLES = [
             ),
             Row(
                 "ReplaceMe",
-                {"objective": "cosine", "num_lts": 2, "merge_consecutive": False},
+                {"objective": "cosine", **MULTI_LT_NC},
                 text={"Linear transform": "Multi_LT_NC (Cosine)"},
             ),
         ],
@@ -303,10 +306,15 @@ TABLES = [
     ),
     TableSpec(
         "structured_lts",
-        "Structure of the LT matrix (Llama 3 8B Instruct, 25%, LS).",
+        "Structure of the LT matrix, and two LTs on non-consecutive cuts (Llama 3 8B Instruct, 25%, LS; UIDL for "
+        "reference).",
         {**LLAMA3_25, "objective": "ls"},
-        [(s.capitalize(), {"structure": s}) for s in ("generic", "diagonal", "orthonormal")],
-        sweeps=(Sweep("paper/structured_lts", 3),),
+        [(s.capitalize(), {"structure": s}) for s in ("generic", "diagonal", "orthonormal")]
+        + [
+            ("UIDL", UIDL),
+            ("Generic, non-consecutive (2 LTs)", {"structure": "generic", **MULTI_LT_NC}),
+        ],
+        sweeps=(Sweep("paper/structured_lts", 3), Sweep("paper/structured_lts_uidl_nc", 2)),
     ),
     TableSpec(
         "solvers",
@@ -343,13 +351,16 @@ TABLES = [
         "The approximated cosine loss against the original one.",
         {**DEFAULT_METHOD, "eval": "paper"},
         [
-            ("Llama 3 8B, approx. loss", {"model": "llama3_8b_instruct", "n_prune": 8, "objective": "cosine"}),
-            ("Llama 3 8B, orig. loss", {"model": "llama3_8b_instruct", "n_prune": 8, "objective": "cosine_exact"}),
+            ("Llama 3 8B, approx. loss", {**LLAMA3_8B, "objective": "cosine"}),
+            ("Llama 3 8B, orig. loss", {**LLAMA3_8B, "objective": "cosine_exact"}),
             ("Qwen 2.5 7B, approx. loss", {"model": "qwen25_7b_instruct", "n_prune": 7, "objective": "cosine"}),
             ("Qwen 2.5 7B, orig. loss", {"model": "qwen25_7b_instruct", "n_prune": 7, "objective": "cosine_exact"}),
+            # Multi_A (Llama 3 8B only, as in the paper): the approx. row is the main table's Multi_LT_NC (Cosine).
+            ("Llama 3 8B, Multi_A approx. loss", {**LLAMA3_8B, "objective": "cosine", **MULTI_LT_NC}),
+            ("Llama 3 8B, Multi_A orig. loss", {**LLAMA3_8B, "objective": "cosine_exact", **MULTI_LT_NC}),
         ],
         [Column("Perplexity", "ppl_lambada"), Column("Avg-acc", "avg_acc")],
-        sweeps=(Sweep("paper/cosine_approximation", 2),),
+        sweeps=(Sweep("paper/cosine_approximation", 2), Sweep("paper/cosine_approximation_multi_a", 2)),
     ),
     TableSpec(
         "masking",
