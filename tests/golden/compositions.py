@@ -39,6 +39,9 @@ IDENTITY_CHANGES = {
     "solvers-table": "issue 22: +paper=solvers runs the non-Adam solvers in the official minibatch schedule and "
     "adds newton_cg; +paper=solvers_sanity runs the table's MSE + Adam and LS rows",
     "official-datasets": "issue 22: calibration presets for the official code's C4, WikiText-2 and sec-data-mini (new)",
+    "renderer-rows": "issue 22: the structured_lts table's UIDL and Generic non-consecutive rows and the "
+    "cosine_approximation table's Multi_A rows get their templates (structured_lts_uidl_nc, "
+    "cosine_approximation_multi_a) and the preset experiment=multi_lt_nc_ls (new)",
     "protocol-axis": "issue 22: protocol=paper|official (pipeline/protocol.py) and the official code's settings it "
     "sets (padded positions, float32 capture, batches in order with the last incomplete one dropped, touching cuts "
     "composed); the official presets become protocol=official with calibration=slimorca",
