@@ -39,6 +39,8 @@ IDENTITY_CHANGES = {
     "solvers-table": "issue 22: +paper=solvers runs the non-Adam solvers in the official minibatch schedule and "
     "adds newton_cg; +paper=solvers_sanity runs the table's MSE + Adam and LS rows",
     "official-datasets": "issue 22: calibration presets for the official code's C4, WikiText-2 and sec-data-mini (new)",
+    "official-transforms": "issue 22: the official code's Adam-path options structure=rank1 (two_vectors), "
+    "structure=lower_triangular (thri) and objective=elasticnet (new; objective=ls refuses the two structures)",
 }
 GROUPS = (
     "model",
