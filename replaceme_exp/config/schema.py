@@ -314,7 +314,7 @@ class LeastSquaresObjectiveConfig(ObjectiveConfig):
 
 @Group
 class NumericalObjectiveConfig(ObjectiveConfig):
-    loss: Literal["cosine", "cosine_exact", "mse"] = key(doc="the loss minimised over T")
+    loss: Literal["cosine", "cosine_exact", "mse", "elasticnet"] = key(doc="the loss minimised over T")
     solver: Literal["adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg"] = key("adam", doc="the optimiser")
     schedule: Literal["full_batch", "minibatch"] = key(
         doc="lbfgs/nlcg/trust_ncg over all tokens, or one step per batch"
@@ -350,7 +350,9 @@ class RegularizerConfig:
 
 @Group
 class StructureConfig:
-    name: Literal["generic", "diagonal", "orthonormal"] = key(doc="the class T is restricted to")
+    name: Literal["generic", "diagonal", "orthonormal", "rank1", "lower_triangular"] = key(
+        doc="the class T is restricted to"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from replaceme_exp.capture.statistics import LinearStats
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.least_squares import diagonal_solve, orthonormal_solve, ridge_solve
 
+# The structures with a closed form (objective=ls), the default; the numerical objectives:
+# replaceme_exp.estimation.numerical.STRUCTURES (rank1 and lower_triangular have none here).
 STRUCTURES = ("generic", "diagonal", "orthonormal")
 
 

@@ -3,7 +3,13 @@
 Objectives (per non-padding token, averaged over a batch):
 - ``cosine``: 1 - cos(M T, R), the paper's memory-saving form (stores M and R = L - Y);
 - ``cosine_exact``: 1 - cos(M T + Y, L) with L = R + Y (stores M, R and Y);
-- ``mse``: ||M T - R||^2, the least-squares objective solved numerically.
+- ``mse``: ||M T - R||^2, the least-squares objective solved numerically;
+- ``elasticnet``: the official code's ``loss="elasticnet"``, on a batch of n tokens
+  ``mean((M T - R)^2) + 0.09 * sum|M T| + 0.045 * sum (M T)^2``: the mean over the batch's n x d
+  entries plus an L1 and a squared L2 norm of the prediction M T SUMMED over the batch (its
+  ``torch.norm`` of the whole matrix), with these fixed weights. The penalties' weight next to the
+  mean squared error grows with n: kept as in the official code (batches of ``batch_tokens``, the
+  last one smaller; ``full_batch``: all stored tokens as one batch).
 Regularisers: ``l1`` (sum |T|), ``l2`` (||T||_F^2), and ``l1_to_identity`` / ``l2_to_identity``
 (the same on T - I), weighted by ``alpha`` on a scale set by the objective (``alpha_scale``):
 - ``token_mean`` (cosine, cosine_exact): mean loss per token + alpha * penalty, the scale of the
@@ -13,7 +19,13 @@ Regularisers: ``l1`` (sum |T|), ``l2`` (||T||_F^2), and ``l1_to_identity`` / ``l
   alpha=a`` has the minimiser of ``objective=ls alpha=a``. It is computed as the mean loss +
   (alpha / N) * penalty with N the number of stored tokens (same minimiser); a mini-batch uses its
   own mean loss + (alpha / N) * penalty, an unbiased estimate of that objective.
-Structures: ``generic`` (full T) and ``diagonal`` (T = diag(t)).
+Structures (:data:`STRUCTURES`): ``generic`` (full T), ``diagonal`` (T = diag(t)), and the official
+code's other two Adam-path structures: ``rank1`` (its ``two_vectors``: T = t1 t2^T, t1 and t2 in
+R^{d x 1}, started at t1 = t2 = 1, i.e. T = the all-ones matrix; ``init=ls`` starts from the best
+rank-1 approximation of the LS solution) and ``lower_triangular`` (its ``thri``: a
+``LowerTriangularLinear`` whose forward pass is ``x @ tril(W)^T``, so T = tril(W)^T, upper
+triangular in this project's X T convention: output coordinate j depends on input coordinates
+i <= j; started at T = I). A penalty (``regularizer``) acts on T itself for every structure.
 
 ``cosine`` is invariant to T's scale (cos(M cT, R) = cos(M T, R) for c > 0), so ``l1`` / ``l2`` on T
 (the paper's text: L1 1e-4, L2 1e-2 with the cosine objective) have no minimiser: the penalty only
@@ -54,7 +66,11 @@ from replaceme_exp.progress import progress_counter
 
 log = logging.getLogger(__name__)
 
-LOSSES = ("cosine", "cosine_exact", "mse")
+LOSSES = ("cosine", "cosine_exact", "mse", "elasticnet")
+STRUCTURES = ("generic", "diagonal", "rank1", "lower_triangular")
+# The official code's elasticnet weights (ReplaceMe/utils.py, adam_method): of the L1 norm and of the
+# squared L2 norm of the prediction M T over a batch.
+ELASTICNET_L1, ELASTICNET_L2 = 0.09, 0.045
 SOLVERS = ("adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg")
 SCHEDULES = ("full_batch", "minibatch")
 # Strong-Wolfe line search of a mini-batch L-BFGS step: at most this many trial points (torchmin's
@@ -62,7 +78,7 @@ SCHEDULES = ("full_batch", "minibatch")
 # max_eval for max_iter=1 is 1, which would leave a single untested trial step.
 MAX_LINE_SEARCH = 25
 # How ``alpha`` weighs the penalty against the data term, by loss (see the module docstring).
-ALPHA_SCALES = {"cosine": "token_mean", "cosine_exact": "token_mean", "mse": "token_sum"}
+ALPHA_SCALES = {"cosine": "token_mean", "cosine_exact": "token_mean", "mse": "token_sum", "elasticnet": "token_mean"}
 REGULARIZERS = ("none", "l1", "l2", "l1_to_identity", "l2_to_identity")
 # Losses whose value does not change with T's scale: a penalty on T itself has no minimiser.
 SCALE_FREE_LOSSES = ("cosine",)
@@ -79,8 +95,13 @@ def regularizer_warning(loss: str, regularizer: str, alpha: float) -> str | None
     return None
 
 
-def batch_loss(loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean loss over a batch; ``mt`` = M T (batch, hidden), ``rows`` from the store."""
+def batch_loss(
+    loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor], set_tokens: int | None = None
+) -> torch.Tensor:
+    """The loss of a batch; ``mt`` = M T (batch, hidden), ``rows`` from the store. A mean over the
+    batch's tokens, except for ``elasticnet`` (:func:`elasticnet_loss`). ``set_tokens``: the batch
+    is a chunk of a set of this many tokens whose loss is the chunks' values weighted by their share
+    of tokens (:class:`ChunkedObjective`); None: the batch is the whole set."""
     if loss == "cosine":
         return (1 - F.cosine_similarity(mt, rows["R"], dim=-1, eps=1e-8)).mean()
     if loss == "cosine_exact":
@@ -88,7 +109,18 @@ def batch_loss(loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor]) -> to
         return (1 - F.cosine_similarity(mt + y, rows["R"] + y, dim=-1, eps=1e-8)).mean()
     if loss == "mse":
         return (mt - rows["R"]).pow(2).sum(-1).mean()
+    if loss == "elasticnet":
+        return elasticnet_loss(mt, rows["R"], 1.0 if set_tokens is None else set_tokens / mt.shape[0])
     raise ConfigError("objective.loss", loss, f"choose one of {LOSSES}")
+
+
+def elasticnet_loss(mt: torch.Tensor, r: torch.Tensor, sum_scale: float = 1.0) -> torch.Tensor:
+    """The official code's elasticnet loss of a batch, ``mt`` = M T and ``r`` = R (batch, hidden):
+    ``mean((M T - R)^2) + 0.09 * ||M T||_1 + 0.045 * ||M T||_2^2``, the norms of the whole matrix
+    (sums over the batch). ``sum_scale`` multiplies the norms: n_set / n_chunk for a chunk of a set
+    of n_set tokens, so that the chunks' values weighted by n_chunk / n_set add up to the set's loss."""
+    norms = ELASTICNET_L1 * torch.norm(mt, p=1) + ELASTICNET_L2 * torch.norm(mt, p=2) ** 2
+    return F.mse_loss(mt, r, reduction="mean") + (norms if sum_scale == 1.0 else sum_scale * norms)
 
 
 def penalty(regularizer: str, alpha: float, t: torch.Tensor) -> torch.Tensor:
@@ -115,6 +147,42 @@ def shuffled_batches(n_tokens: int, batch_tokens: int, generator: torch.Generato
     order = torch.randperm(n_tokens, generator=generator)
     for i in range(0, n_tokens, batch_tokens):
         yield order[i : i + batch_tokens]
+
+
+def rank1_matrix(p: torch.Tensor) -> torch.Tensor:
+    """T = t1 t2^T from ``p`` = [t1 t2] (hidden, 2)."""
+    return p[:, :1] @ p[:, 1:].T
+
+
+def parametrise(structure: str, start: torch.Tensor, device, official_start: bool):
+    """The parameter of T under ``structure`` (float32 on ``device``), started from ``start``
+    (hidden, hidden), and two maps of it: to T (hidden, hidden), and to what a penalty acts on
+    (the parameter itself for ``generic`` and ``diagonal``; T for ``rank1`` and ``lower_triangular``,
+    whose parameter holds entries that T does not use or only their products).
+
+    - ``generic``: T itself; ``diagonal``: its diagonal (hidden,);
+    - ``rank1``: [t1 t2] (hidden, 2) with T = t1 t2^T; ``official_start``: t1 = t2 = 1 (the official
+      ``two_vectors``), else sqrt(s) u and sqrt(s) v of ``start``'s largest singular triple (its best
+      rank-1 approximation);
+    - ``lower_triangular``: P (hidden, hidden) with T = triu(P), the official ``thri``'s
+      ``tril(W)^T`` with P = W^T (entries below the diagonal get no gradient and stay as started).
+
+    Returns (param, as_matrix, penalised)."""
+    start = start.to(torch.float64)
+    if structure == "diagonal":
+        return torch.nn.Parameter(start.diagonal().to(device, torch.float32).clone()), torch.diag, None
+    if structure == "rank1":
+        if official_start:
+            vectors = torch.ones(start.shape[0], 2, dtype=torch.float64)
+        else:
+            u, s, vh = torch.linalg.svd(start)
+            vectors = torch.stack([u[:, 0], vh[0]], dim=1) * s[0].sqrt()
+        return torch.nn.Parameter(vectors.to(device, torch.float32)), rank1_matrix, rank1_matrix
+    if structure == "lower_triangular":
+        return torch.nn.Parameter(torch.triu(start).to(device, torch.float32)), torch.triu, torch.triu
+    if structure != "generic":
+        raise ConfigError("structure", structure, f"numerical objectives support {', '.join(STRUCTURES)}")
+    return torch.nn.Parameter(start.to(device, torch.float32).clone()), (lambda p: p), None
 
 
 class NumericalEstimator(Estimator):
@@ -163,7 +231,7 @@ class NumericalEstimator(Estimator):
             tokens=True,
             alpha_scale=ALPHA_SCALES[objective.loss],
             regularizers=REGULARIZERS,
-            structures=("generic", "diagonal"),
+            structures=STRUCTURES,
             solver=objective.solver,
             solver_schedule="minibatch" if objective.solver == "adam" else objective.schedule,
         )
@@ -199,25 +267,24 @@ class NumericalEstimator(Estimator):
           ``evaluations``: objective + gradient evaluations (each on its batch, or on all tokens
           for ``full_batch``), line searches included, Hessian-vector products not.
 
-        ``seed`` draws the batches (Adam, ``minibatch``)."""
-        if structure not in ("generic", "diagonal"):
-            raise ConfigError("structure", structure, f"objective={self.name} supports generic or diagonal")
+        ``seed`` draws the batches (Adam, ``minibatch``). ``structure``: one of :data:`STRUCTURES`
+        (:func:`parametrise`; ``init_transform`` None: each structure's start, T = I, or t1 = t2 = 1
+        for ``rank1``)."""
+        if structure not in STRUCTURES:
+            raise ConfigError("structure", structure, f"objective={self.name} supports {', '.join(STRUCTURES)}")
         device, d = store.compute_device, store.hidden
         start = torch.eye(d, dtype=torch.float64) if init_transform is None else init_transform.cpu()
-        if structure == "diagonal":
-            param = torch.nn.Parameter(start.diagonal().to(device, torch.float32).clone())
-            as_matrix = torch.diag
-        else:
-            param = torch.nn.Parameter(start.to(device, torch.float32).clone())
-            as_matrix = lambda p: p  # noqa: E731
+        param, as_matrix, penalised = parametrise(structure, start, device, official_start=init_transform is None)
         weight = self.penalty_weight(alpha, store.n_tokens)
         if self.solver == "adam":
-            curve, steps, batches = self._adam(store, param, as_matrix, weight, regularizer, seed)
+            curve, steps, batches = self._adam(store, param, as_matrix, penalised, weight, regularizer, seed)
             evaluations = steps
         elif self.schedule == "minibatch":
-            curve, steps, batches, evaluations = self._minibatch(store, param, as_matrix, weight, regularizer, seed)
+            curve, steps, batches, evaluations = self._minibatch(
+                store, param, as_matrix, penalised, weight, regularizer, seed
+            )
         else:
-            objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, weight, self.chunk_tokens)
+            objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, weight, self.chunk_tokens, penalised)
             (curve, steps, evaluations), batches = self._solve(objective, param, self.max_iter, track=True), 1
         if not all(torch.isfinite(torch.tensor(curve))):
             raise ConfigError("objective.lr", self.lr, "the loss became NaN or inf; lower the learning rate")
@@ -241,12 +308,13 @@ class NumericalEstimator(Estimator):
             "batches": batches,
             "evaluations": evaluations,
         }
-        return as_matrix(param.detach()).double().cpu(), info
+        return as_matrix(param.detach().double()).cpu(), info
 
-    def _adam(self, store, param, as_matrix, weight, regularizer, seed) -> tuple[list[float], int, int]:
+    def _adam(self, store, param, as_matrix, penalised, weight, regularizer, seed) -> tuple[list[float], int, int]:
         """Mini-batches of ``batch_tokens`` drawn by a seeded permutation (rows are gathered from
         the store; nothing is copied per epoch); each batch's loss is its mean loss + ``weight`` *
-        penalty. Returns (the loss curve, steps, batches)."""
+        penalty (of ``penalised(param)``; None: of ``param``). Returns (the loss curve, steps, batches)."""
+        penalised = penalised or (lambda p: p)
         optimiser = torch.optim.Adam([param], lr=self.lr)
         generator = torch.Generator().manual_seed(seed)
         curve: list[float] = []
@@ -258,7 +326,7 @@ class NumericalEstimator(Estimator):
                 for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
                     rows = store.rows(indices)
                     mt = rows["M"] @ as_matrix(param)
-                    loss = batch_loss(self.loss, mt, rows) + penalty(regularizer, weight, param)
+                    loss = batch_loss(self.loss, mt, rows) + penalty(regularizer, weight, penalised(param))
                     if not curve:
                         curve.append(loss.detach().item())
                     optimiser.zero_grad(set_to_none=True)
@@ -270,7 +338,9 @@ class NumericalEstimator(Estimator):
                 steps += batches
         return curve, steps, steps
 
-    def _minibatch(self, store, param, as_matrix, weight, regularizer, seed) -> tuple[list[float], int, int, int]:
+    def _minibatch(
+        self, store, param, as_matrix, penalised, weight, regularizer, seed
+    ) -> tuple[list[float], int, int, int]:
         """The official code's schedule: for each epoch, for each batch of a seeded shuffle, one
         iteration of the solver on that batch's objective (mean loss over the batch + ``weight`` *
         penalty) from the current T, with fresh solver state. Returns (the loss curve, steps,
@@ -285,7 +355,13 @@ class NumericalEstimator(Estimator):
                 total, count = 0.0, 0
                 for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
                     objective = ChunkedObjective(
-                        StoreBatch(store, indices), self.loss, as_matrix, regularizer, weight, self.chunk_tokens
+                        StoreBatch(store, indices),
+                        self.loss,
+                        as_matrix,
+                        regularizer,
+                        weight,
+                        self.chunk_tokens,
+                        penalised,
                     )
                     values, iterations, evals = self._solve(
                         objective, param, max_iter=1, track=False, max_eval=1 + MAX_LINE_SEARCH
@@ -416,12 +492,14 @@ class StoreBatch:
 
 class ChunkedObjective:
     """The exact objective over a store (mean loss over all its tokens + ``alpha`` * penalty, with
-    ``alpha`` already on the mean scale), its gradient and Hessian-vector products, computed chunk
-    by chunk so that memory does not grow with the number of tokens."""
+    ``alpha`` already on the mean scale; ``elasticnet``: its norms summed over all the tokens), its
+    gradient and Hessian-vector products, computed chunk by chunk so that memory does not grow with
+    the number of tokens. ``penalised``: what the penalty acts on (None: the parameter itself)."""
 
-    def __init__(self, store, loss: str, as_matrix, regularizer: str, alpha: float, chunk_tokens: int):
+    def __init__(self, store, loss: str, as_matrix, regularizer: str, alpha: float, chunk_tokens: int, penalised=None):
         self.store, self.loss, self.as_matrix = store, loss, as_matrix
         self.regularizer, self.alpha, self.chunk_tokens = regularizer, alpha, chunk_tokens
+        self.penalised = penalised
 
     def _chunks(self):
         n = self.store.n_tokens
@@ -430,7 +508,7 @@ class ChunkedObjective:
             yield self.store.rows(idx), idx.numel() / n
 
     def _chunk_value(self, p: torch.Tensor, rows, weight: float) -> torch.Tensor:
-        return weight * batch_loss(self.loss, rows["M"] @ self.as_matrix(p), rows)
+        return weight * batch_loss(self.loss, rows["M"] @ self.as_matrix(p), rows, set_tokens=self.store.n_tokens)
 
     def value_and_grad(self, param: torch.Tensor) -> tuple[float, torch.Tensor]:
         p = param.detach().clone().requires_grad_(True)
@@ -439,7 +517,7 @@ class ChunkedObjective:
             value = self._chunk_value(p, rows, weight)
             grad += torch.autograd.grad(value, p)[0]
             total += value.item()
-        reg = penalty(self.regularizer, self.alpha, p)
+        reg = penalty(self.regularizer, self.alpha, p if self.penalised is None else self.penalised(p))
         if reg.requires_grad:
             grad += torch.autograd.grad(reg, p)[0]
         return total + reg.item(), grad
@@ -450,6 +528,21 @@ class ChunkedObjective:
         for rows, weight in self._chunks():
             (g,) = torch.autograd.grad(self._chunk_value(p, rows, weight), p, create_graph=True)
             out += torch.autograd.grad((g * vector).sum(), p)[0]
-        if self.regularizer in ("l2", "l2_to_identity") and self.alpha:
+        if self.penalised is not None:
+            out += self._penalty_hvp(p.detach(), vector)
+        elif self.regularizer in ("l2", "l2_to_identity") and self.alpha:
             out += 2 * self.alpha * vector
         return out
+
+    def _penalty_hvp(self, param: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+        """The penalty's Hessian-vector product through ``penalised`` (not quadratic in the
+        parameter for ``rank1``), by double backward; zero where the penalty has no curvature."""
+        p = param.clone().requires_grad_(True)
+        reg = penalty(self.regularizer, self.alpha, self.penalised(p))
+        if not reg.requires_grad:
+            return torch.zeros_like(p)
+        (g,) = torch.autograd.grad(reg, p, create_graph=True)
+        if not g.requires_grad:
+            return torch.zeros_like(p)
+        (out,) = torch.autograd.grad((g * vector).sum(), p, allow_unused=True)
+        return torch.zeros_like(p) if out is None else out

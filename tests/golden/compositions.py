@@ -45,6 +45,8 @@ IDENTITY_CHANGES = {
     "protocol-axis": "issue 22: protocol=paper|official (pipeline/protocol.py) and the official code's settings it "
     "sets (padded positions, float32 capture, batches in order with the last incomplete one dropped, touching cuts "
     "composed); the official presets become protocol=official with calibration=slimorca",
+    "official-transforms": "issue 22: the official code's Adam-path options structure=rank1 (two_vectors), "
+    "structure=lower_triangular (thri) and objective=elasticnet (new; objective=ls refuses the two structures)",
 }
 GROUPS = (
     "model",
