@@ -46,7 +46,8 @@ def as_now_described(pinned: dict, cfg) -> dict:
     - ``healing_settings`` include ``master_weights``; ``healing_master_weights`` says it where it
       acts: bf16 / fp16 weights that train (``full_model``; ``lt_only`` with a separate T);
     - ``regularizer_warning`` says why an L1 / L2 penalty on T with the scale-free cosine loss is
-      ill-posed (None elsewhere).
+      ill-posed (None elsewhere);
+    - ``job`` says which job wrote the row: ``prune`` (``evaluate`` rows come from ``job=evaluate``).
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -72,6 +73,7 @@ def as_now_described(pinned: dict, cfg) -> dict:
         if literal
         else None
     )
+    out["job"] = "prune"
     return out
 
 
