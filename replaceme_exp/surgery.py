@@ -17,6 +17,7 @@ from replaceme_exp.selection.cuts import fusion_blocks
 
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
+METADATA_FILE = "replaceme.json"  # what the pruning job wrote beside the weights (save_checkpoint)
 
 
 @torch.no_grad()
@@ -107,15 +108,36 @@ def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, to
 
 def load_pruned(path: str | os.PathLike, **kwargs):
     """Load a pruned checkpoint; for the separate placement, re-attach its transforms."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    file = Path(path) / SEPARATE_TRANSFORMS_FILE
-    if file.is_file():
-        tensors = load_file(file)
-        attach_separate_transforms(adapter_for(model), {int(k.split(".")[1]): v for k, v in tensors.items()})
+    attach_saved_transforms(model, path)
     return model
+
+
+def attach_saved_transforms(model, path: str | os.PathLike) -> bool:
+    """Re-attach the separate transforms a checkpoint at ``path`` carries beside its weights
+    (``lt_placement=separate``) to ``model``, loaded from it; returns whether it had any."""
+    from safetensors.torch import load_file
+
+    file = Path(path) / SEPARATE_TRANSFORMS_FILE
+    if not file.is_file():
+        return False
+    tensors = load_file(file)
+    attach_separate_transforms(adapter_for(model), {int(k.split(".")[1]): v for k, v in tensors.items()})
+    return True
+
+
+def checkpoint_metadata(path: str | os.PathLike) -> dict | None:
+    """What the pruning job wrote beside a checkpoint it saved (``run_id``, ``config_hash``, ``model``,
+    ``cuts``, ``objective``, ``alpha``, ``kept_blocks``); None for a checkpoint this project did not
+    save (or whose metadata is unreadable)."""
+    file = Path(path) / METADATA_FILE
+    try:
+        metadata = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return metadata if isinstance(metadata, dict) else None
 
 
 def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, processor=None) -> Path:
@@ -137,7 +159,7 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
             from safetensors.torch import save_file
 
             save_file({f"after_block.{i}": t.contiguous() for i, t in separate.items()}, tmp / SEPARATE_TRANSFORMS_FILE)
-        (tmp / "replaceme.json").write_text(json.dumps(metadata, indent=2, default=str))
+        (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str))
         _readable_by_others(tmp)
         replace_directory(tmp, target)
     finally:

@@ -48,7 +48,8 @@ def as_now_described(pinned: dict, cfg) -> dict:
     - ``regularizer_warning`` says why an L1 / L2 penalty on T with the scale-free cosine loss is
       ill-posed (None elsewhere);
     - the protocol axis: ``protocol``, ``calibration_batch_order``, ``calibration_drop_last``,
-      ``capture_dtype``, ``padded_positions``, ``touching_cuts``.
+      ``capture_dtype``, ``padded_positions``, ``touching_cuts``;
+    - ``job`` says which job wrote the row: ``prune`` (``evaluate`` rows come from ``job=evaluate``).
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -90,6 +91,7 @@ def as_now_described(pinned: dict, cfg) -> dict:
     for column, value in absent.items():
         if out.get(column, "<absent>") == "<absent>":
             out[column] = value
+    out["job"] = "prune"
     return out
 
 

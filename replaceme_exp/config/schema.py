@@ -527,6 +527,20 @@ class ProgressConfig:
 
 
 # ---------------------------------------------------------------------------------------------
+# an evaluate job
+
+
+@Group
+class EvaluateConfig:
+    checkpoint: Optional[str] = key(
+        None, doc="job=evaluate: a checkpoint directory (a pruned model this project saved, or any); null: model"
+    )
+    dtype: Optional[Literal["float32", "float16", "bfloat16"]] = key(
+        None, doc="job=evaluate: weights' dtype (null: the checkpoint's saved dtype, else model.dtype)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # the job
 
 
@@ -534,6 +548,9 @@ class ProgressConfig:
 class JobConfig:
     """A job: the config groups and the top-level keys (``python run.py n_prune=8 alpha=10``)."""
 
+    job: Literal["prune", "evaluate"] = key(
+        "prune", doc="prune the model, or only evaluate it (or evaluate.checkpoint) on the eval suite"
+    )
     n_prune: int | float = key(4, doc="blocks removed in total, or a fraction of the depth", check=n_prune_value)
     num_lts: int = key(1, doc="linear transforms (cuts of n_prune/num_lts blocks)", check=positive_int)
     alpha: float = key(0.0, doc="regularisation strength (ridge for ls)", check=finite_non_negative)
@@ -577,6 +594,7 @@ class JobConfig:
     store: StoreConfig = key(doc="store group")
     tracking: TrackingConfig = key(doc="tracking group")
     progress: ProgressConfig = key(doc="progress of long loops")
+    evaluate: EvaluateConfig = key(doc="what job=evaluate evaluates")
 
 
 # Each group's shapes, most specific last (the shape of an option: the one whose keys are its keys).

@@ -1,5 +1,6 @@
 """Greedy answers to a few fixed prompts, rendered with the model's chat template: what the
-unpruned and the pruned model say, side by side in the job's summary (``eval.samples``)."""
+unpruned and the pruned model say, side by side in the job's summary (``eval.samples``), or what
+the one model of an evaluate job says."""
 
 from __future__ import annotations
 
@@ -42,3 +43,8 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int) ->
 def side_by_side(prompts: list[str], unpruned: list[str], pruned: list[str]) -> list[dict]:
     """``[{"prompt", "unpruned", "pruned"}, ...]`` (the row's ``generation_samples``)."""
     return [{"prompt": p, "unpruned": u, "pruned": q} for p, u, q in zip(prompts, unpruned, pruned)]
+
+
+def answers_alone(prompts: list[str], answers: list[str]) -> list[dict]:
+    """``[{"prompt", "answer"}, ...]`` (an evaluate job's ``generation_samples``: one model)."""
+    return [{"prompt": p, "answer": a} for p, a in zip(prompts, answers)]

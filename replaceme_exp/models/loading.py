@@ -72,21 +72,43 @@ def load_tokenizer(cfg: ModelConfig, cache_dir: str | os.PathLike):
     return tok
 
 
+def checkpoint_config(path: str | os.PathLike) -> dict:
+    """The ``config.json`` of a checkpoint directory ({} when it has none or it is unreadable)."""
+    try:
+        data = json.loads((Path(path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def saved_dtype(path: str | os.PathLike) -> str | None:
+    """The dtype a checkpoint's weights were saved in (its config's ``dtype``, or ``torch_dtype``
+    of older transformers), when it is one ``model.dtype`` can name; else None."""
+    config = checkpoint_config(path)
+    name = config.get("dtype") or config.get("torch_dtype")
+    return name if name in _DTYPES else None
+
+
 def is_vision_config(cfg: ModelConfig) -> bool:
-    """A CLIP model (``source: hub_clip_vision``, or random weights of ``model_type: clip``)."""
+    """A CLIP model (``source: hub_clip_vision``, random weights of ``model_type: clip``, or a
+    local checkpoint whose config says ``model_type: clip``)."""
     config = getattr(cfg, "config", None) or {}
+    pretrained = getattr(cfg, "pretrained", None)
+    if cfg.source == "local" and isinstance(pretrained, str):
+        config = checkpoint_config(pretrained)
     return cfg.source == "hub_clip_vision" or config.get("model_type") == "clip"
 
 
 def load_vision_model(cfg: ModelConfig, cache_dir: str | os.PathLike, weights: dict) -> LoadedModel:
     """A ``CLIPModel`` (both towers: the text tower makes the zero-shot classifiers), its
-    tokenizer and its image processor. ``hub_clip_vision``: ``from_pretrained(pretrained)``;
-    ``random``: random weights from ``cfg.config`` with the tokenizer of ``cfg.tokenizer`` and an
-    image processor at the config's image size (tests, benchmarks)."""
+    tokenizer and its image processor. ``hub_clip_vision`` and ``local`` (a saved CLIP
+    checkpoint): ``from_pretrained(pretrained)``; ``random``: random weights from ``cfg.config``
+    with the tokenizer of ``cfg.tokenizer`` and an image processor at the config's image size
+    (tests, benchmarks)."""
     from transformers import AutoConfig, AutoTokenizer, CLIPImageProcessorPil, CLIPModel
 
     dtype = resolve_dtype(cfg.dtype)
-    if cfg.source == "hub_clip_vision":
+    if cfg.source in ("hub_clip_vision", "local"):
         try:
             model = CLIPModel.from_pretrained(cfg.pretrained, revision=cfg.revision, dtype=dtype)
             tokenizer = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.revision)

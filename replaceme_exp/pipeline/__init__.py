@@ -1,6 +1,6 @@
 """The pipeline: what a job is (:mod:`.spec`, checked by :mod:`.rules`), the stages it runs
-(:mod:`.job`) and what differs between language models and vision encoders (:mod:`.modality`,
-:mod:`.text`, :mod:`.vision`)."""
+(:mod:`.job`; an evaluate job's, :mod:`.evaluate`) and what differs between language models and
+vision encoders (:mod:`.modality`, :mod:`.text`, :mod:`.vision`)."""
 
 from replaceme_exp.config.store import register_schemas
 from replaceme_exp.pipeline import text, vision  # noqa: F401  (register the modalities)

@@ -77,6 +77,12 @@ class Modality:
         """The pruned (and healed) model's scores, as row columns."""
         raise NotImplementedError
 
+    def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:
+        """An evaluate job's model (``job=evaluate``: nothing pruned), measured as a pruning job
+        measures its pruned model: the same score columns (no baseline, no ratio to one), and the
+        evaluation's settings."""
+        raise NotImplementedError
+
     def pruned_columns(self, row: dict) -> dict:
         """Columns derived from the row once the blocks are removed."""
         return {}

@@ -46,9 +46,13 @@ def existing_file(key: str, value) -> None:
 
 
 def check_job(c: schema.JobConfig, needs: Requirements) -> None:
-    """Every cross-key rule of ``c`` for an estimator with ``needs``; the first broken one raises."""
+    """Every cross-key rule of a pruning job ``c`` for an estimator with ``needs``; the first broken
+    one raises."""
     for key in ("results_dir", "cache_dir"):
         writable_directory(key, getattr(c, key))
+    for key, value in (("checkpoint", c.evaluate.checkpoint), ("dtype", c.evaluate.dtype)):
+        if value is not None:
+            raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")
     check_selection(c)
     check_method(c, needs)
     check_official_settings(c, needs)
@@ -59,11 +63,59 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
         raise ConfigError(
             "calibration.source", c.calibration.source, f"is image data for vision encoders, not model={c.model.name}"
         )
+    else:
+        check_eval_kind(c)
+    check_hardware(c)
+
+
+def check_checkpoint(key: str, value) -> None:
+    """``value`` names a model directory: ``config.json`` and weights (``*.safetensors`` / ``*.bin``)."""
+    path = Path(str(value)).expanduser()
+    if not path.exists():
+        raise ConfigError(key, value, "no such checkpoint directory")
+    if not path.is_dir():
+        raise ConfigError(key, value, "is a file, not a checkpoint directory")
+    if not (path / "config.json").is_file():
+        raise ConfigError(key, value, "is not a model directory (no config.json)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ConfigError(key, value, "is not a model directory (no *.safetensors or *.bin weights)")
+
+
+def check_evaluation(c: schema.JobConfig) -> None:
+    """The rules of an evaluate job (``job=evaluate``; ``c.model`` is the evaluated model, the
+    checkpoint already checked by :func:`check_checkpoint`): only what it reads, the eval suite.
+    Calibration, selection, method and healing keys do not act and are not checked."""
+    for key in ("results_dir", "cache_dir"):
+        writable_directory(key, getattr(c, key))
+    check_eval_suite(c)
+    check_eval_kind(c)
+
+
+def check_eval_suite(c: schema.JobConfig) -> None:
+    """The eval suite's own keys: one metric per lm-eval task, a readable held-out text file."""
+    if c.eval.harness is not None and set(c.eval.harness.metrics) != set(c.eval.harness.tasks):
+        metrics, tasks = c.eval.harness.metrics, list(c.eval.harness.tasks)
+        raise ConfigError(
+            "eval.harness.metrics",
+            metrics,
+            f"declare one metric per task of eval.harness.tasks {tasks} "
+            f"(missing {sorted(set(tasks) - set(metrics))}, extra {sorted(set(metrics) - set(tasks))})",
+        )
+    if c.eval.text == "text_file":
+        existing_file("eval.path", c.eval.path)
+
+
+def check_eval_kind(c: schema.JobConfig) -> None:
+    """Image benchmarks for a vision encoder, text suites for a language model."""
+    if is_vision_config(c.model):
+        if not isinstance(c.eval, schema.ImageEvalConfig):
+            raise ConfigError("eval", c.eval.name, f"has no image benchmarks for model={c.model.name} (eval=clip)")
+        for benchmark in c.eval.benchmarks:
+            benchmark_task(benchmark)
     elif isinstance(c.eval, schema.ImageEvalConfig):
         raise ConfigError(
             "eval.benchmarks", c.eval.benchmarks, "are image benchmarks, for vision encoders (model=clip_vit_l14)"
         )
-    check_hardware(c)
 
 
 def check_selection(c: schema.JobConfig) -> None:
@@ -96,16 +148,7 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
         raise ConfigError("healing", c.healing.name, reason)
     if c.healing.name != "none" and c.healing.data.source == "text_file":
         existing_file("healing.data.path", c.healing.data.path)
-    if c.eval.harness is not None and set(c.eval.harness.metrics) != set(c.eval.harness.tasks):
-        metrics, tasks = c.eval.harness.metrics, list(c.eval.harness.tasks)
-        raise ConfigError(
-            "eval.harness.metrics",
-            metrics,
-            f"declare one metric per task of eval.harness.tasks {tasks} "
-            f"(missing {sorted(set(tasks) - set(metrics))}, extra {sorted(set(metrics) - set(tasks))})",
-        )
-    if c.eval.text == "text_file":
-        existing_file("eval.path", c.eval.path)
+    check_eval_suite(c)
 
 
 def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:
@@ -159,10 +202,7 @@ def check_vision(c: schema.JobConfig) -> None:
     if c.calibration.source not in IMAGE_SOURCES:
         reason = f"model={name} is a vision encoder: calibrate it on images ({', '.join(IMAGE_SOURCES)})"
         raise ConfigError("calibration.source", c.calibration.source, reason)
-    if not isinstance(c.eval, schema.ImageEvalConfig):
-        raise ConfigError("eval", c.eval.name, f"has no image benchmarks for model={name} (eval=clip)")
-    for benchmark in c.eval.benchmarks:
-        benchmark_task(benchmark)
+    check_eval_kind(c)
     if c.healing.name != "none":
         raise ConfigError("healing", c.healing.name, "healing trains on text; not for a vision encoder")
     if float(c.mask_ratio):

@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 
 from replaceme_exp.pipeline.clock import StageClock
+from replaceme_exp.pipeline.evaluate import EvaluationJob
 from replaceme_exp.pipeline.job import PruningJob
 from replaceme_exp.pipeline.modality import JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
@@ -16,17 +17,17 @@ from replaceme_exp.tracking.emissions import StageEmissions, job_gpu_ids
 
 
 def run_job(spec: JobSpec, paths: JobPaths, row: dict, on_stage: Callable[[str, float], None] | None = None) -> dict:
-    """Prune and evaluate; fills ``row`` as it goes (so a failure keeps what was measured, and
-    ``failed_stage`` names the stage that failed), with the energy and emissions of each stage
-    measured so far. ``on_stage(label, seconds)`` hears of each finished stage. Returns the row,
-    ``status=finished``."""
+    """Prune and evaluate (``job=evaluate``: only evaluate); fills ``row`` as it goes (so a
+    failure keeps what was measured, and ``failed_stage`` names the stage that failed), with the
+    energy and emissions of each stage measured so far. ``on_stage(label, seconds)`` hears of each
+    finished stage. Returns the row, ``status=finished``."""
     c = spec.config
     gpu_ids = job_gpu_ids(c.model.device, c.model.device_map, torch.cuda.is_available(), torch.cuda.device_count())
     row["codecarbon_gpu_ids"] = gpu_ids
     tracking = c.tracking.codecarbon
     emissions = StageEmissions(tracking.enabled, tracking.country_iso_code, paths.job_dir / "codecarbon", gpu_ids)
     clock = StageClock(emissions, on_stage)
-    job = PruningJob(spec, paths, row)
+    job = (EvaluationJob if spec.job == "evaluate" else PruningJob)(spec, paths, row)
     try:
         with observed_by(clock):
             job.run()

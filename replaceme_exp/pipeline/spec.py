@@ -24,6 +24,12 @@ it computes, stay out of the hash (``results_dir``, ``cache_dir``, ``save_model`
 ``model.device``, ``model.device_map``, ``eval.samples``, ``healing.log_every``,
 ``healing.gradient_checkpointing``); local data files and the model's weights enter by content.
 ``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
+
+An evaluate job (``job=evaluate``) computes only the eval suite's scores of one model: ``model``, or
+``evaluate.checkpoint`` loaded as a local checkpoint (:func:`evaluated`). Its hash is taken over that
+model (its weights by content, its dtype) and the eval suite alone; every pruning setting is None in
+its row. A pruning job's identity leaves ``job`` and ``evaluate`` out (its hash is as before they
+existed).
 """
 
 from __future__ import annotations
@@ -45,11 +51,13 @@ from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.estimation.numerical import regularizer_warning
 from replaceme_exp.models.fingerprint import file_digest
+from replaceme_exp.models.loading import saved_dtype
 from replaceme_exp.pipeline.protocol import apply_protocol
-from replaceme_exp.pipeline.rules import check_job, modality_of
+from replaceme_exp.pipeline.rules import check_checkpoint, check_evaluation, check_job, modality_of
 from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.selection.passes import SelectionRequest
 from replaceme_exp.storage import content_key
+from replaceme_exp.surgery import SEPARATE_TRANSFORMS_FILE, checkpoint_metadata
 
 # Bump when the code changes what an unchanged configuration computes.
 SEMANTICS_VERSION = 3
@@ -93,13 +101,15 @@ class JobSpec:
     settings; its config hash, setting hash and row setting columns.
 
     ``weights``: the model's weights fingerprint (:func:`~replaceme_exp.models.fingerprint.weights_fingerprint`),
-    part of the hash (None: without it)."""
+    part of the hash (None: without it). ``checkpoint_metadata``: an evaluate job's checkpoint's
+    ``replaceme.json`` (None: no checkpoint, or one this project did not save)."""
 
     config: schema.JobConfig
     requirements: Requirements
     effective: EffectiveSettings
     modality: str
     weights: dict | None = None
+    checkpoint_metadata: dict | None = None
 
     @classmethod
     def from_config(cls, cfg: DictConfig | dict | schema.JobConfig, weights: dict | None = None) -> "JobSpec":
@@ -108,20 +118,38 @@ class JobSpec:
         config = cfg if isinstance(cfg, schema.JobConfig) else typed_config(cfg)
         config = apply_protocol(config, estimator_class(config.objective).requirements(config.objective))
         requirements = estimator_class(config.objective).requirements(config.objective)
-        check_job(config, requirements)
-        return cls(config, requirements, resolve(config, requirements), modality_of(config.model), weights)
+        metadata = None
+        if config.job == "evaluate":
+            config, metadata = evaluated(config)
+            check_evaluation(config)
+        else:
+            check_job(config, requirements)
+        effective = resolve(config, requirements)
+        return cls(config, requirements, effective, modality_of(config.model), weights, metadata)
 
     def with_weights(self, weights: dict | None) -> "JobSpec":
         return dataclasses.replace(self, weights=weights)
+
+    @property
+    def job(self) -> str:
+        """``prune`` or ``evaluate``."""
+        return self.config.job
+
+    @property
+    def saves_model(self) -> bool:
+        """Whether a finished job left a model under ``results_dir/models/<config_hash>``."""
+        return self.job == "prune" and bool(self.config.save_model)
 
     # ---- identity -------------------------------------------------------------------------------
 
     def identity(self) -> dict:
         """The settings the config hash is taken over: the configuration reduced to what moves a
         number, each setting as it acts, numbers by value."""
+        if self.job == "evaluate":
+            return self.evaluation_identity()
         c, e = self.config, self.effective
         data = dataclasses.asdict(c)
-        for key in NON_SEMANTIC_KEYS:
+        for key in ("job", "evaluate", *NON_SEMANTIC_KEYS):
             data.pop(key)
         for key in NON_SEMANTIC_MODEL_KEYS:
             data["model"].pop(key)
@@ -165,14 +193,8 @@ class JobSpec:
             data["healing"].pop(key, None)
         if e.healing_master_weights != "float32":
             data["healing"].pop("master_weights", None)
-        memo = Path(c.cache_dir) / "fingerprints"
         for section in (data["calibration"], data["eval"], data["healing"].get("data") or {}):
-            for name in DATA_FILE_FIELDS:
-                paths = section.get(name)
-                paths = paths if isinstance(paths, list) else [paths]
-                files = [Path(p).expanduser() for p in paths if isinstance(p, str) and Path(p).expanduser().is_file()]
-                if files:
-                    section[f"{name}_sha256"] = [file_digest(f, memo) for f in files]
+            self.add_file_digests(section)
         if e.precision_acts:
             data["capture_precision"] = e.capture_precision  # float32 products round differently
         if e.mask_passes is None:
@@ -180,6 +202,34 @@ class JobSpec:
             data.pop("mask_passes")
         data["semantics_version"] = SEMANTICS_VERSION
         return _by_value(data)
+
+    def evaluation_identity(self) -> dict:
+        """An evaluate job's identity: the evaluated model (its weights by content where known, not
+        its path; its dtype) and the eval suite; no pruning setting, no seed (nothing it computes
+        draws from it)."""
+        c = self.config
+        model = dataclasses.asdict(c.model)
+        for key in (*NON_SEMANTIC_MODEL_KEYS, "capture_4bit"):
+            model.pop(key)
+        if self.weights is not None:
+            model["weights"] = self.weights
+            if c.evaluate.checkpoint is not None:
+                model.pop("pretrained")  # the same weights elsewhere are the same model
+        evaluation = dataclasses.asdict(c.eval)
+        evaluation.pop("samples")  # what the job shows, not what it measures
+        self.add_file_digests(evaluation)
+        data = {"job": "evaluate", "model": model, "eval": evaluation, "semantics_version": SEMANTICS_VERSION}
+        return _by_value(data)
+
+    def add_file_digests(self, section: dict) -> None:
+        """``<field>_sha256`` beside each field of ``section`` that names local data files: their content."""
+        memo = Path(self.config.cache_dir) / "fingerprints"
+        for name in DATA_FILE_FIELDS:
+            paths = section.get(name)
+            paths = paths if isinstance(paths, list) else [paths]
+            files = [Path(p).expanduser() for p in paths if isinstance(p, str) and Path(p).expanduser().is_file()]
+            if files:
+                section[f"{name}_sha256"] = [file_digest(f, memo) for f in files]
 
     @property
     def config_hash(self) -> str:
@@ -191,9 +241,9 @@ class JobSpec:
         """The config hash without the seed (``calibration.seed`` and ``healing.seed`` follow
         ``seed``): runs that share it differ only in the seed, the only runs a cell may average."""
         data = self.identity()
-        data.pop("seed")
+        data.pop("seed", None)  # an evaluate job has none
         for group in ("calibration", "healing"):
-            if data[group].get("seed") == self.config.seed:
+            if group in data and data[group].get("seed") == self.config.seed:
                 data[group].pop("seed")
         return _digest(data)
 
@@ -201,9 +251,41 @@ class JobSpec:
 
     def setting_columns(self) -> dict[str, Any]:
         """The row's setting columns: each setting as it acts (None where it cannot act)."""
+        if self.job == "evaluate":
+            return self.evaluation_columns()
+        return self.pruning_columns()
+
+    def evaluation_columns(self) -> dict[str, Any]:
+        """An evaluate job's setting columns: the pruning job's, None where they cannot act (every
+        pruning setting, the seed), and what was evaluated: ``evaluated_checkpoint`` (its
+        directory; None: ``model`` itself), ``pruned_config_hash`` and ``pruned_run_id`` (the
+        pruning row that saved it, from its metadata; None for a checkpoint this project did not save)."""
+        c, metadata = self.config, self.checkpoint_metadata or {}
+        checkpoint = c.model.pretrained if c.evaluate.checkpoint is not None else None
+        # a separate T rides beside the weights (re-attached on loading): not a plain checkpoint
+        separate = checkpoint is not None and (Path(checkpoint) / SEPARATE_TRANSFORMS_FILE).is_file()
+        columns = dict.fromkeys(self.pruning_columns())
+        columns.update(
+            {
+                "job": "evaluate",
+                "model": c.model.name,
+                "dtype": str(c.model.dtype),
+                "capture_4bit": False,
+                "eval": c.eval.name,
+                "evaluated_checkpoint": checkpoint,
+                "plain_checkpoint": None if checkpoint is None else not separate,
+                "pruned_config_hash": metadata.get("config_hash"),
+                "pruned_run_id": metadata.get("run_id"),
+            }
+        )
+        return columns
+
+    def pruning_columns(self) -> dict[str, Any]:
+        """A pruning job's setting columns."""
         c, e, r = self.config, self.effective, self.requirements
         healing = c.healing.name != "none"
         return {
+            "job": "prune",
             "model": c.model.name,
             "dtype": str(c.model.dtype),
             "capture_4bit": bool(c.model.capture_4bit),
@@ -294,6 +376,32 @@ class JobSpec:
         """The estimator of ``objective`` (built from its ``_target_`` and its keys)."""
         objective = dataclasses.asdict(self.config.objective)
         return get_class(objective.pop("_target_"))(**objective)
+
+
+def evaluated(config: schema.JobConfig) -> tuple[schema.JobConfig, dict | None]:
+    """An evaluate job's configuration with ``model`` the model it evaluates, and the checkpoint's
+    metadata. ``evaluate.checkpoint`` (checked: a model directory) becomes a ``local`` model named
+    after the model it was pruned from (its metadata; else the directory's name), in
+    ``evaluate.dtype``, else the dtype it was saved in, else ``model.dtype``, on ``model``'s device;
+    without it, ``model`` itself (in ``evaluate.dtype`` when given). No 4-bit copy: nothing is captured."""
+    c, e = config, config.evaluate
+    if e.checkpoint is None:
+        model = dataclasses.replace(c.model, dtype=e.dtype or c.model.dtype, capture_4bit=False)
+        return dataclasses.replace(c, model=model), None
+    check_checkpoint("evaluate.checkpoint", e.checkpoint)
+    path = Path(str(e.checkpoint)).expanduser().absolute()
+    metadata = checkpoint_metadata(path)
+    model = schema.PretrainedModelConfig(
+        name=str((metadata or {}).get("model") or path.name),
+        source="local",
+        pretrained=str(path),
+        revision=None,
+        dtype=e.dtype or saved_dtype(path) or c.model.dtype,
+        device=c.model.device,
+        device_map=c.model.device_map,
+        capture_4bit=False,
+    )
+    return dataclasses.replace(c, model=model), metadata
 
 
 def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:

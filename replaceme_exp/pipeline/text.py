@@ -12,7 +12,7 @@ from replaceme_exp.errors import check_finite
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.harness import harness_settings, run_harness
 from replaceme_exp.evaluation.perplexity import perplexity
-from replaceme_exp.evaluation.samples import greedy_answers, side_by_side
+from replaceme_exp.evaluation.samples import answers_alone, greedy_answers, side_by_side
 from replaceme_exp.models.loading import LoadedModel
 from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality
 from replaceme_exp.results.row import library_versions
@@ -64,9 +64,7 @@ class TextModality(Modality):
                     "settings": settings,
                     "libraries": library_versions(),
                 }
-                scores = baselines.get_or_compute(
-                    key, lambda: run_harness(model, tokenizer, harness, self.paths.job_dir)
-                )
+                scores = baselines.get_or_compute(key, lambda: self.harness_scores(loaded))
                 check_finite("eval", "the unpruned model's avg_acc is", [scores["avg_acc"]])
                 self.baseline_avg_acc = columns["avg_acc_baseline"] = scores["avg_acc"]
                 columns.update({f"baseline_{name}": value for name, value in scores.items()})
@@ -78,16 +76,19 @@ class TextModality(Modality):
     def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
         which = "healed" if healed else "pruned"
         with stage("eval", f"{which} perplexity"):
-            value = perplexity(loaded.model, heldout)
-            check_finite("eval", f"the {which} model's held-out perplexity is", [value])
+            value = finite_perplexity(loaded.model, heldout, which)
         return {"ppl_heldout": value}
+
+    def harness_scores(self, loaded: LoadedModel) -> dict:
+        """The lm-eval suite's score columns of ``loaded`` (:func:`run_harness`)."""
+        return run_harness(loaded.model, loaded.tokenizer, self.config.eval.harness, self.paths.job_dir)
 
     def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
         c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
         columns = {}
-        if (harness := c.eval.harness) is not None:
+        if c.eval.harness is not None:
             with stage("eval", "pruned lm-eval"):
-                columns.update(run_harness(model, tokenizer, harness, self.paths.job_dir))
+                columns.update(self.harness_scores(loaded))
                 check_finite("eval", "the pruned model's avg_acc is", [columns["avg_acc"]])
                 columns["rp"] = columns["avg_acc"] / self.baseline_avg_acc
         if (samples := c.eval.samples) is not None:
@@ -96,10 +97,26 @@ class TextModality(Modality):
             columns["generation_samples"] = side_by_side(list(samples.prompts), self.unpruned_answers, pruned)
         return columns
 
+    def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:
+        c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
+        heldout = self.heldout(loaded, adapter)
+        with stage("eval", "perplexity"):
+            columns = {"ppl_heldout": finite_perplexity(model, heldout, "evaluated")}
+        if (harness := c.eval.harness) is not None:
+            with stage("eval", "lm-eval"):
+                columns.update(harness_settings(harness))
+                columns.update(self.harness_scores(loaded))
+                check_finite("eval", "the evaluated model's avg_acc is", [columns["avg_acc"]])
+        if (samples := c.eval.samples) is not None:
+            with stage("eval", "generation samples"):
+                answers = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
+            columns["generation_samples"] = answers_alone(list(samples.prompts), answers)
+        return columns
 
-def finite_perplexity(model, windows) -> float:
-    """The unpruned model's held-out perplexity, refused (and so never cached) when not finite."""
+
+def finite_perplexity(model, windows, which: str = "unpruned") -> float:
+    """The ``which`` model's held-out perplexity, refused (and so, unpruned, never cached) when not finite."""
     value = perplexity(model, windows)
-    check_finite("eval", "the unpruned model's held-out perplexity is", [value])
+    check_finite("eval", f"the {which} model's held-out perplexity is", [value])
     return value
 

@@ -78,13 +78,17 @@ class VisionModality(Modality):
             s["amp"],
         )
 
+    def settings_columns(self) -> dict:
+        """The benchmarks' settings and the versions of the libraries that score them."""
+        columns = {f"eval_{k}": v for k, v in self.settings().items()}
+        columns["eval_benchmarks"] = list(self.config.eval.benchmarks)
+        columns.update({f"{package}_version": v for package, v in library_versions(LIBRARIES).items()})
+        return columns
+
     def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
         settings = self.settings()
-        benchmarks = list(self.config.eval.benchmarks)
-        columns = {f"eval_{k}": v for k, v in settings.items()}
-        columns["eval_benchmarks"] = benchmarks
-        columns.update({f"{package}_version": v for package, v in library_versions(LIBRARIES).items()})
-        for name in benchmarks:
+        columns = self.settings_columns()
+        for name in self.config.eval.benchmarks:
             key = {
                 "model": loaded.identity_hash,
                 "metric": f"clip/{name}",
@@ -101,8 +105,15 @@ class VisionModality(Modality):
         return {"vision_compression_ratio": row["n_prune"] / row["num_layers"]}  # the paper's 13% / 25%: blocks
 
     def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
+        return self.benchmark_scores(loaded, adapter, "pruned ")
+
+    def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:
+        return {**self.settings_columns(), **self.benchmark_scores(loaded, adapter)}
+
+    def benchmark_scores(self, loaded: LoadedModel, adapter, label: str = "") -> dict:
+        """Every benchmark's score columns of ``loaded`` (stages ``<label><benchmark>``)."""
         columns = {}
         for name in self.config.eval.benchmarks:
-            with stage("eval", f"pruned {name}"):
+            with stage("eval", f"{label}{name}"):
                 columns.update(benchmark_columns(name, self.scores(loaded, adapter, name)))
         return columns

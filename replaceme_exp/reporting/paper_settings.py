@@ -122,9 +122,12 @@ def select_cell(frame: pd.DataFrame, conditions: dict) -> pd.DataFrame:
 
 
 def finished_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished pruning runs (an evaluate job's row, ``job=evaluate``, prunes nothing: the
+    pruning row of its checkpoint already holds its numbers)."""
     if runs.empty or "status" not in runs.columns:
         return runs.iloc[0:0]
-    return runs[runs["status"] == "finished"]
+    pruning = runs["job"] != "evaluate" if "job" in runs.columns else True
+    return runs[(runs["status"] == "finished") & pruning]
 
 
 def read_config(group: str, name: str, conf: Path = CONF, _seen: tuple = ()) -> dict:

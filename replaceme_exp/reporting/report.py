@@ -38,8 +38,11 @@ def _pyplot():
 
 
 MISSING = "—"
-# Settings that can vary within a group (the setting columns, the seed; cuts are a result).
-VARYING_CANDIDATES = tuple(c for c in SETTING_COLUMNS if c != "model_fingerprint") + ("seed",)
+# Settings that can vary within a group (pruning or evaluate job and what it evaluated, the setting
+# columns, the seed; cuts are a result).
+VARYING_CANDIDATES = (
+    ("job", "evaluated_checkpoint") + tuple(c for c in SETTING_COLUMNS if c != "model_fingerprint") + ("seed",)
+)
 # Metrics of the runs table, in this order, where a group records them.
 TABLE_METRICS = (
     "ppl_heldout_baseline",

@@ -96,6 +96,7 @@ def refused_row(cfg: DictConfig, err: Exception, sweep_id: str | None) -> dict:
         "failed_stage": "validation",
         "started_at": now(),
         "git_sha": git_sha(),
+        "job": OmegaConf.select(cfg, "job", default=None, throw_on_resolution_failure=False),
         "model": OmegaConf.select(cfg, "model.name", default=None, throw_on_resolution_failure=False),
         "objective": OmegaConf.select(cfg, "objective.name", default=None, throw_on_resolution_failure=False),
     }

@@ -1,13 +1,13 @@
 """What a person reads at the end of a job: one summary line (cuts, held-out perplexity before ->
-after, avg_acc / rp when evaluated, total time, where the row and the model went), then the
-generation samples side by side when the job made them. A skipped job shows its finished row's
-summary."""
+after, avg_acc / rp when evaluated, total time, where the row and the model went; an evaluate job:
+what it evaluated and its scores), then the generation samples side by side when the job made
+them. A skipped job shows its finished row's summary."""
 
 from __future__ import annotations
 
 import math
 
-from replaceme_exp.results.row import decode_cell, format_cuts
+from replaceme_exp.results.row import cuts_of, decode_cell, format_cuts
 
 
 def _number(value) -> float | None:
@@ -36,7 +36,13 @@ def summary_line(row: dict) -> str:
     else:
         parts = [head, f"cuts {format_cuts(row.get('cuts'))}"]
         before, after = _number(row.get("ppl_heldout_baseline")), _number(row.get("ppl_heldout"))
-        if before is not None and after is not None:
+        if row.get("job") == "evaluate":
+            parts[1] = f"evaluated {row.get('evaluated_checkpoint') or row.get('model')}"
+            if cuts_of(row.get("cuts")):
+                parts[1] += f" (cuts {format_cuts(row.get('cuts'))} of {row.get('model')})"
+            if after is not None:
+                parts.append(f"held-out ppl {after:.2f}")
+        elif before is not None and after is not None:
             healed = _number(row.get("ppl_heldout_before_healing"))
             via = f" -> {healed:.2f} pruned, healed ({row.get('healing')})" if healed is not None else ""
             parts.append(f"held-out ppl {before:.2f}{via} -> {after:.2f} (x{after / before:.2f})")
@@ -64,6 +70,11 @@ def sample_lines(row: dict, width: int = 160) -> list[str]:
         text = " ⏎ ".join(line.strip() for line in str(text).splitlines() if line.strip())
         return text if len(text) <= width else text[: width - 1] + "…"
 
+    if "answer" in samples[0]:  # an evaluate job: one model
+        lines = ["generation samples (greedy, chat template)"]
+        for sample in samples:
+            lines += [f"  prompt: {flat(sample['prompt'])}", f"  answer: {flat(sample['answer'])}"]
+        return lines
     lines = ["generation samples (greedy, chat template): unpruned | pruned"]
     for sample in samples:
         lines += [

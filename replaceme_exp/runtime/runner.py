@@ -66,7 +66,7 @@ def run_recorded(
         if removed := TokenStore.remove_leftovers(chash, c.store.directory):
             log.info("removed %d token store(s) a killed run of this configuration left", removed)
         done = store.finished_row(chash) if not c.force else None
-        if done is not None and c.save_model and not model_dir.is_dir():
+        if done is not None and spec.saves_model and not model_dir.is_dir():
             log.warning("finished run %s lost its model %s: running again", done["run_id"], model_dir)
             done = None
         if done is not None:

@@ -1,0 +1,297 @@
+"""The evaluate job (``job=evaluate``): the unpruned model or a saved checkpoint through the eval suite,
+one row, measured as a pruning job measures its models (the official code's ``eval_model(model_path)``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers.config import compose_config, config_hash
+from helpers.jobs import SMOKE, job_config, run_cli
+
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.reporting.paper_settings import finished_runs
+from replaceme_exp.results import ResultsStore
+from replaceme_exp.runtime import run_recorded
+from replaceme_exp.runtime.job_summary import sample_lines, summary_line
+
+# One short answer per model keeps the generation samples in the test at a fraction of a second.
+SUITE = ["eval=offline", "eval.samples.prompts=[Hello]", "eval.samples.max_new_tokens=4"]
+
+
+def fake_scores(model, tokenizer, harness, job_dir) -> dict:
+    """Stands in for lm-eval (tens of seconds per run here): scores that depend on the model's
+    weights and depth, under lm-eval's column names, so that a score taken from another model, or
+    from weights that changed on the way to disk and back, shows."""
+    checksum = float(sum(p.double().abs().sum() for p in model.parameters()))
+    depth = model.config.num_hidden_layers
+    return {
+        "avg_acc": depth / 10,
+        "acc_replaceme_capitals": checksum % 1,
+        "score_replaceme_capitals": checksum % 1,
+        "ppl_pydoc": checksum,
+        "eval_task_versions": {"replaceme_capitals": 1.0},
+    }
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """A tiny pruning job that saves its model (results under ``prune/``), then evaluate jobs of the
+    unpruned model and of that checkpoint (results under ``evaluate/``: no cache is shared)."""
+    root = tmp_path_factory.mktemp("evaluate")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("replaceme_exp.pipeline.text.run_harness", fake_scores)
+        pruned = run_recorded(job_config(root / "prune", "cuts=[[2,4]]", *SUITE))
+        unpruned_eval = run_recorded(job_config(root / "evaluate", "job=evaluate", *SUITE))
+        checkpoint = pruned["pruned_model_path"]
+        checkpoint_eval = run_recorded(
+            job_config(root / "evaluate", "job=evaluate", f"evaluate.checkpoint={checkpoint}", *SUITE)
+        )
+    return {"root": root, "pruned": pruned, "unpruned_eval": unpruned_eval, "checkpoint_eval": checkpoint_eval}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_evaluating_the_unpruned_model_gives_the_baseline_a_pruning_job_records(jobs):
+    pruned, row = jobs["pruned"], jobs["unpruned_eval"]
+    assert row["status"] == "finished", row["error"]
+    assert row["job"] == "evaluate" and row["evaluated_checkpoint"] is None and row["model"] == "tiny_llama"
+    assert row["ppl_heldout"] == pytest.approx(pruned["ppl_heldout_baseline"], rel=1e-9)
+    assert row["avg_acc"] == pruned["avg_acc_baseline"] == 0.6  # 6 blocks
+    assert row["ppl_pydoc"] == pytest.approx(pruned["baseline_ppl_pydoc"], rel=1e-12)
+    assert row["num_layers"] == 6 and row["params"] == pruned["params_before"]
+    assert row["cuts"] is None and row["pruned_config_hash"] is None
+    # nothing was calibrated, selected, fitted or cut
+    assert {"cuts", "n_calib_tokens", "cos_dist_before", "params_after", "selection_distance"}.isdisjoint(
+        k for k, v in row.items() if v is not None
+    )
+    assert not {"capture", "estimate", "surgery", "data"} & set(row["stage_seconds"])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_evaluating_a_saved_checkpoint_gives_what_the_pruning_job_measured_in_memory(jobs):
+    pruned, row = jobs["pruned"], jobs["checkpoint_eval"]
+    assert row["status"] == "finished", row["error"]
+    # the pruning job measured the model in memory; this job loaded it from disk
+    assert row["ppl_heldout"] == pytest.approx(pruned["ppl_heldout"], rel=1e-6)
+    assert row["ppl_heldout"] != pytest.approx(jobs["unpruned_eval"]["ppl_heldout"], rel=1e-3)
+    assert row["avg_acc"] == pruned["avg_acc"] == 0.4  # 4 blocks
+    assert row["ppl_pydoc"] == pytest.approx(pruned["ppl_pydoc"], rel=1e-12)  # the same weights
+    assert row["evaluated_checkpoint"] == pruned["pruned_model_path"] and row["model"] == "tiny_llama"
+    assert row["pruned_config_hash"] == pruned["config_hash"] and row["pruned_run_id"] == pruned["run_id"]
+    assert row["cuts"] == [[2, 4]] and row["kept_blocks"] == pruned["kept_blocks"] == [0, 1, 4, 5]
+    assert row["num_layers"] == 4 and row["params"] == pruned["params_after"]
+    assert row["plain_checkpoint"] is True and row["dtype"] == "float32"  # the dtype it was saved in
+    assert row["model_fingerprint"]["source"] == "local" and "sha256" in row["model_fingerprint"]
+    assert [s["prompt"] for s in row["generation_samples"]] == ["Hello"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_evaluate_row_has_the_pruned_models_score_and_suite_columns(jobs):
+    pruned, row = jobs["pruned"], jobs["checkpoint_eval"]
+    pruning_only = {"rp", "ppl_heldout_baseline", "avg_acc_baseline", "compression_ratio"}
+    scores = {k for k in pruned if k.startswith(("ppl_", "acc_", "score_", "avg_acc", "eval_"))}
+    scores = {k for k in scores - pruning_only if not k.startswith("baseline_")}
+    assert scores and scores <= set(row)
+    for key in scores:
+        if isinstance(pruned[key], float):
+            assert row[key] == pytest.approx(pruned[key], rel=1e-6), key
+        else:
+            assert json.dumps(row[key], default=str) == json.dumps(pruned[key], default=str), key
+    stored = ResultsStore(jobs["root"] / "evaluate").load()
+    assert sorted(stored["job"]) == ["evaluate", "evaluate"] and set(stored["status"]) == {"finished"}
+    assert sorted(stored["num_layers"]) == [4, 6]
+    # the paper's tables average pruning runs only
+    both = pd.concat([ResultsStore(jobs["root"] / "prune").load(), stored], ignore_index=True)
+    assert list(finished_runs(both)["job"]) == ["prune"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_finished_evaluation_is_skipped_and_force_runs_it_again(jobs, caplog, monkeypatch):
+    monkeypatch.setattr("replaceme_exp.pipeline.text.run_harness", fake_scores)
+    results, first = jobs["root"] / "evaluate", jobs["unpruned_eval"]
+    with caplog.at_level("INFO"):
+        again = run_recorded(job_config(results, "job=evaluate", *SUITE))
+    assert again["status"] == "skipped" and again["run_id"] == first["run_id"] and "skipping" in caplog.text
+    assert summary_line(again).startswith(f"job skipped: finished before as run {first['run_id']}")
+    # another spelling of the same evaluation: pruning settings do not act
+    same = run_recorded(job_config(results, "job=evaluate", "alpha=10", "n_prune=3", "calibration=pydoc_chat", *SUITE))
+    assert same["status"] == "skipped" and same["run_id"] == first["run_id"]
+    forced = run_recorded(job_config(results, "job=evaluate", "force=true", *SUITE))
+    assert forced["status"] == "finished" and forced["run_id"] != first["run_id"]
+    assert forced["config_hash"] == first["config_hash"] and forced["ppl_heldout"] == first["ppl_heldout"]
+    assert len(ResultsStore(results).rows_for(first["config_hash"])) == 2
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_checkpoint_with_separate_transforms_is_evaluated_with_them(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from replaceme_exp.data.calibration import heldout_windows
+    from replaceme_exp.evaluation.perplexity import perplexity
+    from replaceme_exp.models.loading import load_tokenizer
+
+    pruned = run_recorded(job_config(tmp_path / "prune", "cuts=[[2,4]]", "lt_placement=separate", "eval.samples=null"))
+    assert pruned["status"] == "finished", pruned["error"]
+    assert pruned["plain_checkpoint"] is False
+    path = pruned["pruned_model_path"]
+    overrides = ["job=evaluate", f"evaluate.checkpoint={path}", "eval.samples=null"]
+    row = run_recorded(job_config(tmp_path / "evaluate", *overrides))
+    assert row["status"] == "finished", row["error"]
+    assert row["plain_checkpoint"] is False
+    assert row["ppl_heldout"] == pytest.approx(pruned["ppl_heldout"], rel=1e-6)
+    # the transforms were re-attached: without them the same weights measure another perplexity (the
+    # random model's is near its vocabulary size whatever it does, so the difference is small, 6e-4)
+    spec = JobSpec.from_config(job_config(tmp_path / "evaluate", *overrides))
+    windows = heldout_windows(spec.config.eval, load_tokenizer(spec.config.model, tmp_path))
+    bare = perplexity(AutoModelForCausalLM.from_pretrained(path).eval(), windows)
+    assert bare != pytest.approx(row["ppl_heldout"], rel=1e-4)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_saved_clip_checkpoint_is_evaluated_on_the_image_benchmarks(tmp_path):
+    clip = [
+        "model=tiny_clip",
+        "calibration=bundled_images",
+        "calibration.n_samples=48",
+        "eval=clip_offline",
+        "n_prune=2",
+        "tracking.wandb.mode=disabled",
+        "tracking.codecarbon.enabled=false",
+        f"capture.cache_dir={tmp_path}/stats",
+    ]
+    pruned = run_recorded(compose_config([*clip, f"results_dir={tmp_path}/prune"]))
+    assert pruned["status"] == "finished", pruned["error"]
+    evaluate = [*clip, f"results_dir={tmp_path}/evaluate", "job=evaluate"]
+    row = run_recorded(compose_config([*evaluate, f"evaluate.checkpoint={pruned['pruned_model_path']}"]))
+    assert row["status"] == "finished", row["error"]
+    assert row["model"] == "tiny_clip" and row["num_layers"] == 6 and row["cuts"] == pruned["cuts"]
+    unpruned = run_recorded(compose_config(evaluate))
+    assert unpruned["status"] == "finished" and unpruned["num_layers"] == 8
+    benchmarks = [k for k in pruned if k.startswith(("acc1_", "acc5_", "text_recall5_", "vision_recall5_"))]
+    assert len(benchmarks) == 4
+    for key in benchmarks:
+        assert row[key] == pytest.approx(pruned[key]), key
+        assert unpruned[key] == pytest.approx(pruned[f"baseline_{key}"]), key
+    assert row["eval_benchmarks"] == pruned["eval_benchmarks"]
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_an_evaluation_is_hashed_over_its_model_and_suite_only():
+    evaluation = config_hash(compose_config([*SMOKE, "job=evaluate"]))
+    for pruning_settings in (["alpha=10"], ["objective=cosine", "n_prune=3"], ["cuts=[[1,3]]", "seed=7"]):
+        assert config_hash(compose_config([*SMOKE, "job=evaluate", *pruning_settings])) == evaluation
+    assert config_hash(compose_config([*SMOKE, "job=evaluate", "eval.samples=null"])) == evaluation  # shown only
+    for other in (["eval=offline"], ["eval.max_windows=3"], ["evaluate.dtype=bfloat16"], ["model.init_seed=1"]):
+        assert config_hash(compose_config([*SMOKE, "job=evaluate", *other])) != evaluation, other
+    assert config_hash(compose_config(SMOKE)) != evaluation
+    assert config_hash(compose_config([*SMOKE, "job=prune"])) == config_hash(compose_config(SMOKE))
+    spec = JobSpec.from_config(compose_config([*SMOKE, "job=evaluate", "evaluate.dtype=bfloat16"]))
+    assert spec.setting_hash == spec.config_hash  # no seed acts
+    columns = spec.setting_columns()
+    assert columns["job"] == "evaluate" and columns["dtype"] == "bfloat16" and columns["eval"] == "quick"
+    assert columns["objective"] is None and columns["calibration"] is None and columns["seed"] is None
+    assert JobSpec.from_config(compose_config(SMOKE)).setting_columns()["job"] == "prune"
+
+
+def model_directory(root: Path, weights: bool = True, metadata: dict | None = None) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16"}))
+    if weights:
+        (root / "model.safetensors").write_bytes(b"")
+    if metadata is not None:
+        (root / "replaceme.json").write_text(json.dumps(metadata))
+    return root
+
+
+@pytest.mark.unit
+def test_a_checkpoints_metadata_names_its_pruning_row_and_its_saved_dtype_is_kept(tmp_path):
+    metadata = {"run_id": "r1", "config_hash": "c1", "model": "smollm2_135m", "cuts": [[12, 16]]}
+    directory = model_directory(tmp_path / "ckpt", metadata=metadata)
+    spec = JobSpec.from_config(compose_config([*SMOKE, "job=evaluate", f"evaluate.checkpoint={directory}"]))
+    assert spec.config.model.source == "local" and spec.config.model.pretrained == str(directory)
+    columns = spec.setting_columns()
+    assert columns["model"] == "smollm2_135m" and columns["dtype"] == "bfloat16"  # tiny_llama's is float32
+    assert columns["pruned_config_hash"] == "c1" and columns["pruned_run_id"] == "r1"
+    assert columns["evaluated_checkpoint"] == str(directory) and columns["plain_checkpoint"] is True
+    plain = model_directory(tmp_path / "any")  # a checkpoint this project did not save
+    columns = JobSpec.from_config(
+        compose_config([*SMOKE, "job=evaluate", f"evaluate.checkpoint={plain}"])
+    ).setting_columns()
+    assert columns["model"] == "any" and columns["pruned_config_hash"] is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "make, overrides, message",
+    [
+        (None, ["job=evaluate"], "no such checkpoint directory"),
+        ("file", ["job=evaluate"], "is a file, not a checkpoint directory"),
+        ("empty", ["job=evaluate"], "is not a model directory (no config.json)"),
+        ("no_weights", ["job=evaluate"], "is not a model directory (no *.safetensors or *.bin weights)"),
+        ("model", [], "is for job=evaluate (this job prunes model; add job=evaluate)"),
+    ],
+)
+def test_a_bad_checkpoint_is_refused_in_one_line_before_loading(tmp_path, make, overrides, message):
+    path = tmp_path / "checkpoint"
+    if make == "file":
+        path.write_text("")
+    elif make == "empty":
+        path.mkdir()
+    elif make in ("no_weights", "model"):
+        model_directory(path, weights=make == "model")
+    cfg = job_config(tmp_path, *overrides, f"evaluate.checkpoint={path}")
+    with pytest.raises(ConfigError) as refused:
+        JobSpec.from_config(cfg)
+    assert str(refused.value) == f"evaluate.checkpoint='{path}': {message}"
+    row = run_recorded(cfg, raise_on_failure=False)
+    assert row["status"] == "failed" and row["failed_stage"] == "validation" and message in row["error"]
+    assert row["job"] == ("evaluate" if overrides else "prune")
+
+
+@pytest.mark.unit
+def test_an_evaluate_jobs_summary_says_what_it_evaluated_and_its_answers():
+    row = {
+        "run_id": "abc",
+        "status": "finished",
+        "job": "evaluate",
+        "model": "smollm2_135m",
+        "evaluated_checkpoint": "/r/models/h",
+        "cuts": [[12, 16]],
+        "ppl_heldout": 34.634,
+        "avg_acc": 0.84,
+        "time_total_s": 12.0,
+        "generation_samples": [{"prompt": "What is 2 + 2?", "answer": "4"}],
+    }
+    assert summary_line(row) == (
+        "job abc finished, evaluated /r/models/h (cuts [12,16) of smollm2_135m), held-out ppl 34.63, "
+        "avg_acc 0.840, 12 s"
+    )
+    unpruned = {**row, "evaluated_checkpoint": None, "cuts": float("nan")}  # as read back from the store
+    assert summary_line(unpruned).startswith("job abc finished, evaluated smollm2_135m, held-out ppl 34.63,")
+    assert sample_lines(row) == [
+        "generation samples (greedy, chat template)",
+        "  prompt: What is 2 + 2?",
+        "  answer: 4",
+    ]
+
+
+@pytest.mark.e2e
+def test_the_command_line_refuses_a_missing_checkpoint_in_one_line(tmp_path):
+    missing = tmp_path / "models" / "nothing"
+    proc, _ = run_cli([*SMOKE, "job=evaluate", f"evaluate.checkpoint={missing}"], tmp_path)
+    assert proc.returncode == 1
+    log = proc.stdout + proc.stderr
+    assert f"ConfigError: evaluate.checkpoint='{missing}': no such checkpoint directory" in log
+    assert "Traceback" not in log and "stage load" not in log  # refused before anything loads
