@@ -1,7 +1,8 @@
 """selection=cka / cca / pwcca: linear CKA, mean canonical correlation and projection-weighted CCA
 between L_{start-1} and L_{end-1} from streamed moments, against a direct computation on explicitly
 collected activations (token kernels for CKA, QR bases for CCA and PWCCA, google/svcca's pwcca.py);
-their bias at few tokens per dimension; the columns every row records over held-out windows."""
+their bias at few tokens per dimension; the columns every row records over held-out windows and,
+with record_calibration_similarity=true, over the calibration tokens."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.batches import batches_of, random_sequences
-from helpers.config import compose_config, validate_config
+from helpers.config import compose_config, config_hash, validate_config
 from helpers.explicit import explicit_blocks
 from helpers.models import tiny_model
 
@@ -271,3 +272,29 @@ def test_last_token_similarity_is_refused_in_one_line(tmp_path, metric):
     with pytest.raises(ConfigError):
         check_selection(typed_config(cfg))
 
+
+@pytest.mark.unit
+def test_record_calibration_similarity_enters_the_hash_only_when_on(tmp_path):
+    base = TINY + [f"results_dir={tmp_path}"]
+    off = config_hash(compose_config(base))
+    assert config_hash(compose_config(base + ["record_calibration_similarity=false"])) == off
+    assert config_hash(compose_config(base + ["record_calibration_similarity=true"])) != off
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_calibration_similarity_is_recorded_over_the_calibration_tokens_and_cached(tmp_path):
+    overrides = TINY + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", "calibration.n_samples=128"]
+    on = ["record_calibration_similarity=true"]
+    row = run_recorded(compose_config(overrides + on + ["selection=pwcca"]))
+    # the selection pass took every candidate's PWCCA over the same tokens, the similarity pass the chosen cut's
+    assert row["pwcca_calibration"] == pytest.approx(1.0 - row["selection_distance"], abs=1e-12)
+    assert 0.0 < row["linear_cka_calibration"] <= 1.0 and 0.0 < row["mean_cca_calibration"] <= 1.0
+    assert row["similarity_tokens_calibration"] == row["n_calib_tokens"] >= MIN_TOKENS_PER_DIM * 64  # d = 64
+    assert row["similarity_undersampled_calibration"] is False and row["similarity_undersampled_before"] is True
+    # the same cut given, another objective: the similarities come from the cache
+    cut = row["cuts"][0]
+    again = run_recorded(compose_config(overrides + on + ["objective=identity", f"cuts=[[{cut[0]},{cut[1]}]]"]))
+    assert "calibration_similarity" in again["cached_stages"]
+    columns = ("linear_cka", "mean_cca", "pwcca", "similarity_tokens", "similarity_undersampled")
+    assert all(again[f"{c}_calibration"] == row[f"{c}_calibration"] for c in columns)
