@@ -16,10 +16,11 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
   run whose selection distances or LS statistics came from a cache did not pay for them; a run
   without a ``cached_stages`` record is excluded as unknown); the figure and its CSV say how many runs were excluded.
 - ``block_selection``: every 8-block window's held-out cosine distance and L2 distance, and its
-  linear CKA, mean CCA and PWCCA (over the calibration tokens where the runs recorded them,
-  ``record_calibration_similarity=true``, else held-out, with a line under the figure when they
-  came from fewer than 50 x d tokens) against the pruned model's average accuracy, per method, with
-  a least-squares trend line; and the distances and accuracies over the window's position.
+  linear CKA, mean CCA and PWCCA (over the calibration tokens when any window run recorded them,
+  ``record_calibration_similarity=true``, runs without them then showing no point there; else
+  held-out; a line under the figure when they came from fewer than 50 x d tokens) against the
+  pruned model's average accuracy, per method, with a least-squares trend line; and the distances
+  and accuracies over the window's position.
 - ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
 - ``leaderboard``: scores on BBH, MATH, GPQA, MuSR and MMLU-Pro relative to the unpruned model,
   for LS, cosine and UIDL, one panel per model (Llama 2 7B and Llama 3 8B Instruct at 25%).
@@ -395,7 +396,7 @@ def _undersampled_footnote(frames, source: str) -> str | None:
 
 def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
     """Every one-window run: each similarity measure of its window (cosine and L2 on held-out data
-    without T; linear CKA, mean CCA and PWCCA over the calibration tokens where the runs recorded
+    without T; linear CKA, mean CCA and PWCCA over the calibration tokens when any run recorded
     them, else held-out) against the pruned model's average accuracy, per method with a
     least-squares trend line; then, over the window's start, the bounded measures as distances
     (cosine, 1 - CKA, 1 - CCA, 1 - PWCCA, from the LS runs) and each method's accuracy."""
