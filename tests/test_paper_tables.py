@@ -16,7 +16,7 @@ from helpers.config import ROOT, compose_config, typed
 from helpers.jobs import job_config
 from helpers.tables import SPECS, cells, frame, run
 
-from replaceme_exp.reporting.paper_figures import FIGURES, calibration_size
+from replaceme_exp.reporting.paper_figures import FIGURES, _undersampled_footnote, block_selection, calibration_size
 from replaceme_exp.reporting.paper_settings import (
     LLAMA3_25,
     Retargeting,
@@ -582,3 +582,30 @@ def test_no_target_renders_the_papers_settings_unchanged():
         assert plain.equals(paper) and paper.attrs["retargeted"] is None
     # the paper's protocol: rows without a protocol column are the paper's (cells.DEFAULTS_FOR_MISSING_COLUMNS)
     assert Retargeting(Target()).conditions(LLAMA3_25) == {**LLAMA3_25, "protocol": "paper"}
+
+
+@pytest.mark.unit
+def test_block_selection_takes_cka_cca_pwcca_from_the_calibration_tokens_where_recorded(tmp_path):
+    held_out = dict(linear_cka_before=0.7, mean_cca_before=0.9, pwcca_before=0.95, similarity_undersampled_before=True)
+    windows = [
+        run(1, objective="ls", cuts="[[1, 9]]", selection_metric=None, cos_dist_before=0.5, avg_acc=0.4, **held_out),
+        run(2, objective="ls", cuts="[[20, 28]]", selection_metric=None, cos_dist_before=0.2, avg_acc=0.6, **held_out),
+    ]
+    plotted = block_selection(frame(*windows), tmp_path / "held_out.png")
+    assert {"linear_cka_before", "mean_cca_before", "pwcca_before"} <= set(plotted.panel)
+    footnote = _undersampled_footnote([frame(*windows)], "before")
+    assert footnote.startswith("2 run(s)' mean CCA / PWCCA (held-out) come from fewer than 50 x d tokens")
+    calibration = [
+        dict(linear_cka_calibration=0.6, mean_cca_calibration=0.3, pwcca_calibration=0.5),
+        dict(linear_cka_calibration=0.8, mean_cca_calibration=0.4, pwcca_calibration=0.7),
+    ]
+    for row, values in zip(windows, calibration):
+        row.update(values, similarity_undersampled_calibration=False, similarity_tokens_calibration=10**6)
+    plotted = block_selection(frame(*windows), tmp_path / "calibration.png")
+    assert _undersampled_footnote([frame(*windows)], "calibration") is None
+    held_out_panels = {panel for panel in plotted.panel if panel.endswith("_before")}
+    assert held_out_panels == {"cos_dist_before", "profile_cos_dist_before"}  # cosine is held-out only
+    pw = plotted[plotted.panel == "pwcca_calibration"].sort_values("x")
+    assert pw["x"].tolist() == [0.5, 0.7] and pw["mean"].tolist() == [0.4, 0.6]
+    profile = plotted[plotted.panel == "profile_mean_cca_calibration"].sort_values("x")
+    assert profile["x"].tolist() == [1.0, 20.0] and profile["mean"].tolist() == pytest.approx([0.7, 0.6])

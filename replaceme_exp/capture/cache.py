@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from replaceme_exp.capture.similarity import Similarities
 from replaceme_exp.capture.statistics import Cut, LinearStats
 from replaceme_exp.storage import atomic_path, content_key
 
@@ -33,7 +34,7 @@ def payload_digest(payload: dict) -> str:
 
 
 # Semantics version per kind of entry: bump when the code changes what an entry holds.
-CACHE_VERSIONS = {"distances": 2, "layer_distances": 2, "linear": 2}
+CACHE_VERSIONS = {"distances": 2, "layer_distances": 2, "linear": 2, "similarity": 1}
 
 
 class StatisticsCache:
@@ -95,6 +96,25 @@ class StatisticsCache:
 
     def put_layer_distances(self, distances: list[list[float]]) -> None:
         self._save(self._path("layer_distances"), {"distances": torch.tensor(distances, dtype=torch.float64)})
+
+    def get_similarities(self, cut: Cut, criterion: str) -> Similarities | None:
+        """The linear CKA, mean CCA and PWCCA of ``cut`` and their token count, under ``criterion``
+        (the ridge, the products' precision)."""
+        payload = self._load(self._path("similarity", cut=list(cut), criterion=criterion))
+        if payload is None:
+            return None
+        values = {name: payload[name].item() for name in ("linear_cka", "mean_cca", "pwcca")}
+        return Similarities(**values, n_tokens=int(payload["n_tokens"]))
+
+    def put_similarities(self, cut: Cut, criterion: str, found: Similarities) -> None:
+        values = {
+            name: torch.tensor(getattr(found, name), dtype=torch.float64)
+            for name in ("linear_cka", "mean_cca", "pwcca")
+        }
+        self._save(
+            self._path("similarity", cut=list(cut), criterion=criterion),
+            {**values, "n_tokens": torch.tensor(found.n_tokens)},
+        )
 
     def _stats_path(self, cut: Cut, placement: str, tokens: str, precision: str) -> Path:
         what = {"cut": list(cut), "placement": placement, "tokens": tokens}

@@ -574,6 +574,9 @@ class JobConfig:
     solver_schedule: Literal["full_batch", "minibatch"] = key("full_batch", doc="schedule of lbfgs/nlcg/trust_ncg")
     seed: int = key(42, doc="every seed follows it")
     record_layer_distances: bool = key(False, doc="also record every pair of block outputs' distance")
+    record_calibration_similarity: bool = key(
+        False, doc="also record the cuts' linear CKA, mean CCA and PWCCA over the calibration tokens"
+    )
     results_dir: str = key("results", doc="rows, baselines, pruned models")
     cache_dir: str = key("${oc.env:REPLACEME_CACHE,.cache}", doc="converted models, capture statistics")
     save_model: bool = key(True, doc="save the pruned checkpoint")

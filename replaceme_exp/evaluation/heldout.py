@@ -1,24 +1,37 @@
 """How well each transform stands in for its cut on held-out data: the mean cosine distance between
 ``L_{start-1}`` (transformed) and ``L_{end-1}`` before and after T, the Euclidean distance before,
-the split into sink and ordinary tokens, and the linear CKA / mean CCA of the cut's two ends."""
+the split into sink and ordinary tokens, and the linear CKA / mean CCA / PWCCA of the cut's two ends
+(with the held-out token count: few for CCA in a large d, see
+:data:`~replaceme_exp.capture.similarity.MIN_TOKENS_PER_DIM`)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from replaceme_exp.capture import TransformDistances, run_capture
 from replaceme_exp.capture.hooks import input_device
-from replaceme_exp.capture.similarity import CCA_RIDGE, SimilarityStatistics, linear_cka_per_cut, mean_cca_per_cut
+from replaceme_exp.capture.similarity import (
+    CCA_RIDGE,
+    SimilarityStatistics,
+    similarities_per_cut,
+    similarity_columns,
+    undersampled,
+    undersampled_message,
+)
 from replaceme_exp.capture.statistics import split_columns
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import check_finite
 from replaceme_exp.evaluation.baseline import BaselineCache
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class HeldoutDistances:
     """``cos_dist_before`` / ``cos_dist_after`` (mean over the cuts' tokens), ``l2_dist_before`` and
-    the columns of the sink/rest split and the CKA / CCA before."""
+    the columns of the sink/rest split and the CKA / CCA / PWCCA before (``*_before``:
+    :func:`~replaceme_exp.capture.similarity.similarity_columns`)."""
 
     before: float
     after: float
@@ -41,9 +54,9 @@ def heldout_pass(
     similarity = SimilarityStatistics(list(transforms), adapter.hidden_size, input_device(adapter))
     run_capture(adapter, windows, [check, similarity], desc="held-out distances")
     columns = check.split_result()
-    for per_cut, column in ((linear_cka_per_cut, "linear_cka_before"), (mean_cca_per_cut, "mean_cca_before")):
-        values = per_cut(similarity).values()
-        columns[column] = sum(values) / len(values)
+    columns.update(similarity_columns(similarities_per_cut(similarity), "before", adapter.hidden_size))
+    if undersampled(similarity.n_tokens, adapter.hidden_size):
+        log.info("%s", undersampled_message(similarity.n_tokens, adapter.hidden_size, "held-out"))
     before, after = check.result()
     return HeldoutDistances(before, after, check.l2_result(), columns)
 
@@ -60,7 +73,7 @@ def heldout_distances(
     """:func:`heldout_pass`, with what does not depend on T cached: the distances without T depend
     only on model, text, cuts and the sink threshold, so jobs without any transform need no pass."""
     key = {**key, "metric": "dist_before", "sink_threshold": float(sink_threshold), "sink_median": "sequence"}
-    key["similarity"] = ["linear_cka", f"mean_cca/ridge={CCA_RIDGE}"]
+    key["similarity"] = ["linear_cka", f"mean_cca/ridge={CCA_RIDGE}", f"pwcca/ridge={CCA_RIDGE}", "tokens"]
     if all(t is None for t in transforms.values()):
 
         def compute() -> list:

@@ -25,6 +25,7 @@ from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.errors import NonFiniteError, check_finite
 from replaceme_exp.estimation.fitting import Fit, fit_transforms, label
 from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.evaluation.calibration_similarity import calibration_similarity_columns
 from replaceme_exp.evaluation.heldout import heldout_distances, sequential_checks
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows
 from replaceme_exp.models import adapter_for, count_parameters, load_model
@@ -46,6 +47,7 @@ CACHED_STAGE_NAMES = {
     "ppl_heldout": "baseline_ppl",
     "harness": "baseline_harness",
     "dist_before": "dist_before",
+    "similarity": "calibration_similarity",
 }
 
 
@@ -141,7 +143,8 @@ class PruningJob:
             self.stats_cache = StatisticsCache(root, model, content, enabled, refresh)
 
     def select(self) -> None:
-        """The cuts (selected, or as given), every candidate's distance and the chosen cuts' statistics."""
+        """The cuts (selected, or as given), every candidate's distance and the chosen cuts' statistics;
+        with ``record_calibration_similarity``, the cuts' CKA / CCA / PWCCA over the calibration tokens."""
         c, adapter = self.config, self.capture_adapter
         layer_matrix = self.cache.get_layer_distances() if c.record_layer_distances else None
         wanted = c.record_layer_distances and layer_matrix is None
@@ -176,6 +179,11 @@ class PruningJob:
             layer_matrix = layer_distances.result()
             self.cache.put_layer_distances(layer_matrix)
         self.record({"layer_distances": layer_matrix})
+        if c.record_calibration_similarity:
+            with stage("analysis", "calibration similarity"):
+                precision = self.spec.effective.capture_precision
+                columns = calibration_similarity_columns(adapter, self.calibration.batches, self.cache, cuts, precision)
+            self.record(columns)
         for cut, s in self.selection.stats.items():
             check_finite("capture", f"the statistics of cut {list(cut)} are", [s.mtm, s.mtr, s.r_sq])
         self.sequential = c.multi_lt == "sequential" and len(cuts) > 1

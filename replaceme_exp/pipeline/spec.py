@@ -10,7 +10,7 @@ in one place, what each setting does:
   ``estimation.first`` unless ``estimation.tokens=skip_first``; ``healing.master_weights`` unless
   low-precision weights train (``full_model``, or ``lt_only`` with the separate placement, on a
   bfloat16 / float16 model; the hash keeps it only at ``float32``, so ``model`` keeps the hash its
-  rows had before the key existed);
+  rows had before the key existed); ``record_calibration_similarity`` unless true (likewise);
 - settings that act in one way only take their canonical value: the regulariser and alpha when
   the objective takes no alpha or alpha is 0 (``none``, 0); the structure and placement of
   ``identity`` (``generic``, ``fused``); the token rule when nothing is fitted (``all``).
@@ -193,6 +193,8 @@ class JobSpec:
             data["healing"].pop(key, None)
         if e.healing_master_weights != "float32":
             data["healing"].pop("master_weights", None)
+        if not c.record_calibration_similarity:  # off: the hash every row had before the key existed
+            data.pop("record_calibration_similarity")
         for section in (data["calibration"], data["eval"], data["healing"].get("data") or {}):
             self.add_file_digests(section)
         if e.precision_acts:
@@ -424,7 +426,7 @@ def resolve(config: schema.JobConfig, requirements: Requirements) -> EffectiveSe
     fitted = r.fits or selects_by_ls
     estimation_tokens = c.estimation.tokens if fitted else "all"
     precision = resolve_precision(c.capture.precision, compute_device(c.capture))
-    takes_products = r.fits or (selects and metric.takes_products)
+    takes_products = r.fits or (selects and metric.takes_products) or c.record_calibration_similarity
     single_cut = selects and c.num_lts == 1
     return EffectiveSettings(
         selection_metric=metric.column_name(c.selection.tokens) if selects else None,

@@ -15,9 +15,12 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
   cosine and UIDL healed with LoRA (its healing counts as compression); uncached runs only (a
   run whose selection distances or LS statistics came from a cache did not pay for them; a run
   without a ``cached_stages`` record is excluded as unknown); the figure and its CSV say how many runs were excluded.
-- ``block_selection``: every 8-block window's held-out cosine distance, L2 distance, linear CKA
-  and mean CCA against the pruned model's average accuracy, per method, with a least-squares
-  trend line; and the distances and accuracies over the window's position.
+- ``block_selection``: every 8-block window's held-out cosine distance and L2 distance, and its
+  linear CKA, mean CCA and PWCCA (over the calibration tokens when any window run recorded them,
+  ``record_calibration_similarity=true``, runs without them then showing no point there; else
+  held-out; a line under the figure when they came from fewer than 50 x d tokens) against the
+  pruned model's average accuracy, per method, with a least-squares trend line; and the distances
+  and accuracies over the window's position.
 - ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
 - ``leaderboard``: scores on BBH, MATH, GPQA, MuSR and MMLU-Pro relative to the unpruned model,
   for LS, cosine and UIDL, one panel per model (Llama 2 7B and Llama 3 8B Instruct at 25%).
@@ -39,6 +42,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from replaceme_exp.capture.similarity import MIN_TOKENS_PER_DIM
 from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import choose_setting, matches
 from replaceme_exp.reporting.paper_settings import (
@@ -364,19 +368,38 @@ def _window_start(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(window_start=starts)
 
 
-BLOCK_SELECTION_METRICS = (
-    ("cos_dist_before", "Cosine distance"),
-    ("l2_dist_before", "L2"),
-    ("linear_cka_before", "Linear CKA"),
-    ("mean_cca_before", "Mean CCA"),
-)
+BLOCK_SELECTION_DISTANCES = (("cos_dist_before", "Cosine distance"), ("l2_dist_before", "L2"))
+BLOCK_SELECTION_SIMILARITIES = (("linear_cka", "Linear CKA"), ("mean_cca", "Mean CCA"), ("pwcca", "PWCCA"))
+SIMILARITY_SOURCES = {"calibration": "calibration tokens", "before": "held-out"}
+
+
+def _similarity_source(frames) -> str:
+    """Where the figure's CKA / CCA / PWCCA come from: the calibration tokens when any run recorded
+    them there (``record_calibration_similarity=true``), else the held-out windows (``before``)."""
+    recorded = any(
+        _numeric(f, f"{name}_calibration").notna().any() for f in frames for name, _ in BLOCK_SELECTION_SIMILARITIES
+    )
+    return "calibration" if recorded else "before"
+
+
+def _undersampled_footnote(frames, source: str) -> str | None:
+    """A line counting the window runs whose CCA / PWCCA came from too few tokens for their d."""
+    column = f"similarity_undersampled_{source}"
+    flagged = sum(int(f[column].eq(True).sum()) for f in frames if column in f.columns)
+    if not flagged:
+        return None
+    where = SIMILARITY_SOURCES[source]
+    hint = "" if source == "calibration" else "; record_calibration_similarity=true takes them over the calibration set"
+    few = f"fewer than {MIN_TOKENS_PER_DIM} x d tokens"
+    return f"{flagged} run(s)' mean CCA / PWCCA ({where}) come from {few}: biased upward{hint}."
 
 
 def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
-    """Every one-window run: each held-out similarity measure of its window (without T: cosine,
-    L2, linear CKA, mean CCA) against the pruned model's average accuracy, per method with a
-    least-squares trend line; then, over the window's start, the three bounded measures as
-    distances (cosine, 1 - CKA, 1 - CCA, from the LS runs) and each method's accuracy."""
+    """Every one-window run: each similarity measure of its window (cosine and L2 on held-out data
+    without T; linear CKA, mean CCA and PWCCA over the calibration tokens when any run recorded
+    them, else held-out) against the pruned model's average accuracy, per method with a
+    least-squares trend line; then, over the window's start, the bounded measures as distances
+    (cosine, 1 - CKA, 1 - CCA, 1 - PWCCA, from the LS runs) and each method's accuracy."""
     plotted = Plotted(target)
     methods = {"ReplaceMe (LS)": {"objective": "ls"}, "ReplaceMe (Cosine)": {"objective": "cosine"}}
     methods["UIDL"] = {"objective": "identity"}
@@ -386,9 +409,14 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
         name: _window_start(plotted.runs(runs, {**where, **method}, keep=_one_window, kept=ONE_WINDOW))
         for name, method in methods.items()
     }
-    fig, axes = _pyplot().subplots(2, 3, figsize=(15, 7.2))
-    scatter_axes = [axes[0, 0], axes[0, 1], axes[0, 2], axes[1, 0]]
-    for ax, (metric, label) in zip(scatter_axes, BLOCK_SELECTION_METRICS):
+    source = _similarity_source(windows.values())
+    measures = [(column, label, "held-out, without T") for column, label in BLOCK_SELECTION_DISTANCES]
+    measures += [
+        (f"{name}_{source}", label, SIMILARITY_SOURCES[source]) for name, label in BLOCK_SELECTION_SIMILARITIES
+    ]
+    fig, axes = _pyplot().subplots(2, 4, figsize=(20, 7.2))
+    scatter_axes = [axes[0, 0], axes[0, 1], axes[0, 2], axes[0, 3], axes[1, 0]]
+    for ax, (metric, label, data) in zip(scatter_axes, measures):
         drawn, matched = False, 0
         for name, frame in windows.items():
             matched += len(frame)
@@ -404,17 +432,19 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
                 ax.plot(xs, slope * xs + intercept, color=colors[name], ls="--", lw=1)
         if not drawn:
             plotted.no_runs(ax, "+paper=block_selection", matched, f"{metric} and avg_acc")
-        ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} (held-out, without T)")
+        ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} ({data})")
         ax.set_ylabel("Average accuracy")
         ax.grid(alpha=0.3)
     profile, accuracy = axes[1, 1], axes[1, 2]
+    axes[1, 3].axis("off")
     ls_windows = windows["ReplaceMe (LS)"]
     drawn = False
-    for metric, label, color in (
-        ("cos_dist_before", "cosine distance", "black"),
-        ("linear_cka_before", "1 - linear CKA", "purple"),
-        ("mean_cca_before", "1 - mean CCA", "orange"),
-    ):
+    profiles = [("cos_dist_before", "cosine distance", "black")]
+    profiles += [
+        (f"{name}_{source}", f"1 - {label}", color)
+        for (name, label), color in zip(BLOCK_SELECTION_SIMILARITIES, ("purple", "orange", "brown"))
+    ]
+    for metric, label, color in profiles:
         points = mean_std(ls_windows, "window_start", metric)
         if metric != "cos_dist_before":
             points["mean"] = 1.0 - points["mean"]
@@ -434,7 +464,7 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
     _legend(*scatter_axes)
     _legend(profile)
     _legend(accuracy)
-    _save(fig, path, plotted.footnote(_settings_footnote(plotted)))
+    _save(fig, path, plotted.footnote(_undersampled_footnote(windows.values(), source), _settings_footnote(plotted)))
     return plotted.frame("block_selection")
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from replaceme_exp.capture.similarity import CCA_RIDGE, linear_cka_per_cut, mean_cca_per_cut
+from replaceme_exp.capture.similarity import CCA_RIDGE, linear_cka_per_cut, mean_cca_per_cut, pwcca_per_cut
 from replaceme_exp.capture.statistics import cosine_distance
 from replaceme_exp.registry import Registry
 
@@ -83,3 +83,4 @@ register(SelectionMetric("angular", "distance", token_distance=angular_distance)
 register(SelectionMetric("l2", "distance", token_distance=euclidean_distance))
 register(SelectionMetric("cka", "similarity", similarity=linear_cka_per_cut))
 register(SelectionMetric("cca", "similarity", similarity=mean_cca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))
+register(SelectionMetric("pwcca", "similarity", similarity=pwcca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))

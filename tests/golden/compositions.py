@@ -42,6 +42,8 @@ IDENTITY_CHANGES = {
     "renderer-rows": "issue 22: the structured_lts table's UIDL and Generic non-consecutive rows and the "
     "cosine_approximation table's Multi_A rows get their templates (structured_lts_uidl_nc, "
     "cosine_approximation_multi_a) and the preset experiment=multi_lt_nc_ls (new)",
+    "pwcca": "issue 22: selection=pwcca (new), and +paper=block_selection records CKA, mean CCA and PWCCA over "
+    "the calibration tokens (record_calibration_similarity=true)",
     "protocol-axis": "issue 22: protocol=paper|official (pipeline/protocol.py) and the official code's settings it "
     "sets (padded positions, float32 capture, batches in order with the last incomplete one dropped, touching cuts "
     "composed); the official presets become protocol=official with calibration=slimorca",
