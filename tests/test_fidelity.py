@@ -247,15 +247,17 @@ def test_replaceme_official_runs_with_last_token_angular_selection_and_minibatch
         "objective.batch_tokens=256",
         "save_model=false",
     )
-    assert cfg.selection.metric == "angular" and cfg.selection.tokens == "last" and cfg.merge_consecutive
+    runs = JobSpec.from_config(cfg).config  # protocol=official, applied
+    assert runs.selection.metric == "angular" and runs.selection.tokens == "last" and runs.merge_consecutive
     row = run_recorded(cfg)
     assert row["status"] == "finished", row["error"]
     assert row["selection_metric"] == "angular_last" and row["solver"] == "lbfgs"
-    assert row["solver_schedule"] == "minibatch"
+    assert row["solver_schedule"] == "minibatch" and row["protocol"] == "official"
     assert len(next(iter(row["loss_curves"].values()))) == 3  # start + one mean per epoch
-    ls = compose_config(["experiment=replaceme_official"])
-    assert ls.objective.name == "ls" and ls.calibration.name == "slimorca_official" and ls.alpha == 0
-    cosine = compose_config(["experiment=replaceme_official_cosine"])
+    ls = JobSpec.from_config(compose_config(["experiment=replaceme_official"])).config
+    assert ls.objective.name == "ls" and ls.alpha == 0
+    assert (ls.calibration.name, ls.calibration.order, ls.calibration.chat_turns) == ("slimorca", "first", "first_pair")
+    cosine = JobSpec.from_config(compose_config(["experiment=replaceme_official_cosine"])).config
     assert cosine.multi_lt == "sequential" and not cosine.merge_consecutive and cosine.objective.name == "cosine"
     assert compose_config(["experiment=uidl_official"]).objective.name == "identity"
     # the official reproduce configs prune 8 blocks (layers_to_skip) and run the lm-eval suite

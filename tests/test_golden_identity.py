@@ -53,7 +53,7 @@ def as_now_described(pinned: dict, cfg) -> dict:
     """
     out = dict(pinned)
     selects = cfg.cuts is None
-    if selects:
+    if selects and cfg.get("protocol", "paper") == "paper":  # official rows were recorded as they run
         out["selection_metric"] = cfg.selection.metric + ("_last" if cfg.selection.tokens == "last" else "")
     if "solver" in cfg.objective:
         out["solver"] = cfg.objective.solver

@@ -63,7 +63,7 @@ def test_the_tables_show_the_varying_setting_the_metrics_and_the_failure(tiny_re
         assert f"{run['ppl_heldout']:.4g}" in line and f"| {run['alpha']:g} |" in line
     failed = rows[rows["status"] == "failed"].iloc[0]
     assert f"- `{failed['run_id']}`" in everything and "n_prune=99: the model has 6 blocks" in everything
-    assert "Fixed settings: model=tiny_llama" in everything
+    assert "Fixed settings: job=prune, model=tiny_llama" in everything
     sweep_id = rows[rows["alpha"] == 100]["sweep_id"].iloc[0]
     assert (report / "sweeps" / f"{sweep_id}.md").read_text().count("\n| ") == 3  # header + 2 runs
 

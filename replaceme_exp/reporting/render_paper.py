@@ -71,7 +71,7 @@ def render(
             echo(f"target: {target.describe()}")
             echo(f"writing to {folder} (retargeted; the paper's own tables in {out} are left as they are)")
         else:
-            echo(f"writing to {folder} (the paper's settings, protocol=paper)")
+            echo(f"writing to {folder} (the paper's settings)")
         files = write_paper_tables(results, folder, runs, target, echo=echo)
         files += write_paper_figures(runs, folder, target, echo=echo)
         echo(f"wrote {len(files)} files to {folder}")
