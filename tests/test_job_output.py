@@ -171,8 +171,13 @@ def test_a_stop_signal_leaves_a_failed_row_and_a_failed_wandb_run(tmp_path):
     log = tmp_path / "job.log"
     args = [*WANDB_ON, "calibration.n_samples=400", f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]
     with open(log, "w") as handle:
+        # unbuffered: the log line awaited below reaches the file when it is written, not at a flush
         proc = subprocess.Popen(
-            [sys.executable, "run.py", *args], cwd=ROOT, env=ENV, stdout=handle, stderr=subprocess.STDOUT
+            [sys.executable, "run.py", *args],
+            cwd=ROOT,
+            env=dict(ENV, PYTHONUNBUFFERED="1"),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 300
         while "stage data done" not in log.read_text() and time.time() < deadline and proc.poll() is None:
