@@ -1,6 +1,8 @@
 """What a job is: its configuration resolved once into the settings that act.
 
-:meth:`JobSpec.from_config` checks the composed configuration (every key, every cross-key rule),
+:meth:`JobSpec.from_config` applies the job's ``protocol`` (:mod:`replaceme_exp.pipeline.protocol`:
+under ``protocol=official`` the official code's settings), checks the configuration (every key,
+every cross-key rule),
 applies what the estimator declares (:class:`~replaceme_exp.estimation.Requirements`) and decides,
 in one place, what each setting does:
 
