@@ -25,9 +25,6 @@ from replaceme_exp.estimation.estimators import Requirements
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("paper", "official")
-
-
 @dataclass(frozen=True)
 class ProtocolSetting:
     """``path``: the key (dots into groups); ``paper`` / ``official``: its value under each
@@ -164,12 +161,3 @@ def _short(value: Any) -> str:
     if isinstance(value, dict):
         return "(" + ", ".join(f"{k}={v}" for k, v in value.items()) + ")"
     return str(value)
-
-
-def protocol_table() -> list[tuple[str, str, str, str]]:
-    """(key, paper value, official value, why) for the README and the configuration reference."""
-    rows = []
-    for s in OFFICIAL:
-        official = (s.official.__doc__ or "").split(".")[0].strip() if callable(s.official) else s.official
-        rows.append((s.path, _short(s.paper), _short(official), s.why))
-    return rows
