@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from replaceme_exp.runtime import JobInterrupted, run_recorded
 from replaceme_exp.runtime.composition import one_line_composition_errors
@@ -35,12 +35,23 @@ def sweep_name(choices: dict, multirun: bool) -> str:
     return "sweep" if multirun else "single"
 
 
+def sweep_params(hc) -> str:
+    """The sweep a template or the command line declares (``hydra.sweeper.params``), as text; "" when none."""
+    params = OmegaConf.to_container(hc.sweeper, resolve=False).get("params") or {}
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
+    if not multirun and (params := sweep_params(hc)):
+        log.error("%s is a sweep (%s): launch it with -m", sweep_name(dict(hc.runtime.choices), False), params)
+        sys.exit(2)
     sweep_id = Path(hc.sweep.dir).name if multirun else Path(hc.run.dir).name
-    overrides = [o for o in hc.overrides.task if not o.startswith(("results_dir=", "hydra"))]
+    # As typed: an override may hold an interpolation that does not resolve (the job refuses it in one line).
+    task = OmegaConf.to_container(hc.overrides.task, resolve=False)
+    overrides = [o for o in task if not o.startswith(("results_dir=", "hydra"))]
     try:
         row = run_recorded(
             cfg,
@@ -49,6 +60,7 @@ def main(cfg: DictConfig) -> float | None:
             job_dir=hc.runtime.output_dir,
             run_name=",".join(overrides) or "default",
             sweep_name=sweep_name(dict(hc.runtime.choices), multirun),
+            overrides=task,
         )
     except JobInterrupted as stopped:  # SIGTERM / SIGINT: the row is written; the sweep stops here
         write_job_status(hc.runtime.output_dir, stopped.row, ",".join(overrides))

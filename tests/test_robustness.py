@@ -220,8 +220,10 @@ def test_a_nan_weight_fails_the_job_naming_the_stage_and_the_weight(tmp_path, sm
     local = ["model=smollm2_135m", "model.source=local", f"model.pretrained={tmp_path / 'ckpt'}", "model.dtype=float32"]
     row = run_recorded(job_config(tmp_path, *local, f"objective={objective}"), raise_on_failure=False)
     assert row["status"] == "failed"
+    assert row["failed_stage"] == "load"
     assert row["error"] == (
-        "NonFiniteError: stage load: the weight model.layers.3.mlp.down_proj.weight is not finite (NaN or inf)"
+        "ConfigError: model='smollm2_135m': the weight model.layers.3.mlp.down_proj.weight is not finite "
+        "(NaN or inf): the checkpoint is broken"
     )
 
 

@@ -17,8 +17,8 @@ import torch
 from replaceme_exp.capture.token_store import available_cpu_bytes
 from replaceme_exp.config.schema import CaptureConfig, ModelConfig
 from replaceme_exp.models.adapters import adapter_for
-from replaceme_exp.models.embedded import embedded_checkpoint
-from replaceme_exp.models.loading import is_vision_config, resolve_dtype
+from replaceme_exp.models.loading import resolve_dtype
+from replaceme_exp.models.shape import meta_model, model_config
 
 log = logging.getLogger(__name__)
 
@@ -92,21 +92,14 @@ def model_memory(model_cfg: ModelConfig, cache_dir: str = ".cache") -> ModelMemo
     """The parameter bytes of ``model_cfg``'s model from its config alone (instantiated on the
     meta device: nothing is allocated or downloaded beyond the config). None when the config
     cannot be read (the load that follows reports why)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, CLIPModel
-
-    model_class = CLIPModel if is_vision_config(model_cfg) else AutoModelForCausalLM
     try:
-        if model_cfg.source == "random":
-            config = AutoConfig.for_model(**model_cfg.config)
-        elif model_cfg.source == "embedded":
-            config = AutoConfig.from_pretrained(embedded_checkpoint(cache_dir))
-        else:
-            config = AutoConfig.from_pretrained(model_cfg.pretrained, revision=model_cfg.revision)
-        dtype = resolve_dtype(model_cfg.dtype)
-        with torch.device("meta"):
-            model = CLIPModel(config) if model_class is CLIPModel else model_class.from_config(config, dtype=dtype)
+        config = model_config(model_cfg, cache_dir)
+        model = meta_model(model_cfg, config) if config is not None else None
     except Exception as err:  # noqa: BLE001 - planning falls back to the whole-model capture
         log.info("capture plan: the model's size is unknown (%s)", err)
+        return None
+    if model is None:
+        log.info("capture plan: the model's size is unknown (its config cannot be read before the load)")
         return None
     itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
     adapter = adapter_for(model)

@@ -84,6 +84,13 @@ def device_value(v) -> str | None:
     return "choose auto, cpu, cuda, cuda:<index> or mps"
 
 
+def device_map_value(v) -> str | None:
+    """What ``from_pretrained(device_map=...)`` takes as text: accelerate's strategies or one device."""
+    if v in ("balanced", "balanced_low_0", "sequential") or device_value(v) is None:
+        return None
+    return "choose auto, balanced, balanced_low_0, sequential, or one device (cpu, cuda, cuda:<index>, mps)"
+
+
 def harness_limit(v) -> str | None:
     if _is_int(v) and v > 0 or isinstance(v, float) and 0 < v <= 1:
         return None
@@ -136,7 +143,9 @@ class ModelConfig:
     source: Literal["embedded", "hub", "local", "random", "hub_clip_vision"] = key(doc="where the weights come from")
     dtype: Literal["float32", "float16", "bfloat16"] = key(doc="weights' dtype")
     device: str = key("auto", doc="auto (cuda if present), cpu, cuda, cuda:<i>, mps", check=device_value)
-    device_map: Optional[str] = key(None, doc="auto: spread over the GPUs (accelerate); null: one device")
+    device_map: Optional[str] = key(
+        None, doc="auto: spread over the GPUs (accelerate); null: one device", check=device_map_value
+    )
     capture_4bit: bool = key(False, doc="capture on a 4-bit NF4 copy (the official use_4bit; bitsandbytes + GPU)")
     capture_dtype: Optional[Literal["float32", "float16", "bfloat16"]] = key(
         None, doc="capture on a copy in this dtype (official: float32), then prune the model in dtype; null: dtype"

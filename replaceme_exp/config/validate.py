@@ -15,7 +15,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from replaceme_exp.config import schema
 from replaceme_exp.errors import ConfigError
@@ -44,6 +44,19 @@ def _optional(annotation) -> tuple[bool, Any]:
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def out_of_range(value) -> str | None:
+    """Why an integer in ``value`` (or in a list of them, nested) is out of range: the row, torch
+    and the seeds take 64-bit integers."""
+    if isinstance(value, list):
+        return next(filter(None, map(out_of_range, value)), None)
+    if _is_int(value) and not INT64[0] <= value <= INT64[1]:
+        return "is beyond the 64-bit integer range"
+    return None
 
 
 def annotation_reason(annotation, value) -> str | None:
@@ -138,7 +151,7 @@ def check_value(annotation, f: dataclasses.Field, value, full: str):
     if dataclasses.is_dataclass(inner):
         return build(inner, value, full)
     check = f.metadata.get("check")
-    reason = check(value) if check else annotation_reason(inner, value)
+    reason = out_of_range(value) or (check(value) if check else annotation_reason(inner, value))
     if reason:
         raise ConfigError(full, value, reason)
     if choices := f.metadata.get("choices"):
@@ -148,15 +161,33 @@ def check_value(annotation, f: dataclasses.Field, value, full: str):
     return value
 
 
+def unresolvable(node: DictConfig | ListConfig, prefix: str = "") -> tuple[str, str, Exception] | None:
+    """The first key whose interpolation cannot be resolved: (key, the interpolation as written,
+    the error), or None."""
+    keys = [k for k in node.keys() if k != "hydra"] if isinstance(node, DictConfig) else range(len(node))
+    for k in keys:
+        path = f"{prefix}.{k}" if prefix and isinstance(k, str) else f"{prefix}[{k}]" if prefix else str(k)
+        try:
+            value = node[k]
+        except Exception as err:  # noqa: BLE001 - OmegaConf raises several types while resolving
+            written = OmegaConf.to_container(node, resolve=False)[k]
+            return path, written, err
+        if isinstance(value, (DictConfig, ListConfig)) and (found := unresolvable(value, path)):
+            return found
+    return None
+
+
 def resolved_container(cfg: DictConfig | dict) -> dict:
-    """The configuration as plain containers, interpolations resolved (one line if one cannot be)."""
+    """The configuration as plain containers, interpolations resolved (one line naming the key if
+    one cannot be)."""
     if isinstance(cfg, dict):
         return cfg
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # noqa: BLE001 - an interpolation that cannot resolve
-        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError("config", "<interpolation>", f"cannot be resolved: {first_line}") from err
+        key, written, cause = unresolvable(cfg) or ("config", "<interpolation>", err)
+        first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        raise ConfigError(key, written, f"cannot be resolved: {first_line}") from err
 
 
 def typed_config(cfg: DictConfig | dict) -> schema.JobConfig:

@@ -30,7 +30,8 @@ class Requirements:
     ``alpha`` regularises it, on the scale ``alpha_scale`` ("token_sum": added to statistics summed
     over tokens, ridge ``(M^T M + alpha I)^{-1} M^T R``, the official code's convention;
     "token_mean": added to the mean per-token loss, the paper's cosine alphas); ``regularizers`` and
-    ``structures``: what it can apply; ``solver`` / ``solver_schedule``: the solver and the schedule
+    ``structures``: what it can apply (``structures_without_alpha``: those whose solution ``alpha``
+    does not change); ``solver`` / ``solver_schedule``: the solver and the schedule
     it really runs (None for closed forms)."""
 
     statistics: bool
@@ -40,6 +41,7 @@ class Requirements:
     alpha_scale: str | None = "token_sum"
     regularizers: tuple[str, ...] = ("none", "l2")
     structures: tuple[str, ...] = STRUCTURES
+    structures_without_alpha: tuple[str, ...] = ()
     solver: str | None = None
     solver_schedule: str | None = None
 
@@ -78,6 +80,11 @@ class LeastSquaresEstimator(Estimator):
 
     def __init__(self, name: str = "ls", max_condition: float = 1e13):
         self.name, self.max_condition = name, max_condition
+
+    @classmethod
+    def requirements(cls, objective) -> Requirements:
+        # Procrustes: every orthonormal T has the same norm, so a ridge term changes no solution.
+        return Requirements(statistics=True, structures_without_alpha=("orthonormal",))
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor:
         if structure == "diagonal":

@@ -45,6 +45,12 @@ class LoadedModel:
         return content_key(self.identity, 16)
 
 
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """An error's message on one line, cut to ``limit`` characters."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    return lines[0] if len(lines[0]) <= limit else lines[0][: limit - 3] + "..."
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ConfigError("model.dtype", name, f"choose one of {sorted(_DTYPES)}")
@@ -64,12 +70,36 @@ def load_tokenizer(cfg: ModelConfig, cache_dir: str | os.PathLike):
     if source == "embedded":
         tok = AutoTokenizer.from_pretrained(embedded_checkpoint(cache_dir))
     elif source in ("hub", "local"):
-        tok = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.revision)
+        try:
+            tok = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.revision)
+        except Exception as err:
+            if source != "local":
+                raise
+            raise ConfigError("model.pretrained", cfg.pretrained, f"has a broken tokenizer: {first_line(err)}") from err
     else:
         raise ConfigError("model.tokenizer", source, "choose embedded, hub or local")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def check_safetensors_files(key: str, folder: str | os.PathLike) -> None:
+    """Every ``*.safetensors`` file of ``folder`` whole, from its header alone (8 bytes of header
+    length, the JSON header, then the tensors' bytes up to the largest end offset): a truncated or
+    garbled file raises :class:`ConfigError` naming it, before the load."""
+    for file in sorted(Path(folder).expanduser().glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                header_len = int.from_bytes(f.read(8), "little")
+                if not 0 < header_len <= 100 * 2**20:
+                    raise ValueError(f"header length {header_len}")
+                header = json.loads(f.read(header_len))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            size = file.stat().st_size
+            if size < 8 + header_len + end:
+                raise ValueError(f"{size} bytes, its header describes {8 + header_len + end}")
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+            raise ConfigError(key, str(folder), f"{file.name} is truncated or not a safetensors file ({err})") from err
 
 
 def checkpoint_config(path: str | os.PathLike) -> dict:
@@ -191,7 +221,13 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(
                 cfg.pretrained, revision=cfg.revision, dtype=dtype, **({"device_map": device_map} | extra)
             )
-        except OSError as err:  # not cached offline, no such repository, gated without a login
+        except Exception as err:
+            if source == "local":  # a folder here: unreadable or truncated files, not the network
+                reason = f"is a broken checkpoint: {first_line(err)}"
+                raise ConfigError("model.pretrained", cfg.pretrained, reason) from err
+            if not isinstance(err, OSError):
+                raise
+            # not cached offline, no such repository, gated without a login
             offline = os.environ.get("HF_HUB_OFFLINE") == "1"
             hint = "not in the local cache and HF_HUB_OFFLINE=1" if offline else "not found or not accessible"
             raise ConfigError("model.pretrained", cfg.pretrained, f"cannot be loaded: {hint} ({err})") from err

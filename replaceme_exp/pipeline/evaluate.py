@@ -42,7 +42,7 @@ class EvaluationJob:
             self.loaded = load_model(c.model, self.paths.cache_dir, self.spec.weights)
             if c.evaluate.checkpoint is not None:
                 attach_saved_transforms(self.loaded.model, c.model.pretrained)
-        self.adapter = PruningJob.adapted(self.loaded)
+            self.adapter = PruningJob.adapted(self.loaded)
         self.device = input_device(self.adapter)
         metadata = self.spec.checkpoint_metadata or {}
         self.record(

@@ -22,7 +22,7 @@ from replaceme_exp.capture import LayerDistances, LinearStatistics, TransformDis
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import CaptureExecution, plan_execution
 from replaceme_exp.capture.hooks import input_device
-from replaceme_exp.errors import NonFiniteError, check_finite
+from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
 from replaceme_exp.estimation.fitting import Fit, fit_transforms, label
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.calibration_similarity import calibration_similarity_columns
@@ -110,7 +110,7 @@ class PruningJob:
         with stage("load"):
             nf4 = bool(c.model.capture_4bit)
             self.captured = load_model(model_cfg, self.paths.cache_dir, self.spec.weights, nf4=nf4)
-        self.capture_adapter = self.adapted(self.captured)
+            self.capture_adapter = self.adapted(self.captured)
         self.capture_adapter.execution = self.execution
         # OLMo 2, Gemma 2/3, before any capture: a fused T, or an LS residual that ranks cuts by one
         # (its Y = L - M would be wrong where a norm follows the MLP)
@@ -122,8 +122,12 @@ class PruningJob:
     @staticmethod
     def adapted(loaded: LoadedModel):
         """The model's adapter, once every weight is checked finite (NaN or inf fails the job at
-        loading, naming the parameter)."""
-        check_weights_finite(loaded.model)
+        loading in one line naming the parameter: the checkpoint is broken, not the job)."""
+        try:
+            check_weights_finite(loaded.model)
+        except NonFiniteError as err:
+            reason = f"{err.what} not finite (NaN or inf): the checkpoint is broken"
+            raise ConfigError("model", loaded.name, reason) from err
         return adapter_for(loaded.model)
 
     def calibrate(self) -> None:
@@ -212,7 +216,7 @@ class PruningJob:
             torch.cuda.empty_cache()
             with stage("load"):
                 self.loaded = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
-            self.adapter = self.adapted(self.loaded)
+                self.adapter = self.adapted(self.loaded)
         else:
             self.loaded, self.adapter = self.captured, self.capture_adapter
         self.device = input_device(self.adapter)

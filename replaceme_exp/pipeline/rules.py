@@ -16,6 +16,8 @@ from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Requirements
 from replaceme_exp.evaluation.clip_benchmarks import benchmark_task
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
+from replaceme_exp.models.shape import ModelShape
+from replaceme_exp.selection.cuts import cut_length, validate_cuts
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
@@ -66,6 +68,51 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     else:
         check_eval_kind(c)
     check_hardware(c)
+
+
+def overridden_keys(overrides: list[str]) -> set[str]:
+    """The keys a command line's overrides set (``+key=v``, ``++key=v``, ``~key`` included)."""
+    return {o.lstrip("+~").split("=", 1)[0] for o in overrides if isinstance(o, str)}
+
+
+def check_given_together(c: schema.JobConfig, given: set[str]) -> None:
+    """Keys set together on the command line (``given``) where one overrides the other: explicit
+    ``cuts`` decide what is pruned, so an ``n_prune`` or ``num_lts`` given beside them must agree."""
+    if c.cuts is None or not isinstance(c.cuts, list):
+        return
+    pairs = [cut for cut in c.cuts if isinstance(cut, list) and len(cut) == 2 and all(type(v) is int for v in cut)]
+    if len(pairs) != len(c.cuts):
+        return  # the cuts' own check names what is wrong with them
+    blocks = sum(end - start for start, end in pairs)
+    shown = [list(cut) for cut in pairs]
+    if "n_prune" in given and not (type(c.n_prune) is int and c.n_prune == blocks):
+        reason = f"not with explicit cuts={shown}, which prune {blocks} blocks (drop n_prune, or give n_prune={blocks})"
+        raise ConfigError("n_prune", c.n_prune, reason)
+    if "num_lts" in given and c.num_lts != len(pairs):
+        reason = f"not with explicit cuts={shown}, which are {len(pairs)} (drop num_lts, or give num_lts={len(pairs)})"
+        raise ConfigError("num_lts", c.num_lts, reason)
+
+
+def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
+    """The keys that need the model's depth or positions, against its config (before the load):
+    the cuts (or ``n_prune`` and ``num_lts``) fit its blocks, no sequence is longer than its
+    position embeddings."""
+    if c.job == "prune":
+        if c.cuts is not None:
+            validate_cuts(c.cuts, shape.num_layers, c.merge_consecutive, c.touching_cuts)
+        else:
+            cut_length(c.n_prune, c.num_lts, shape.num_layers)
+    if shape.max_positions is None:
+        return
+    lengths = [("eval.seq_len", getattr(c.eval, "seq_len", None))]
+    if c.job == "prune":
+        lengths.append(("calibration.seq_len", getattr(c.calibration, "seq_len", None)))
+        if c.healing.name != "none":
+            lengths.append(("healing.context_length", c.healing.context_length))
+    for key, value in lengths:
+        if isinstance(value, int) and value > shape.max_positions:
+            reason = f"is beyond the {shape.max_positions} positions of model={c.model.name} (max_position_embeddings)"
+            raise ConfigError(key, value, reason)
 
 
 def check_checkpoint(key: str, value) -> None:
@@ -143,6 +190,9 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
             )
     if needs.fits_transform and c.structure.name not in needs.structures:
         raise ConfigError("structure", c.structure.name, f"objective={name} supports {' or '.join(needs.structures)}")
+    if needs.uses_alpha and c.alpha != 0 and c.structure.name in needs.structures_without_alpha:
+        reason = f"has no effect with structure={c.structure.name} and objective={name} (its solution ignores alpha)"
+        raise ConfigError("alpha", c.alpha, reason + "; use alpha=0")
     if c.healing.name == "lt_only" and not needs.fits_transform:
         reason = f"trains the linear transform; objective={name} fits none (heal with lora or full_model)"
         raise ConfigError("healing", c.healing.name, reason)
@@ -205,6 +255,9 @@ def check_vision(c: schema.JobConfig) -> None:
     check_eval_kind(c)
     if c.healing.name != "none":
         raise ConfigError("healing", c.healing.name, "healing trains on text; not for a vision encoder")
+    if c.eval.samples is not None:
+        reason = "are text generation; not for a vision encoder (eval.samples=null)"
+        raise ConfigError("eval.samples", c.eval.samples.prompts, reason)
     if float(c.mask_ratio):
         raise ConfigError("mask_ratio", float(c.mask_ratio), "token masking is for text calibration")
     if c.multi_lt == "sequential" and not (c.cuts is None and c.num_lts == 1):

@@ -408,7 +408,18 @@ def evaluated(config: schema.JobConfig) -> tuple[schema.JobConfig, dict | None]:
     return dataclasses.replace(c, model=model), metadata
 
 
+# ``objective._target_`` is imported and instantiated: only the project's own modules may be named
+# (a shared sweep file or template must not run arbitrary code); an estimator of one's own goes under
+# replaceme_exp/estimation/ (docs/extending/estimator.md).
+ALLOWED_TARGET_PREFIXES = ("replaceme_exp.",)  # docs/extending/estimator.md
+
+
 def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
+    """The estimator class ``objective._target_`` names, one of the project's own."""
+    target = objective._target_
+    if not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
+        reason = "only the project's estimator classes (replaceme_exp.*) are instantiated"
+        raise ConfigError("objective._target_", target, reason)
     try:
         found = get_class(objective._target_)
     except Exception as err:  # noqa: BLE001 - hydra raises several types for an unknown path

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -54,6 +55,18 @@ def one_line(err: BaseException) -> str:
     return "; ".join(lines) or type(err).__name__
 
 
+def raised_while_composing(err: BaseException) -> bool:
+    """Whether ``err`` came out of Hydra or OmegaConf applying the overrides (an override OmegaConf
+    cannot merge, e.g. a key under a group set to null, fails with a plain AssertionError or
+    AttributeError there), not out of the job."""
+    frames = list(traceback.walk_tb(err.__traceback__))
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.abspath(__file__)
+    in_job = any(f.f_code.co_filename.startswith(ours) and f.f_code.co_filename != here for f, _ in frames)
+    inner = frames[-1][0].f_code.co_filename if frames else ""
+    return not in_job and any(f"{os.sep}{lib}{os.sep}" in inner for lib in ("hydra", "omegaconf"))
+
+
 @contextmanager
 def one_line_composition_errors() -> Iterator[None]:
     """Around ``hydra.main``: a composition error becomes one logged line and exit code 2
@@ -67,6 +80,13 @@ def one_line_composition_errors() -> Iterator[None]:
     except (HydraException, OmegaConfBaseException) as err:
         logging.basicConfig(format="%(message)s")
         log.error("invalid configuration: %s", one_line(err))
+        sys.exit(2)
+    except Exception as err:
+        if not raised_while_composing(err):
+            raise
+        logging.basicConfig(format="%(message)s")
+        first = str(err).splitlines()[0] if str(err) else ""
+        log.error("invalid configuration: the overrides cannot be applied (%s: %s)", type(err).__name__, first)
         sys.exit(2)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)

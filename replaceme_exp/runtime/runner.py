@@ -21,12 +21,15 @@ from omegaconf import DictConfig, OmegaConf
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models.fingerprint import weights_fingerprint
+from replaceme_exp.models.shape import model_shape
 from replaceme_exp.pipeline import JobSpec, run_job
 from replaceme_exp.pipeline.modality import JobPaths
+from replaceme_exp.pipeline.rules import check_given_together, check_shape, overridden_keys
 from replaceme_exp.progress import configure_from, progress_listener, quiet_library_bars
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.results.row import refused_row, start_row
 from replaceme_exp.runtime.locks import config_lock
+from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only, log_files
 from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
 from replaceme_exp.surgery import recover_checkpoint
 from replaceme_exp.tracking import WandbRun
@@ -41,17 +44,22 @@ def run_recorded(
     job_dir: str | os.PathLike | None = None,
     run_name: str | None = None,
     sweep_name: str | None = None,
+    overrides: list[str] | None = None,
 ) -> dict:
     """Run one job unless its config hash already has a finished row (and ``force`` is off), and
     always leave a row behind. Everything the job writes besides its row and model goes to
     ``job_dir`` (the Hydra job directory; default ``results_dir/jobs/<run_id>``): the W&B run and
-    CodeCarbon's files. Returns the row (the existing one when skipped)."""
+    CodeCarbon's files. ``overrides``: the command line's (keys given together are checked
+    together). Returns the row (the existing one when skipped)."""
     try:
         spec = JobSpec.from_config(cfg)
+        check_given_together(spec.config, overridden_keys(overrides or []))
+        c = spec.config
+        results_dir, cache_dir = Path(to_absolute_path(c.results_dir)), Path(to_absolute_path(c.cache_dir))
+        if shape := model_shape(c.model, cache_dir):
+            check_shape(c, shape)
     except ConfigError as err:
         return refused(cfg, err, sweep_id, raise_on_failure)
-    c = spec.config
-    results_dir, cache_dir = Path(to_absolute_path(c.results_dir)), Path(to_absolute_path(c.cache_dir))
     store = ResultsStore(results_dir)
     try:
         weights = weights_fingerprint(c.model, cache_dir)
@@ -102,6 +110,7 @@ def run_and_record(
     """Run the job with its W&B run open and write its row, finished or failed."""
     configure_from(spec.config.progress)
     quiet_library_bars()
+    console_skips_file_only()
     row["job_dir"] = str(paths.job_dir)
     row["row_path"] = str(store.row_path(row))
     started = time.perf_counter()
@@ -119,10 +128,12 @@ def run_and_record(
         failure = err
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
         # A configuration error or a stop signal is said in one line by the job's summary (run.py);
-        # anything else gets its traceback here.
+        # anything else is the project's bug: its traceback goes to the log file.
         if not isinstance(err, (ConfigError, JobInterrupted)):
             where = f" in stage {row['failed_stage']}" if row.get("failed_stage") else ""
-            log.error("job failed%s: %s\n%s", where, row["error"], traceback.format_exc())
+            files = log_files()
+            log.error("job failed%s: %s%s", where, row["error"], f" (traceback in {files[0]})" if files else "")
+            log.error("traceback of the failure:\n%s", traceback.format_exc(), extra=FILE_ONLY)
     row["time_total_s"] = time.perf_counter() - started
     try:
         tracker.finish(row)

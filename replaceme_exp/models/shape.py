@@ -1,0 +1,128 @@
+"""A model's shape from its config alone: depth, widths and positions, read before any weight loads.
+
+The model is instantiated on the meta device (nothing allocated, nothing downloaded beyond the
+config), so the checks that need the depth (cuts, ``n_prune``, ``num_lts``) or the positions
+(sequence lengths) run before the load, and a random config transformers cannot build is refused
+in one line instead of failing in the load.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from replaceme_exp.config.schema import ModelConfig
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.models.adapters import adapter_for
+from replaceme_exp.models.embedded import embedded_checkpoint
+from replaceme_exp.models.loading import check_safetensors_files, is_vision_config, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """``num_layers``: the blocks an adapter sees; ``max_positions``: the longest sequence a text
+    model's position embeddings take (None: no limit known, or a vision encoder)."""
+
+    num_layers: int
+    max_positions: int | None
+    model: nn.Module  # on the meta device: parameter counts and block structure, no storage
+
+
+def _first_line(err: Exception, limit: int = 200) -> str:
+    """The error's message on one line: its first lines up to one that says something after a
+    colon (transformers' validators put the reason on the second line), cut to ``limit``."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    text = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[1]}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_IMPORTS = threading.Lock()
+
+
+def _transformers():
+    """transformers' auto classes, imported under a lock: its lazy module is not safe to import
+    from two threads at once (identical jobs started together)."""
+    with _IMPORTS:
+        from transformers import AutoConfig, AutoModelForCausalLM, CLIPModel
+    return AutoConfig, AutoModelForCausalLM, CLIPModel
+
+
+def _named(cfg: ModelConfig, field: str | None = None) -> tuple[str, object]:
+    """The key and value an error about ``cfg``'s model config names: ``model.config`` (or one of
+    its fields) for random weights, else the checkpoint."""
+    if cfg.source != "random":
+        return "model.pretrained", cfg.pretrained
+    config = dict(cfg.config)
+    return (f"model.config.{field}", config.get(field)) if field else ("model.config", config.get("model_type"))
+
+
+def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
+    """The transformers config of ``cfg``'s model, without its weights. A random-weight config
+    transformers refuses raises :class:`ConfigError` naming ``model.config``; a config that cannot
+    be read (not cached offline, no network) gives None: the load says why."""
+    AutoConfig, _, _ = _transformers()
+    if cfg.source == "random":
+        try:
+            return AutoConfig.for_model(**dict(cfg.config))
+        except Exception as err:  # noqa: BLE001 - transformers validates configs with several error types
+            key, value = _named(cfg)
+            raise ConfigError(key, value, f"is not a config transformers can build: {_first_line(err)}") from err
+    try:
+        if cfg.source == "embedded":
+            return AutoConfig.from_pretrained(embedded_checkpoint(cache_dir))
+        return AutoConfig.from_pretrained(cfg.pretrained, revision=cfg.revision)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - not cached offline, gated, unreadable: the load reports it
+        if cfg.source == "local":  # a folder on this machine: its config is what it is
+            raise ConfigError(*_named(cfg), f"has a config transformers cannot read: {_first_line(err)}") from err
+        log.debug("model config not readable before the load: %s", err)
+        return None
+
+
+def meta_model(cfg: ModelConfig, config) -> nn.Module:
+    """``cfg``'s model built from ``config`` on the meta device; a shape transformers cannot
+    build raises :class:`ConfigError` naming the model's config."""
+    _, AutoModelForCausalLM, CLIPModel = _transformers()
+    key, value = _named(cfg)
+    try:
+        with torch.device("meta"):
+            if is_vision_config(cfg):
+                return CLIPModel(config)
+            return AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(cfg.dtype))
+    except Exception as err:  # noqa: BLE001 - impossible shapes fail with several error types
+        raise ConfigError(key, value, f"describes a model that cannot be built: {_first_line(err)}") from err
+
+
+def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> ModelShape | None:
+    """The shape of ``cfg``'s model (None when its config cannot be read before the load)."""
+    if cfg.source == "local":
+        check_safetensors_files("model.pretrained", cfg.pretrained)
+    config = model_config(cfg, cache_dir)
+    if config is None:
+        return None
+    model = meta_model(cfg, config)
+    key, value = _named(cfg)
+    try:
+        adapter = adapter_for(model)
+        num_layers = adapter.num_layers
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a family's structure the adapter cannot read
+        raise ConfigError(key, value, f"has no blocks the adapter can read: {_first_line(err)}") from err
+    if num_layers < 2:
+        raise ConfigError(key, value, f"has {num_layers} block(s); pruning needs at least 2")
+    text = adapter.config
+    kv_heads = getattr(text, "num_key_value_heads", None)
+    if kv_heads and text.num_attention_heads % kv_heads:
+        reason = f"num_attention_heads={text.num_attention_heads} is not a multiple of num_key_value_heads={kv_heads}"
+        raise ConfigError(*_named(cfg, "num_key_value_heads"), reason)
+    positions = None if is_vision_config(cfg) else getattr(text, "max_position_embeddings", None)
+    return ModelShape(num_layers=num_layers, max_positions=positions, model=model)

@@ -1,0 +1,255 @@
+"""Issue 23, the configuration: what was accepted silently is refused in one line, what needs only the
+model's config is checked before its weights load, and a user's mistake gives no traceback."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from helpers.config import CONF, ROOT, compose_config
+from helpers.jobs import job_config
+
+import replaceme_exp.pipeline.job as pipeline_job
+import replaceme_exp.runtime.runner as runner
+from replaceme_exp.config import schema
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.models.loading import load_model
+from replaceme_exp.models.shape import model_shape
+from replaceme_exp.pipeline.rules import check_job, check_shape
+from replaceme_exp.pipeline.spec import ALLOWED_TARGET_PREFIXES, JobSpec
+from replaceme_exp.runtime import run_recorded
+from replaceme_exp.runtime.composition import raised_while_composing
+from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded for a bad configuration")
+
+    monkeypatch.setattr(pipeline_job, "load_model", never)
+    monkeypatch.setattr(runner, "weights_fingerprint", never)
+
+
+def refused(tmp_path, *overrides, given: list[str] | None = None) -> str:
+    """The error of the failed row a job with ``overrides`` leaves (``given``: as if typed on the
+    command line); asserts it is one line of a refusal before anything ran."""
+    row = run_recorded(job_config(tmp_path, *overrides), raise_on_failure=False, overrides=given)
+    assert row["status"] == "failed" and row["failed_stage"] == "validation", row
+    assert row["error"].startswith("ConfigError: ") and "\n" not in row["error"]
+    return row["error"].removeprefix("ConfigError: ")
+
+
+# ---- accepted silently before ------------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["model.device_map=bogus"], "model.device_map='bogus': choose auto, balanced"),
+        (["structure=orthonormal", "alpha=10"], "alpha=10: has no effect with structure=orthonormal"),
+        (["seed=99999999999999999999999"], "seed=99999999999999999999999: is beyond the 64-bit integer range"),
+        (["seed=${oc.env:REPLACEME_SURELY_UNSET}"], "seed='${oc.env:REPLACEME_SURELY_UNSET}': cannot be resolved"),
+        (["alpha=${alpha}"], "alpha='${alpha}': cannot be resolved: Recursive interpolation"),
+        (["objective._target_=os.system"], "objective._target_='os.system': only the project's estimator classes"),
+        (["objective._target_=subprocess.Popen"], "objective._target_='subprocess.Popen': only the project's"),
+    ],
+)
+def test_what_was_accepted_silently_is_refused_in_one_line(tmp_path, no_model_loads, overrides, named):
+    assert refused(tmp_path, *overrides).startswith(named)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("value", ["auto", "sequential", "balanced_low_0", "cpu", "cuda:1"])
+def test_device_maps_accelerate_takes_are_accepted(value):
+    JobSpec.from_config(compose_config(["debug=smoke", f"model.device_map={value}"]))
+
+
+@pytest.mark.unit
+def test_alpha_stays_for_structures_it_acts_on():
+    JobSpec.from_config(compose_config(["debug=smoke", "structure=diagonal", "alpha=10"]))
+    JobSpec.from_config(compose_config(["debug=smoke", "structure=orthonormal", "alpha=0"]))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "given, named",
+    [
+        (["cuts=[[1,3]]", "n_prune=4"], "n_prune=4: not with explicit cuts=[[1, 3]], which prune 2 blocks"),
+        (["cuts=[[1,3]]", "num_lts=2"], "num_lts=2: not with explicit cuts=[[1, 3]], which are 1"),
+        (["cuts=[[1,2],[3,5]]", "+n_prune=2"], "n_prune=2: not with explicit cuts=[[1, 2], [3, 5]], which prune 3"),
+    ],
+)
+def test_n_prune_or_num_lts_given_beside_cuts_must_agree(tmp_path, no_model_loads, given, named):
+    overrides = [o.lstrip("+") for o in given]
+    assert refused(tmp_path, *overrides, given=given).startswith(named)
+
+
+@pytest.mark.unit
+def test_n_prune_and_num_lts_that_agree_with_the_cuts_pass(tmp_path):
+    from replaceme_exp.pipeline.rules import check_given_together
+
+    c = JobSpec.from_config(job_config(tmp_path, "cuts=[[1,2],[3,5]]", "n_prune=3", "num_lts=2")).config
+    check_given_together(c, {"cuts", "n_prune", "num_lts"})
+    c = JobSpec.from_config(job_config(tmp_path, "cuts=[[1,3]]", "n_prune=4")).config
+    check_given_together(c, {"cuts"})  # the default n_prune, not given: the cuts decide
+
+
+@pytest.mark.unit
+def test_generation_samples_are_refused_for_a_vision_encoder():
+    c = JobSpec.from_config(compose_config(["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline"]))
+    samples = schema.SamplesConfig(prompts=["Write one sentence about the sun."])
+    config = dataclasses.replace(c.config, eval=dataclasses.replace(c.config.eval, samples=samples))
+    with pytest.raises(ConfigError, match=r"^eval.samples=.*not for a vision encoder"):
+        check_job(config, c.requirements)
+
+
+@pytest.mark.unit
+def test_every_shipped_target_is_one_of_the_projects_own():
+    targets = []
+    for path in [*CONF.rglob("*.yaml"), *(ROOT / "replaceme_exp" / "multirun_templates").rglob("*.yaml")]:
+        text = yaml.safe_load(path.read_text()) or {}
+        stack = [text]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                targets += [v for k, v in node.items() if k == "_target_"]
+                stack += list(node.values())
+            elif isinstance(node, list):
+                stack += node
+    assert targets and all(t.startswith(ALLOWED_TARGET_PREFIXES) for t in targets), targets
+
+
+# ---- what needs the model's config, before its weights ------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["cuts=[[2,9]]"], "cuts=[[2, 9]]: [2, 9) is outside 1 <= start < end <= num_layers=6"),
+        (["cuts=[[1,3],[3,5]]", "merge_consecutive=false"], "cuts=[[1, 3], [3, 5]]: [1, 3) and [3, 5) touch"),
+        (["cuts=[[1,4],[3,5]]"], "cuts=[[1, 4], [3, 5]]: [1, 4) and [3, 5) overlap"),
+        (["n_prune=6"], "n_prune=6: the model has 6 blocks; at most 5"),
+        (["n_prune=3", "num_lts=2"], "num_lts=2: must divide n_prune=3"),
+        (["calibration.seq_len=4096"], "calibration.seq_len=4096: is beyond the 2048 positions of model=tiny_llama"),
+        (["eval.seq_len=3000"], "eval.seq_len=3000: is beyond the 2048 positions"),
+        (["model.config.num_attention_heads=3"], "model.config='llama': is not a config transformers can build"),
+        (["model.config.num_key_value_heads=3"], "model.config.num_key_value_heads=3: num_attention_heads=4 is not"),
+        (["model.config.num_hidden_layers=1"], "model.config='llama': has 1 block(s); pruning needs at least 2"),
+        (["model.config.hidden_size=-4"], "model.config='llama': describes a model that cannot be built"),
+        (["model.config.model_type=bogus"], "model.config='bogus': is not a config transformers can build"),
+    ],
+)
+def test_what_needs_the_models_config_is_refused_before_its_weights_load(
+    tmp_path, no_model_loads, overrides, named
+):
+    assert refused(tmp_path, *overrides).startswith(named)
+
+
+@pytest.mark.unit
+def test_the_shape_is_read_from_the_config_on_the_meta_device():
+    c = JobSpec.from_config(compose_config(["debug=smoke"])).config
+    shape = model_shape(c.model)
+    assert (shape.num_layers, shape.max_positions) == (6, 2048)
+    assert all(p.device.type == "meta" for p in shape.model.parameters())
+    check_shape(c, shape)
+
+
+def saved_tiny_checkpoint(path, tokenizer):
+    from helpers.models import tiny_model
+
+    tiny_model("llama", num_layers=6, vocab=len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return ["model=smollm2_135m", "model.source=local", f"model.pretrained={path}", "model.dtype=float32"]
+
+
+@pytest.mark.integration
+def test_a_broken_local_checkpoint_is_refused_in_one_line(tmp_path, no_model_loads, smollm2_tokenizer):
+    local = saved_tiny_checkpoint(tmp_path / "ckpt", smollm2_tokenizer)
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    assert "model.safetensors is truncated or not a safetensors file" in refused(tmp_path, *local)
+    weights.unlink()
+    (tmp_path / "ckpt" / "config.json").write_text('{"model_type": "llama",')
+    assert "has a config transformers cannot read" in refused(tmp_path, *local)
+
+
+@pytest.mark.integration
+def test_a_checkpoint_broken_past_its_header_fails_the_load_in_one_line(tmp_path, smollm2_tokenizer):
+    saved_tiny_checkpoint(tmp_path / "ckpt", smollm2_tokenizer)
+    (tmp_path / "ckpt" / "config.json").write_text("{not json")
+    model = schema.PretrainedModelConfig(
+        name="broken", source="local", pretrained=str(tmp_path / "ckpt"), revision=None, dtype="float32", device="cpu"
+    )
+    with pytest.raises(ConfigError, match=r"^model.pretrained='.*': is a broken checkpoint: ") as err:
+        load_model(model, tmp_path / "cache", weights={"source": "local"})
+    assert "\n" not in str(err.value)
+
+
+# ---- one line for a user, a traceback in the log file for a bug ---------------------------------
+
+
+@pytest.mark.unit
+def test_a_bugs_traceback_reaches_the_log_file_not_the_console(tmp_path):
+    root = logging.getLogger()
+    file_handler = logging.FileHandler(tmp_path / "run.log")
+    console_stream = open(tmp_path / "console.txt", "w")  # noqa: SIM115
+    console = logging.StreamHandler(console_stream)
+    root.addHandler(file_handler)
+    root.addHandler(console)
+    try:
+        console_skips_file_only()
+        logging.getLogger("replaceme_exp.job").error("Traceback (most recent call last): ...", extra=FILE_ONLY)
+        logging.getLogger("replaceme_exp.job").error("job failed: one line")
+    finally:
+        for handler in (file_handler, console):
+            root.removeHandler(handler)
+            handler.close()
+    assert "Traceback" in (tmp_path / "run.log").read_text()
+    assert (tmp_path / "console.txt").read_text() == "job failed: one line\n"
+
+
+@pytest.mark.unit
+def test_only_errors_raised_inside_hydra_or_omegaconf_count_as_composition_errors():
+    clip = ["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline"]
+    with pytest.raises(Exception) as composing:  # noqa: B017 - OmegaConf fails with a plain AttributeError
+        compose_config([*clip, "eval.samples={prompts:[hi]}"])
+    assert raised_while_composing(composing.value)
+    with pytest.raises(AttributeError) as bug:
+        schema.SamplesConfig.nothing  # noqa: B018
+    assert not raised_while_composing(bug.value)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["experiment=uidl_basline"], "experiment=uidl_basline: no such option (choose one of"),
+        (["+paper=structured_lts"], "paper/structured_lts is a sweep (structure=generic,diagonal,orthonormal)"),
+        (
+            ["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline", "eval.samples={prompts:[hi]}"],
+            "invalid configuration: the overrides cannot be applied",
+        ),
+    ],
+)
+def test_composition_mistakes_stop_with_one_line_and_exit_2(tmp_path, args, said):
+    proc = run_cli(*args, f"results_dir={tmp_path}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert said in out and "Traceback" not in out
+    assert not (tmp_path / "runs").exists()  # nothing ran
