@@ -112,7 +112,7 @@ def fusion_weights(adapter: DecoderAdapter, cuts: list[Cut]) -> dict[int, tuple[
 
 
 def _set_module(root: nn.Module, module: nn.Module, new: nn.Module) -> None:
-    for name, child in root.named_modules():
+    for child in root.modules():
         for attr, sub in child.named_children():
             if sub is module:
                 setattr(child, attr, new)

@@ -179,7 +179,8 @@ def fit_transforms(
     else:
         for cut in cuts:
             if cut in stats and stats[cut].n_tokens == 0 and estimator.needs_statistics:
-                raise ConfigError("estimation.tokens", request.rule.key(), f"leaves no calibration token for cut {list(cut)}")
+                reason = f"leaves no calibration token for cut {list(cut)}"
+                raise ConfigError("estimation.tokens", request.rule.key(), reason)
         fit = Fit({})
         if estimator.needs_statistics:
             fit.fit_tokens = {label(cut): stats[cut].n_tokens for cut in cuts if cut in stats}

@@ -87,7 +87,8 @@ def summary_lines(statuses: list[dict], n_jobs: int | None = None) -> list[str]:
         ppl = f"{_number(s.get('ppl_heldout_baseline'), '.2f')} -> {_number(s.get('ppl_heldout'), '.2f')}"
         time_s = _number(s.get("time_total_s"), ".0f")
         lines.append(
-            f"  {s['status']:8s} {format_cuts(s.get('cuts'), '—'):12s} {ppl:>22s} {_number(s.get('avg_acc'), '.3f'):>7s} "
+            f"  {s['status']:8s} {format_cuts(s.get('cuts'), '—'):12s} {ppl:>22s} "
+            f"{_number(s.get('avg_acc'), '.3f'):>7s} "
             f"{_number(s.get('rp'), '.3f'):>6s} {time_s + ' s' if time_s != '—' else '—':>7s}  {job}"
         )
     return lines
