@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.statistics import LinearStats
 from replaceme_exp.config.validate import build_option
 from replaceme_exp.evaluation.baseline import BaselineCache
+from replaceme_exp.models import embedded
+from replaceme_exp.models.digests import file_digest
 
 pytestmark = pytest.mark.unit
 
@@ -295,3 +298,158 @@ def test_image_pixels_of_another_seed_copied_over_or_an_old_entry_are_recomputed
     torch.save(other, mine)  # the format before entries carried their key: the bare pixel tensor
     assert torch.equal(pixels_of(image_calibration(tmp_path / "a", seed=0, n_samples=32)), first)
     assert f"{mine} carries no key" in caplog.text
+
+
+# --- weight-fingerprint memos ----------------------------------------------------------------------
+
+
+def test_a_memo_copied_over_another_files_memo_is_refused_and_the_file_hashed(tmp_path, caplog):
+    """Otherwise checkpoint B would get the statistics and baseline of A."""
+    memo = tmp_path / "memo"
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    a.write_bytes(b"weights of A")
+    b.write_bytes(b"weights of B")
+    assert file_digest(a, memo) == sha256(a)
+    (memo_a,) = list(memo.iterdir())
+    assert file_digest(b, memo) == sha256(b)
+    (memo_b,) = [p for p in memo.iterdir() if p != memo_a]
+    shutil.copy(memo_a, memo_b)
+    assert file_digest(b, memo) == sha256(b)
+    assert f"fingerprint memo {memo_b} is the entry for " in caplog.text and "a.safetensors" in caplog.text
+    stamp = json.loads(memo_b.read_text())["key"]
+    assert set(stamp) == {"path", "size", "mtime_ns", "ino", "ctime_ns"}
+
+
+def test_a_tampered_memo_digest_is_refused(tmp_path, caplog):
+    memo = tmp_path / "memo"
+    a = tmp_path / "a.safetensors"
+    a.write_bytes(b"weights of A")
+    file_digest(a, memo)
+    (entry,) = list(memo.iterdir())
+    tampered = json.loads(entry.read_text())
+    tampered["value"] = hashlib.sha256(b"weights of B").hexdigest()
+    entry.write_text(json.dumps(tampered))
+    assert file_digest(a, memo) == sha256(a) and f"fingerprint memo {entry} fails its checksum" in caplog.text
+
+
+def test_a_file_rewritten_in_place_with_size_inode_and_mtime_restored_is_hashed_again(tmp_path):
+    memo = tmp_path / "memo"
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"a" * 4096)
+    before = weights.stat()
+    assert file_digest(weights, memo) == sha256(weights)
+    time.sleep(0.05)  # past the kernel's coarse timestamp tick
+    with open(weights, "r+b") as f:  # in place: same inode, same size
+        f.write(b"b" * 4096)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = weights.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert after.st_ctime_ns != before.st_ctime_ns  # this filesystem: a rewrite (and utime) moves the ctime
+    assert file_digest(weights, memo) == sha256(weights) == hashlib.sha256(b"b" * 4096).hexdigest()
+
+
+# --- the converted embedded model ------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_embedded(tmp_path, monkeypatch):
+    """A small stand-in GGUF and a conversion writing three small files (the weights 0600, as
+    safetensors does); ``conversions`` counts the conversions."""
+    gguf = tmp_path / "wheel" / "model.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF v1")
+    conversions = []
+
+    def convert(source: Path, folder: Path) -> None:
+        conversions.append(folder.name)
+        (folder / "config.json").write_text(json.dumps({"gguf": source.read_text()}))
+        (folder / "tokenizer.json").write_text(json.dumps({"vocab": ["a", "b"]}))
+        fd = os.open(folder / "model.safetensors", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"weights of " + source.read_bytes())
+        os.close(fd)
+
+    monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: gguf)
+    monkeypatch.setattr(embedded, "convert_gguf", convert)
+    cache = tmp_path / "cache"
+    return cache, gguf, conversions
+
+
+def test_the_conversion_writes_a_manifest_and_is_shared_with_the_umasks_modes(fake_embedded):
+    cache, gguf, conversions = fake_embedded
+    target = embedded.embedded_checkpoint(cache)
+    assert target == cache / embedded.EMBEDDED_DIRNAME and len(conversions) == 1
+    manifest = json.loads((target / embedded.MANIFEST).read_text())
+    assert manifest["key"] == {"gguf": "model.gguf", "gguf_sha256": sha256(gguf)}
+    assert manifest["value"] == {
+        name: sha256(target / name)
+        for name in ("config.json", "model.safetensors", embedded.SOURCE_FILE, "tokenizer.json")
+    }
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask()
+    assert {p.name: p.stat().st_mode & 0o777 for p in target.iterdir()} == dict.fromkeys(
+        ["config.json", "model.safetensors", embedded.SOURCE_FILE, "tokenizer.json", embedded.MANIFEST],
+        0o666 & ~umask(),
+    )
+    assert embedded.embedded_checkpoint(cache) == target and len(conversions) == 1  # checked, not converted
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda t: (t / "tokenizer.json").write_text('{"vocab": ["a", "c"]}'), "has a changed tokenizer.json (sha256 "),
+        (lambda t: (t / "model.safetensors").write_bytes(b"other weights"), "has a changed model.safetensors (sha256 "),
+        (lambda t: (t / "model.safetensors.index.json").write_text("{}"), "not listed ['model.safetensors.index"),
+        (lambda t: (t / "config.json").unlink(), "missing ['config.json']"),
+        (lambda t: (t / embedded.MANIFEST).unlink(), "has no valid replaceme_manifest.json"),
+    ],
+)
+def test_a_changed_conversion_is_reported_naming_the_file_and_converted_again(fake_embedded, caplog, change, problem):
+    cache, _, conversions = fake_embedded
+    target = embedded.embedded_checkpoint(cache)
+    whole = {p.name: p.read_bytes() for p in target.iterdir()}
+    change(target)
+    assert embedded.embedded_checkpoint(cache) == target and len(conversions) == 2
+    assert f"converted SmolLM2 {target} " in caplog.text and problem in caplog.text
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == whole
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_conversion_of_another_gguf_is_converted_again(fake_embedded, caplog):
+    cache, gguf, conversions = fake_embedded
+    target = embedded.embedded_checkpoint(cache)
+    gguf.write_bytes(b"GGUF v2")
+    embedded.embedded_checkpoint(cache)
+    assert len(conversions) == 2 and "converted SmolLM2 manifest" in caplog.text
+    assert (target / "model.safetensors").read_bytes() == b"weights of GGUF v2"
+
+
+def test_folders_of_killed_conversions_are_removed_once_their_process_is_gone(fake_embedded):
+    cache, _, conversions = fake_embedded
+    cache.mkdir()
+    host = socket.gethostname()
+    killed = cache / f".convert-{host}-{dead_pid()}-0a1b2c3d"
+    running = cache / f".convert-{host}-{os.getpid()}-0a1b2c3d"
+    elsewhere = cache / ".convert-otherhost-1-0a1b2c3d"  # another host's: only by age
+    old_naming = cache / ".convert-k2j_x9ab"  # mkdtemp's name, before pids were recorded
+    recent_old_naming = cache / ".convert-zz1_q8cd"
+    for folder in (killed, running, elsewhere, old_naming, recent_old_naming):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    for folder in (killed, running, old_naming):
+        age(folder)
+    embedded.embedded_checkpoint(cache)
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == sorted(
+        [running.name, elsewhere.name, recent_old_naming.name]
+    )
+    assert len(conversions) == 1
+
+
+def test_the_golden_embedded_fingerprint_is_the_ggufs_digest_alone(tmp_path):
+    """The fingerprint (the config hash's weights) is unchanged by the manifest: an intact
+    conversion is the GGUF's; a changed one is converted again, never fingerprinted."""
+    from helpers.config import typed
+
+    from replaceme_exp.models.fingerprint import weights_fingerprint
+
+    found = weights_fingerprint(typed(["model=smollm2_135m"]).model, tmp_path)
+    assert found == {"source": "embedded", "sha256": sha256(embedded.embedded_gguf_path())}
