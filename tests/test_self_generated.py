@@ -129,8 +129,8 @@ def test_a_job_calibrates_on_self_generated_chats(tmp_path):
     assert row["status"] == "finished", row["error"]
     assert row["calibration"] == "self_generated" and row["n_calib_tokens"] > 8 * 8
     prompts = chosen_prompts(load_prompts(None), 8, 42)
-    cached = [json.loads(f.read_text()) for f in (CACHE / "generated").glob("*.json")]
-    assert any(c["prompts"] == prompts and len(c["answers"]) == 8 for c in cached)
+    cached = [json.loads(f.read_text()).get("value") or {} for f in (CACHE / "generated").glob("*.json")]
+    assert any(c.get("prompts") == prompts and len(c.get("answers", [])) == 8 for c in cached)
 
 
 @pytest.mark.unit

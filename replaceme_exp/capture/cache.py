@@ -2,14 +2,17 @@
 
 Keys are hashes of (model weights by content, calibration token ids, what was captured, and a
 version of the code's semantics for each kind of entry): jobs that differ only in ``alpha``,
-``regularizer`` or ``objective`` find the statistics of their cut here. Bump a kind's version in
-``CACHE_VERSIONS`` whenever the code changes what that kind of entry holds. ``refresh=True``
-(``force=true``) recomputes and overwrites instead of reading. ``hits`` lists the kinds served.
+``regularizer`` or ``objective`` find the statistics of their cut here. Every entry carries its
+whole key and a checksum over key and tensors (:func:`~replaceme_exp.storage.write_keyed_tensors`):
+an entry copied over another's file name, corrupt or from an older version is reported, removed
+and recomputed, never used. Bump a kind's version in ``CACHE_VERSIONS`` whenever the code changes
+what that kind of entry holds. ``refresh=True`` (``force=true``) recomputes and overwrites instead
+of reading. ``hits`` lists the kinds served. The cache only saves time: when an entry cannot be
+written (a full disk), the job goes on without the cache.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -18,23 +21,20 @@ import torch
 
 from replaceme_exp.capture.similarity import Similarities
 from replaceme_exp.capture.statistics import Cut, LinearStats
-from replaceme_exp.storage import atomic_path, content_key
+from replaceme_exp.storage import (
+    content_key,
+    read_keyed_tensors,
+    remove_dead_temporaries,
+    write_keyed_tensors,
+    write_optional,
+)
 
 log = logging.getLogger(__name__)
 
-
-def payload_digest(payload: dict) -> str:
-    """SHA-256 over an entry's tensors (names, dtypes, shapes and bytes), verified on read."""
-    h = hashlib.sha256()
-    for name in sorted(payload):
-        tensor = payload[name].detach().cpu().contiguous()
-        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return h.hexdigest()
-
-
 # Semantics version per kind of entry: bump when the code changes what an entry holds.
 CACHE_VERSIONS = {"distances": 2, "layer_distances": 2, "linear": 2, "similarity": 1}
+
+_swept: set[Path] = set()  # cache folders whose killed writers' leftovers this process removed
 
 
 class StatisticsCache:
@@ -43,39 +43,39 @@ class StatisticsCache:
     ):
         self.root = Path(root)
         self.model_hash, self.data_hash, self.enabled, self.refresh = model_hash, data_hash, enabled, refresh
+        self.writable = enabled  # False after a write failed (a full disk): no more attempts
         self.hits: list[str] = []
+        if enabled and self.root not in _swept:
+            _swept.add(self.root)
+            remove_dead_temporaries(self.root)
 
-    def _path(self, kind: str, **what) -> Path:
+    def _entry(self, kind: str, **what) -> tuple[Path, dict]:
+        """The file of the entry of ``kind`` for ``what`` and its whole key."""
         key = {"model": self.model_hash, "data": self.data_hash, "kind": kind, "version": CACHE_VERSIONS[kind], **what}
-        return self.root / f"{kind}-{content_key(key, 24)}.pt"
+        return self.root / f"{kind}-{content_key(key, 24)}.pt", key
 
-    def _load(self, path: Path):
-        """The entry at ``path`` if it exists and its checksum holds; a corrupt or truncated entry
-        is reported with its path, removed and recomputed by the caller (None), never used."""
-        if not self.enabled or self.refresh or not path.is_file():
+    def _load(self, entry: tuple[Path, dict]) -> dict | None:
+        """The tensors of ``entry`` if it exists, holds its own key and its checksum holds; else
+        None (a bad entry is reported with its path, removed and recomputed by the caller)."""
+        path, key = entry
+        if not self.enabled or self.refresh:
             return None
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-            stored = payload.pop("_sha256", None)
-            if stored != payload_digest(payload):
-                raise ValueError("checksum mismatch")
-        except Exception as err:  # noqa: BLE001 - unpickling errors of a truncated file vary
-            log.warning("corrupt cache entry %s (%s): removed, recomputing", path, err)
-            path.unlink(missing_ok=True)
-            return None
-        self.hits.append(path.name.split("-")[0])
+        payload = read_keyed_tensors(path, key, "statistics cache entry")
+        if payload is not None:
+            self.hits.append(key["kind"])
         return payload
 
-    def _save(self, path: Path, payload) -> None:
-        if not self.enabled:
-            return
-        with atomic_path(path) as tmp:
-            torch.save({**payload, "_sha256": payload_digest(payload)}, tmp)
+    def _save(self, entry: tuple[Path, dict], payload: dict) -> None:
+        path, key = entry
+        if self.writable and not write_optional(
+            "statistics cache entry", path, lambda: write_keyed_tensors(path, key, payload)
+        ):
+            self.writable = False
 
     def get_distances(self, length: int, criterion: str) -> dict[Cut, float] | None:
         """Distances of every candidate cut of ``length`` blocks under ``criterion`` (e.g.
         ``cosine/all``, ``ls_residual/alpha=0.0``)."""
-        payload = self._load(self._path("distances", length=length, criterion=criterion))
+        payload = self._load(self._entry("distances", length=length, criterion=criterion))
         return (
             None
             if payload is None
@@ -85,22 +85,22 @@ class StatisticsCache:
     def put_distances(self, length: int, criterion: str, distances: dict[Cut, float]) -> None:
         cuts = sorted(distances)
         self._save(
-            self._path("distances", length=length, criterion=criterion),
+            self._entry("distances", length=length, criterion=criterion),
             {"cuts": torch.tensor(cuts), "distances": torch.tensor([distances[c] for c in cuts], dtype=torch.float64)},
         )
 
     def get_layer_distances(self) -> list[list[float]] | None:
         """The (num_layers, num_layers) mean cosine distances between block outputs."""
-        payload = self._load(self._path("layer_distances"))
+        payload = self._load(self._entry("layer_distances"))
         return None if payload is None else payload["distances"].tolist()
 
     def put_layer_distances(self, distances: list[list[float]]) -> None:
-        self._save(self._path("layer_distances"), {"distances": torch.tensor(distances, dtype=torch.float64)})
+        self._save(self._entry("layer_distances"), {"distances": torch.tensor(distances, dtype=torch.float64)})
 
     def get_similarities(self, cut: Cut, criterion: str) -> Similarities | None:
         """The linear CKA, mean CCA and PWCCA of ``cut`` and their token count, under ``criterion``
         (the ridge, the products' precision)."""
-        payload = self._load(self._path("similarity", cut=list(cut), criterion=criterion))
+        payload = self._load(self._entry("similarity", cut=list(cut), criterion=criterion))
         if payload is None:
             return None
         values = {name: payload[name].item() for name in ("linear_cka", "mean_cca", "pwcca")}
@@ -112,22 +112,22 @@ class StatisticsCache:
             for name in ("linear_cka", "mean_cca", "pwcca")
         }
         self._save(
-            self._path("similarity", cut=list(cut), criterion=criterion),
+            self._entry("similarity", cut=list(cut), criterion=criterion),
             {**values, "n_tokens": torch.tensor(found.n_tokens)},
         )
 
-    def _stats_path(self, cut: Cut, placement: str, tokens: str, precision: str) -> Path:
+    def _stats_entry(self, cut: Cut, placement: str, tokens: str, precision: str) -> tuple[Path, dict]:
         what = {"cut": list(cut), "placement": placement, "tokens": tokens}
         if precision != "float64":  # float64 entries keep the key they had before precisions existed
             what["precision"] = precision
-        return self._path("linear", **what)
+        return self._entry("linear", **what)
 
     def get_stats(
         self, cut: Cut, placement: str = "fused", tokens: str = "all", precision: str = "float64"
     ) -> LinearStats | None:
         """The statistics of ``cut`` in ``placement`` over the tokens ``tokens`` selects
         (:meth:`TokenRule.key`), with products taken in ``precision``."""
-        p = self._load(self._stats_path(cut, placement, tokens, precision))
+        p = self._load(self._stats_entry(cut, placement, tokens, precision))
         if p is None:
             return None
         return LinearStats(cut, p["mtm"], p["mtr"], float(p["r_sq"]), int(p["n_tokens"]))
@@ -136,7 +136,7 @@ class StatisticsCache:
         self, stats: LinearStats, placement: str = "fused", tokens: str = "all", precision: str = "float64"
     ) -> None:
         self._save(
-            self._stats_path(stats.cut, placement, tokens, precision),
+            self._stats_entry(stats.cut, placement, tokens, precision),
             {
                 "mtm": stats.mtm.cpu(),
                 "mtr": stats.mtr.cpu(),

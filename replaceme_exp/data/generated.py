@@ -9,7 +9,9 @@ Offline, the prompts ship with the project (``prompts/instructions.jsonl``: 256 
 instructions, none about capitals, opposites or the demo prompts of ``eval.samples``); a JSONL
 file with a ``prompt`` field, or a text file with one prompt per line, can replace them. Answers
 are generated in batches with a KV cache (greedy, or seeded sampling) and cached by content (the
-model's identity, the prompts and every generation setting), so a sweep generates once.
+model's identity, the prompts and every generation setting), so a sweep generates once. A cached set
+carries that key and a checksum (:func:`~replaceme_exp.storage.write_keyed_json`) and must hold one
+answer per prompt asked for: anything else is reported, removed and generated again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import torch
 from replaceme_exp.data.sources import dataset_records, first_user_turn, render_prompts, render_record
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.progress import progress
-from replaceme_exp.storage import content_key, write_json
+from replaceme_exp.storage import (
+    content_key,
+    discard_entry,
+    read_keyed_json,
+    remove_dead_temporaries,
+    write_keyed_json,
+    write_optional,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +54,8 @@ def load_prompts(path: str | None) -> list[str]:
             try:
                 prompts.append(str(json.loads(line)["prompt"]))
             except (ValueError, KeyError, TypeError) as err:
-                raise ConfigError("calibration.prompts_path", str(file), f"line {number}: no JSON prompt ({err})")
+                reason = f"line {number}: no JSON prompt ({err})"
+                raise ConfigError("calibration.prompts_path", str(file), reason) from err
     else:
         prompts = [line.strip() for line in lines]
     if not prompts:
@@ -128,10 +138,10 @@ def generate_answers(
     return answers
 
 
-def generation_key(model_identity: str, prompts: list[str], cfg) -> str:
-    """Content key of a generated set: the model's identity hash, the prompts and every setting
-    that changes an answer."""
-    settings = {
+def generation_key(model_identity: str, prompts: list[str], cfg) -> dict:
+    """Key of a generated set: the model's identity hash, the prompts and every setting that
+    changes an answer (the cache file is named by its :func:`content_key`)."""
+    return {
         "model": model_identity,
         "prompts": content_key(prompts),
         "max_new_tokens": int(cfg.max_new_tokens),
@@ -140,7 +150,25 @@ def generation_key(model_identity: str, prompts: list[str], cfg) -> str:
         "batch_size": int(cfg.generation_batch_size),  # padding can move a greedy answer
         "torch": torch.__version__,
     }
-    return content_key(settings, 20)
+
+
+def cached_answers(path: Path, key: dict, prompts: list[str]) -> list[str] | None:
+    """The answers cached at ``path`` for ``key``: one string per prompt of ``prompts``, stored
+    with them; None (reported and removed when the entry is bad) otherwise."""
+    entry = read_keyed_json(path, key, "generated calibration entry")
+    if entry is None:
+        return None
+    entry = entry if isinstance(entry, dict) else {}
+    answers = entry.get("answers")
+    answers = answers if isinstance(answers, list) and all(isinstance(a, str) for a in answers) else []
+    if entry.get("prompts") != prompts:
+        problem = "holds other prompts than those asked for"
+    elif len(answers) != len(prompts):
+        problem = f"holds {len(answers)} answers for {len(prompts)} prompts"
+    else:
+        return answers
+    discard_entry(path, "generated calibration entry", problem)
+    return None
 
 
 def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_dir: str | os.PathLike) -> list[str]:
@@ -153,17 +181,13 @@ def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_d
         prompts = dataset_prompts(cfg, int(cfg.n_samples), int(cfg.seed))
     else:
         prompts = chosen_prompts(load_prompts(cfg.prompts_path), int(cfg.n_samples), int(cfg.seed))
-    path = Path(cache_dir) / "generated" / f"{generation_key(model_identity, prompts, cfg)}.json"
-    answers = None
-    if path.is_file():
-        try:
-            cached = json.loads(path.read_text())
-            if cached.get("prompts") == prompts:
-                answers = cached["answers"]
-                log.info("calibration answers found in the cache (%s)", path.name)
-        except (OSError, ValueError, KeyError) as err:
-            log.warning("unreadable generated calibration %s (%s): generating again", path, err)
-    if answers is None:
+    key = generation_key(model_identity, prompts, cfg)
+    path = Path(cache_dir) / "generated" / f"{content_key(key, 20)}.json"
+    remove_dead_temporaries(path.parent)
+    answers = cached_answers(path, key, prompts)
+    if answers is not None:
+        log.info("calibration answers found in the cache (%s)", path.name)
+    else:
         answers = generate_answers(
             model,
             tokenizer,
@@ -173,9 +197,10 @@ def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_d
             float(cfg.temperature),
             int(cfg.seed),
         )
-        write_json(path, {"prompts": prompts, "answers": answers})
+        entry = {"prompts": prompts, "answers": answers}
+        write_optional("generated calibration entry", path, lambda: write_keyed_json(path, key, entry))
     records = [
         {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}
-        for p, a in zip(prompts, answers)
+        for p, a in zip(prompts, answers, strict=True)
     ]
     return [render_record(record, None, "messages", tokenizer) for record in records]

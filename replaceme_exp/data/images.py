@@ -1,7 +1,7 @@
 """Image calibration data for vision encoders: real images from a folder, a hub image dataset, or
 (offline) the photographs and scans that ship inside scikit-image and scikit-learn, processed by
 the model's image processor into :class:`~replaceme_exp.data.batching.ImageBatch` batches and
-cached as tensors.
+cached as tensors (each entry carrying its key and a checksum, checked on read).
 
 When a source holds fewer images than ``n_samples``, the rest are seeded random crops (a quarter
 to all of the image's area) with random horizontal flips of its images, the usual augmentation of
@@ -11,7 +11,6 @@ image pretraining; the number of distinct source images is recorded with the bat
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -24,7 +23,13 @@ from replaceme_exp.config import schema
 from replaceme_exp.data.batching import ImageBatch, TokenBatches
 from replaceme_exp.data.calibration import CALIBRATION_SOURCES, calibration_source
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.storage import write_bytes
+from replaceme_exp.storage import (
+    discard_entry,
+    read_keyed_tensors,
+    remove_dead_temporaries,
+    write_keyed_tensors,
+    write_optional,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,20 +142,22 @@ def build_image_calibration(cfg, processor, patch_size: int, cache_dir: str | os
         raise ConfigError("calibration.source", cfg.source, "is text, not images")
     images = source.read(cfg)
     settings = json.dumps(processor.to_dict(), sort_keys=True, default=str)
-    key = hashlib.sha256(f"{image_digest(images)}|{settings}|{n}|{seed}".encode()).hexdigest()[:24]
-    path = Path(cache_dir) / "images" / f"{key}.pt"
-    pixels = None
-    if path.is_file():
-        try:
-            pixels = torch.load(path, weights_only=True)
-        except Exception as err:  # noqa: BLE001 - a corrupt entry is recomputed
-            log.warning("image cache entry %s unreadable (%s): recomputed", path, err)
-    if pixels is None or pixels.shape[0] != n:
+    digest = image_digest(images)
+    file_name = hashlib.sha256(f"{digest}|{settings}|{n}|{seed}".encode()).hexdigest()[:24]
+    path = Path(cache_dir) / "images" / f"{file_name}.pt"
+    key = {"kind": "image calibration", "images": digest, "processor": settings, "n_samples": n, "seed": seed}
+    remove_dead_temporaries(path.parent)
+    entry = read_keyed_tensors(path, key, "image calibration cache entry")
+    pixels = None if entry is None else entry.get("pixels")
+    if pixels is not None and (pixels.ndim != 4 or pixels.shape[0] != n):
+        problem = f"holds pixels of shape {tuple(pixels.shape)} for {n} images"
+        discard_entry(path, "image calibration cache entry", problem)
+        pixels = None
+    if pixels is None:
         ordered = [images[name] for name in sorted(images)]
         pixels = processor(images=augmented(ordered, n, seed), return_tensors="pt")["pixel_values"]
-        buffer = io.BytesIO()
-        torch.save(pixels, buffer)
-        write_bytes(path, buffer.getvalue())
+        entry = {"pixels": pixels}
+        write_optional("image calibration cache entry", path, lambda: write_keyed_tensors(path, key, entry))
     positions = (pixels.shape[-2] // patch_size) * (pixels.shape[-1] // patch_size) + 1
     batches = [
         ImageBatch(chunk, torch.ones(chunk.shape[0], positions, dtype=torch.long)) for chunk in pixels.split(batch_size)

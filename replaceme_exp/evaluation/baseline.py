@@ -1,23 +1,26 @@
 """Scores of the unpruned model, computed once per (model weights, eval data, every eval setting,
 metric) and reused. ``BASELINE_VERSION`` is part of every key: bump it when the code changes what a
-baseline computes. ``refresh=True`` (``force=true``) recomputes and overwrites."""
+baseline computes. Every entry carries its whole key and a checksum over key and value
+(:func:`~replaceme_exp.storage.write_keyed_json`): another entry copied over its file name, a
+corrupt one or one of an older version is reported, removed and recomputed, never used.
+``refresh=True`` (``force=true``) recomputes and overwrites."""
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
 
-from replaceme_exp.storage import content_key, write_text
+from replaceme_exp.storage import (
+    content_key,
+    read_keyed_json,
+    remove_dead_temporaries,
+    write_keyed_json,
+    write_optional,
+)
 
-BASELINE_VERSION = 2
-log = logging.getLogger(__name__)
-
-
-def _digest(value: Any) -> str:
-    return content_key(value)
+# 3: entries carry their key under a checksum over key and value.
+BASELINE_VERSION = 3
 
 
 class BaselineCache:
@@ -25,22 +28,17 @@ class BaselineCache:
         self.root = Path(root)
         self.refresh = refresh
         self.hits: list[str] = []  # the ``metric`` of each key served from the cache
+        remove_dead_temporaries(self.root)
 
     def get_or_compute(self, key: dict, compute: Callable[[], Any]) -> Any:
         """The cached value for ``key`` (a float or a JSON-able dict of scores), computing and
         storing it (atomically) on a miss."""
         path, key = self._path(key)
-        if path.is_file() and not self.refresh:
-            try:
-                entry = json.loads(path.read_text())
-                if entry.get("sha256") != _digest(entry["value"]):
-                    raise ValueError("checksum mismatch")
-            except Exception as err:  # noqa: BLE001 - truncated JSON, a flipped bit, a missing field
-                log.warning("corrupt baseline cache entry %s (%s): removed, recomputing", path, err)
-                path.unlink(missing_ok=True)
-            else:
+        if not self.refresh:
+            value = read_keyed_json(path, key, "baseline cache entry")
+            if value is not None:
                 self.hits.append(str(key.get("metric", "harness")))
-                return entry["value"]
+                return value
         value = compute()
         self._write(path, key, value)
         return value
@@ -55,4 +53,4 @@ class BaselineCache:
         self._write(path, key, value)
 
     def _write(self, path: Path, key: dict, value: Any) -> None:
-        write_text(path, json.dumps({"key": key, "value": value, "sha256": _digest(value)}))
+        write_optional("baseline cache entry", path, lambda: write_keyed_json(path, key, value))
