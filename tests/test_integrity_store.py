@@ -1,17 +1,21 @@
 """The results store and what a skip trusts (issue 23): the latest run of a configuration by a
 sequence number, not by a node's clock; a finished model checked whole before it is skipped; what
-killed runs left removed; folders that cannot be written found before the compute."""
+killed runs left removed; folders that cannot be written found before the compute; report names
+that never leave the output folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from helpers.config import ROOT
 from helpers.jobs import job_config
@@ -21,7 +25,10 @@ import replaceme_exp.results.row as row_module
 import replaceme_exp.runtime.runner as runner
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.pipeline.rules import writable_directory
-from replaceme_exp.reporting.report import split_runs
+from replaceme_exp.reporting import paper_figures
+from replaceme_exp.reporting.paths import MAX_LENGTH, file_name
+from replaceme_exp.reporting.render_paper import render
+from replaceme_exp.reporting.report import split_runs, write_report
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.runtime.callbacks import DirectoryCheck
@@ -340,3 +347,83 @@ def test_a_read_only_results_folder_gives_one_line_a_non_zero_exit_and_no_traceb
     errors = [line for line in out.splitlines() if "ERROR" in line]
     assert len(errors) == 1, out[-3000:]
     assert f"{runs} is not writable" in errors[0] and "no row written" in errors[0]
+
+
+# ---- report names -------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["tiny_llama", "2026-11-22_10-18-33", "smollm2_135m_pydoc_quick", "v1.2-x"])
+def test_a_safe_name_is_kept_as_it_is(name):
+    assert file_name(name) == name
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "name, start",
+    [
+        ("..", "unnamed_"),
+        (".", "unnamed_"),
+        ("../../..", "unnamed_"),
+        ("", "unnamed_"),
+        ("a/../../b", "a_b_"),
+        ("evil_../../.._x", "evil___x_"),
+        (".hidden", "hidden_"),
+        ("_x", "x_"),
+        ("meta-llama/Llama-3 8B", "meta-llama_Llama-3_8B_"),
+        ("/etc/passwd", "etc_passwd_"),
+        ("x" * 500, "x" * 50),
+    ],
+)
+def test_any_other_name_becomes_one_safe_file_name(name, start):
+    safe = file_name(name)
+    assert safe.startswith(start) and len(safe) <= MAX_LENGTH
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", safe) and ".." not in safe
+
+
+@pytest.mark.unit
+def test_names_made_safe_stay_distinct():
+    names = ["..", ".", "../..", "", "a/b", "a b", "a_b_" + "x" * 300, "a_b_" + "x" * 301]
+    assert len({file_name(n) for n in names}) == len(names)
+
+
+def tree(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def undrawn(runs, png: Path, target=None) -> pd.DataFrame:
+    """A figure's drawing stubbed (the figures' own tests draw them): an empty PNG, no points."""
+    png.write_bytes(b"")
+    points = pd.DataFrame()
+    points.attrs["counts"] = f"{png.stem}: 0 runs found"
+    return points
+
+
+@pytest.mark.unit
+def test_row_values_never_make_the_reports_write_outside_their_folder(tmp_path, monkeypatch):
+    figures = {name: dataclasses.replace(spec, draw=undrawn) for name, spec in paper_figures.FIGURES.items()}
+    monkeypatch.setattr(paper_figures, "FIGURES", figures)
+    results, out = tmp_path / "a" / "b" / "results", tmp_path / "a" / "b" / "results" / "out"
+    store = ResultsStore(results)
+    for i, sweep in enumerate(["..", "../../..", "../../../escaped"]):
+        store.write(
+            {
+                "run_id": f"r{i}",
+                "config_hash": f"h{i}",
+                "run_seq": 1,
+                "status": "finished",
+                "sweep_id": sweep,
+                "model": "../../../evil",
+                "calibration": "../../..",
+                "eval": "../../../x",
+                "seed": i,
+                "ppl_heldout": 10.0 + i,
+            }
+        )
+    before = tree(tmp_path)
+    written = render(results, out, model="../../../evil", echo=lambda line: None)
+    write_report(results, out)
+    assert written and all(out.resolve() in path.resolve().parents for path in written)
+    new = tree(tmp_path) - before
+    assert all(out.resolve() in p.resolve().parents for p in new), sorted(new)
+    assert len(list((out / "sweeps").glob("*.md"))) == 3  # one page per sweep, none overwritten

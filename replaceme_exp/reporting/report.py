@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from replaceme_exp.reporting.cells import SETTING_COLUMNS
+from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.results.store import ResultsStore, latest_of_each_config, started_text
 
 
@@ -274,7 +274,7 @@ def figures(group: Group, folder: Path) -> list[tuple[Path, str]]:
         others = [c for c in varying if c != setting]
         for metric in PLOTTED_METRICS:
             if metric in frame.columns and pd.to_numeric(frame[metric], errors="coerce").notna().any():
-                path = folder / f"{metric}__vs__{setting}.png"
+                path = folder / f"{file_name(f'{metric}__vs__{setting}')}.png"
                 out.append((path, draw_metric(frame, setting, metric, others, path)))
     return out
 
@@ -293,10 +293,6 @@ def group_markdown(group: Group, images: list[tuple[Path, str]], relative_to: Pa
         rel = path.relative_to(relative_to)
         lines.append(f"![{path.stem}]({rel})" + (f"  \n*{footnote}*" if footnote else ""))
     return "\n".join(lines) + "\n"
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "unnamed"
 
 
 def build_groups(table: pd.DataFrame) -> list[Group]:
@@ -331,7 +327,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         if group.name == "all":
             markdown, folder = out / "all.md", out / "all"
         else:
-            markdown, folder = out / "sweeps" / f"{_safe(group.name)}.md", out / "sweeps" / _safe(group.name)
+            markdown, folder = out / "sweeps" / f"{file_name(group.name)}.md", out / "sweeps" / file_name(group.name)
         images = figures(group, folder) if not group.shown.empty else []
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(group_markdown(group, images, markdown.parent))
