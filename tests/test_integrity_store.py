@@ -1,7 +1,7 @@
 """The results store and what a skip trusts (issue 23): the latest run of a configuration by a
 sequence number, not by a node's clock; a finished model checked whole before it is skipped; what
-killed runs left removed; folders that cannot be written found before the compute; report names
-that never leave the output folder."""
+killed runs left removed; folders that cannot be written found before the compute; the Makefile's
+values never run as commands; report names that never leave the output folder."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -427,3 +428,128 @@ def test_row_values_never_make_the_reports_write_outside_their_folder(tmp_path, 
     new = tree(tmp_path) - before
     assert all(out.resolve() in p.resolve().parents for p in new), sorted(new)
     assert len(list((out / "sweeps").glob("*.md"))) == 3  # one page per sweep, none overwritten
+
+
+# ---- the Makefile -------------------------------------------------------------------------------
+
+# Logs its arguments; runs ``-c`` code as Python does (the Makefile's ARGS splitter), with this file
+# as the interpreter it executes.
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+if sys.argv[1] == "-c":
+    code, sys.argv = sys.argv[2], ["-c", *sys.argv[3:]]
+    exec(code)
+with open(os.environ["ARGV_LOG"], "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def make(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """``make -o setup <args>`` in the project with a fake interpreter (``PY``) that logs the
+    arguments it gets: (the process, each logged argument list)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "argv.jsonl"
+    proc = subprocess.run(
+        ["make", "-s", "-o", "setup", f"PY={fake}", *args],
+        cwd=tmp_path,
+        env={**os.environ, "ARGV_LOG": str(log), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    logged = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return proc, logged
+
+
+@pytest.fixture
+def makefile_dir(tmp_path):
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    return tmp_path
+
+
+INJECTED = "x; touch PWNED_SHELL $(touch PWNED_SUBSHELL) `touch PWNED_BACKTICK`"
+
+
+@pytest.mark.unit
+def test_make_passes_values_as_arguments_never_as_commands(makefile_dir):
+    values = {
+        "MODEL": INJECTED,
+        "CALIBRATION": "$(shell touch PWNED_MAKE)",
+        "EVAL": "-x --out=/tmp",
+        "PROTOCOL": "paper",
+        "RESULTS": "res; touch PWNED_RESULTS",
+    }
+    proc, logged = make(makefile_dir, "paper-tables", *(f"{k}={v}" for k, v in values.items()))
+    assert proc.returncode == 0, proc.stderr
+    assert not list(makefile_dir.glob("PWNED*"))
+    assert logged == [
+        [
+            "-m",
+            "replaceme_exp.reporting.render_paper",
+            f"--results={values['RESULTS']}",
+            f"--out={values['RESULTS']}/paper_tables",
+            f"--model={INJECTED}",
+            "--calibration=$(shell touch PWNED_MAKE)",
+            "--eval=-x --out=/tmp",
+            "--protocol=paper",
+        ]
+    ]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("target", ["run", "test", "test-fast", "bench", "report"])
+def test_make_splits_args_like_a_shell_and_runs_none_of_them(makefile_dir, target):
+    args = f"objective=identity 'cuts=[[2, 4]]' {INJECTED} *"
+    proc, logged = make(makefile_dir, target, f"ARGS={args}", "TEST_WORKERS=2; touch PWNED_WORKERS")
+    assert proc.returncode == 0, proc.stderr
+    assert not list(makefile_dir.glob("PWNED*"))
+    (argv,) = logged
+    if target != "report":  # report takes no ARGS
+        split = ["objective=identity", "cuts=[[2, 4]]", "x;", "touch", "PWNED_SHELL", "$(touch", "PWNED_SUBSHELL)"]
+        assert argv[-len(split) - 3 :] == [*split, "`touch", "PWNED_BACKTICK`", "*"]
+    if target == "test-fast":
+        assert argv[argv.index("-n") + 1] == "2; touch PWNED_WORKERS"
+
+
+def aged(path: Path, minutes: float = 60) -> Path:
+    then = time.time() - minutes * 60
+    os.utime(path, (then, then))
+    return path
+
+
+@pytest.mark.unit
+def test_make_clean_cache_cleans_the_configured_cache_and_what_killed_jobs_left(makefile_dir):
+    cache, results, tmpdir = makefile_dir / "shared cache", makefile_dir / "res", makefile_dir / "tmp"
+    default_cache = makefile_dir / ".cache" / "stats"
+    for folder in (cache / "stats", cache / "fingerprints", cache / "smollm2-135m-instruct", default_cache):
+        folder.mkdir(parents=True)
+        (folder / "entry").write_text("x")
+    stale, converting = cache / ".convert-killed", cache / ".convert-running"
+    for folder in (stale, converting):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"w")
+    aged(stale)
+    (results / "runs" / "h").mkdir(parents=True)
+    kept_row = results / "runs" / "h" / "r.parquet"
+    kept_row.write_bytes(b"PAR1")
+    stale_row = results / "runs" / "h" / ".r2.parquet.123.tmp"
+    stale_row.write_bytes(b"PAR1")
+    aged(stale_row)
+    writing_row = results / "runs" / "h" / ".r3.parquet.456.tmp"
+    writing_row.write_bytes(b"PAR1")
+    (cache / "smollm2-135m-instruct" / ".config.json.789.tmp").write_text("{")
+    aged(cache / "smollm2-135m-instruct" / ".config.json.789.tmp")
+    (results / "models" / ".save-h-killed").mkdir(parents=True)
+    tmpdir.mkdir()
+    (tmpdir / "token-store-x").mkdir()
+    proc, _ = make(makefile_dir, "clean-cache", REPLACEME_CACHE=str(cache), RESULTS=str(results), TMPDIR=str(tmpdir))
+    assert proc.returncode == 0, proc.stderr
+    gone = [cache / "stats", cache / "fingerprints", stale, stale_row, results / "models" / ".save-h-killed"]
+    gone += [cache / "smollm2-135m-instruct" / ".config.json.789.tmp", tmpdir / "token-store-x"]
+    assert not [p for p in gone if p.exists()]
+    kept = [converting, writing_row, kept_row, cache / "smollm2-135m-instruct" / "entry", default_cache / "entry"]
+    assert all(p.exists() for p in kept), [p for p in kept if not p.exists()]
