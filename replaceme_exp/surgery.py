@@ -18,6 +18,8 @@ from replaceme_exp.selection.cuts import fusion_blocks
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
 METADATA_FILE = "replaceme.json"  # what the pruning job wrote beside the weights (save_checkpoint)
+MANIFEST_FILE = "replaceme_files.json"  # every file of a saved checkpoint and its size (checkpoint_problem)
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
 
 @torch.no_grad()
@@ -142,7 +144,8 @@ def checkpoint_metadata(path: str | os.PathLike) -> dict | None:
 
 def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, processor=None) -> Path:
     """Save model and tokenizer as safetensors under ``path`` (atomically), with the pruning
-    metadata in ``replaceme.json``. Loadable by ``AutoModelForCausalLM.from_pretrained``; a model
+    metadata in ``replaceme.json`` and the list of its files and sizes in ``replaceme_files.json``
+    (:func:`checkpoint_problem`). Loadable by ``AutoModelForCausalLM.from_pretrained``; a model
     with separate transforms also gets ``separate_transforms.safetensors`` and needs
     :func:`load_pruned` to apply them (it is not a plain checkpoint)."""
     target = Path(path)
@@ -160,11 +163,54 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
 
             save_file({f"after_block.{i}": t.contiguous() for i, t in separate.items()}, tmp / SEPARATE_TRANSFORMS_FILE)
         (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str))
+        write_manifest(tmp)
         _readable_by_others(tmp)
         replace_directory(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def write_manifest(directory: Path) -> None:
+    """List every file under ``directory`` with its size in bytes in ``MANIFEST_FILE`` (what
+    :func:`checkpoint_problem` checks)."""
+    files = {
+        p.relative_to(directory).as_posix(): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_FILE
+    }
+    (directory / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=2))
+
+
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """What makes the checkpoint at ``path`` incomplete, naming the file (``... is missing``, ``...
+    has 10 of 4096 bytes``); None when it is whole. A checkpoint :func:`save_checkpoint` wrote is
+    checked against its ``MANIFEST_FILE``: every file listed, at its size. Sizes, not hashes:
+    hashing tens of GB at every skip would take minutes, so a file rewritten in place at the same
+    size passes. A checkpoint saved before the manifest existed needs ``config.json`` and at least
+    one weight file (``*.safetensors`` / ``*.bin``)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return f"{directory} is missing"
+    manifest = directory / MANIFEST_FILE
+    if not manifest.exists():
+        if not (directory / "config.json").is_file():
+            return f"{directory / 'config.json'} is missing"
+        if not any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+            return f"{directory} has no weight file ({' or '.join(WEIGHT_PATTERNS)})"
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        listed = {str(name): int(size) for name, size in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"its file list {manifest} is unreadable ({err})"
+    for name, size in listed.items():
+        file = directory / name
+        if not file.is_file():
+            return f"{file} is missing"
+        if (actual := file.stat().st_size) != size:
+            return f"{file} has {actual} of {size} bytes"
+    return None
 
 
 def _readable_by_others(directory: Path) -> None:

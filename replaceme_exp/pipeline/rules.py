@@ -9,6 +9,7 @@ naming the key, the value and the reason.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from replaceme_exp.config import schema
@@ -28,17 +29,35 @@ def modality_of(model: schema.ModelConfig) -> str:
     return "vision" if is_vision_config(model) else "text"
 
 
-def writable_directory(key: str, value) -> None:
-    """``value`` names a directory this process can create and write."""
+def writable_directory(key: str, value, subfolders: Iterable[str] = ()) -> None:
+    """``value`` names a directory this process can create and write, and so does each of its
+    ``subfolders`` (paths relative to it): the folder itself where it exists, else its nearest
+    existing parent, must be a writable directory."""
     if not isinstance(value, str) or not value:
         raise ConfigError(key, value, "must be a directory path")
-    existing = Path(value).expanduser()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise ConfigError(key, value, f"{existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(key, value, f"{existing} is not writable")
+    root = Path(value).expanduser()
+    for folder in (root, *(root / sub for sub in subfolders)):
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            raise ConfigError(key, value, f"{existing} is a file, not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(key, value, f"{existing} is not writable")
+
+
+def results_subfolders(c: schema.JobConfig, config_hash: str | None = None) -> list[str]:
+    """The folders under ``results_dir`` a job writes to: its rows (``runs``; ``runs/<config_hash>``
+    once the hash is known), the configurations' locks, cached baselines and, as configured, the
+    saved model (``models``, ``models/<config_hash>``) and transforms."""
+    folders = ["runs", "locks", "baselines"]
+    if c.job == "prune" and c.save_model:
+        folders.append("models")
+    if c.job == "prune" and c.save_transforms:
+        folders.append("transforms")
+    if config_hash is not None:
+        folders += [f"{folder}/{config_hash}" for folder in ("runs", "models") if folder in folders]
+    return folders
 
 
 def existing_file(key: str, value) -> None:
@@ -50,8 +69,8 @@ def existing_file(key: str, value) -> None:
 def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     """Every cross-key rule of a pruning job ``c`` for an estimator with ``needs``; the first broken
     one raises."""
-    for key in ("results_dir", "cache_dir"):
-        writable_directory(key, getattr(c, key))
+    writable_directory("results_dir", c.results_dir, results_subfolders(c))
+    writable_directory("cache_dir", c.cache_dir)
     for key, value in (("checkpoint", c.evaluate.checkpoint), ("dtype", c.evaluate.dtype)):
         if value is not None:
             raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")
@@ -132,8 +151,8 @@ def check_evaluation(c: schema.JobConfig) -> None:
     """The rules of an evaluate job (``job=evaluate``; ``c.model`` is the evaluated model, the
     checkpoint already checked by :func:`check_checkpoint`): only what it reads, the eval suite.
     Calibration, selection, method and healing keys do not act and are not checked."""
-    for key in ("results_dir", "cache_dir"):
-        writable_directory(key, getattr(c, key))
+    writable_directory("results_dir", c.results_dir, results_subfolders(c))
+    writable_directory("cache_dir", c.cache_dir)
     check_eval_suite(c)
     check_eval_kind(c)
 

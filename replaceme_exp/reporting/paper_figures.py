@@ -56,6 +56,7 @@ from replaceme_exp.reporting.paper_settings import (
     finished_runs,
     select_cell,
 )
+from replaceme_exp.reporting.paths import file_name
 
 
 def _pyplot():
@@ -641,7 +642,7 @@ def write_paper_figures(runs: pd.DataFrame, out_dir: str | Path, target: Target 
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for figure in FIGURES.values():
-        png, csv = out / f"{figure.name}.png", out / f"{figure.name}.csv"
+        png, csv = (out / f"{file_name(figure.name)}{suffix}" for suffix in (".png", ".csv"))
         plotted = figure.draw(runs, png, target=target)
         plotted.to_csv(csv, index=False)
         if echo is not None:

@@ -54,6 +54,7 @@ from replaceme_exp.reporting.paper_settings import (
     finished_runs,
     select_cell,
 )
+from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
@@ -613,7 +614,7 @@ def write_paper_tables(
     for spec in TABLES:
         table = build_table(spec, runs, quoted, target)
         for suffix, render in ((".md", to_markdown), (".tex", to_latex)):
-            path = out / f"{spec.name}{suffix}"
+            path = out / f"{file_name(spec.name)}{suffix}"
             path.write_text(render(spec, table, quoted))
             written.append(path)
         if echo is not None:

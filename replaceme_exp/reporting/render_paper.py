@@ -23,6 +23,7 @@ import pandas as pd
 from replaceme_exp.reporting.paper_figures import write_paper_figures
 from replaceme_exp.reporting.paper_settings import Target, resolve_target
 from replaceme_exp.reporting.paper_tables import write_paper_tables
+from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.results.store import ResultsStore
 
 
@@ -35,8 +36,9 @@ def describe_rows(runs: pd.DataFrame, results: str | Path) -> str:
 
 
 def out_folder(out: str | Path, target: Target) -> Path:
-    """``out`` for the paper's settings, ``out/<model>[_<calibration>][_<eval>]`` when retargeted."""
-    return Path(out) / target.folder() if target.retargeted else Path(out)
+    """``out`` for the paper's settings, ``out/<model>[_<calibration>][_<eval>]`` when retargeted
+    (one folder, whatever the names: :func:`~replaceme_exp.reporting.paths.file_name`)."""
+    return Path(out) / file_name(target.folder()) if target.retargeted else Path(out)
 
 
 def protocols_to_render(runs: pd.DataFrame, protocol: str | None) -> list[str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from replaceme_exp.reporting.cells import SETTING_COLUMNS
-from replaceme_exp.results.store import ResultsStore
+from replaceme_exp.reporting.paths import file_name
+from replaceme_exp.results.store import ResultsStore, latest_of_each_config, started_text
 
 
 def _pyplot():
@@ -96,18 +96,14 @@ class Group:
         )
 
 
-def _started(frame: pd.DataFrame) -> pd.Series:
-    if "started_at" not in frame.columns:
-        return pd.Series("", index=frame.index)
-    return frame["started_at"].map(lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v))
-
-
 def split_runs(rows: pd.DataFrame, name: str, title: str) -> Group:
-    """Sort the rows of one group into shown, failed and skipped (with the reason of each skip)."""
+    """Sort the rows of one group into shown, failed and skipped (with the reason of each skip).
+    The latest run of a configuration is its latest by ``run_seq`` (``oldest_first``: not by a
+    node's clock); the tables list runs by ``started_at``."""
     status = rows["status"] if "status" in rows.columns else pd.Series(None, index=rows.index)
-    ordered = rows.assign(_started=_started(rows)).sort_values("_started", kind="mergesort")
+    ordered = rows.assign(_started=started_text(rows)).sort_values("_started", kind="mergesort")
     finished = ordered[status.loc[ordered.index] == "finished"]
-    shown = finished.groupby("config_hash", sort=False).tail(1)
+    shown = latest_of_each_config(finished)
     skipped: dict[str, int] = {}
     if len(finished) > len(shown):
         skipped["older finished runs of a configuration shown by its latest run"] = len(finished) - len(shown)
@@ -116,7 +112,7 @@ def split_runs(rows: pd.DataFrame, name: str, title: str) -> Group:
     if int(later_finished.sum()):
         skipped["failed runs of a configuration that also finished"] = int(later_finished.sum())
     failed_only = failed_all[~later_finished]
-    failed = failed_only.groupby("config_hash", sort=False).tail(1)
+    failed = latest_of_each_config(failed_only)
     if len(failed_only) > len(failed):
         skipped["older failures of a configuration listed by its latest failure"] = len(failed_only) - len(failed)
     other = ordered[~status.loc[ordered.index].isin(["finished", "failed"])]
@@ -278,7 +274,7 @@ def figures(group: Group, folder: Path) -> list[tuple[Path, str]]:
         others = [c for c in varying if c != setting]
         for metric in PLOTTED_METRICS:
             if metric in frame.columns and pd.to_numeric(frame[metric], errors="coerce").notna().any():
-                path = folder / f"{metric}__vs__{setting}.png"
+                path = folder / f"{file_name(f'{metric}__vs__{setting}')}.png"
                 out.append((path, draw_metric(frame, setting, metric, others, path)))
     return out
 
@@ -297,10 +293,6 @@ def group_markdown(group: Group, images: list[tuple[Path, str]], relative_to: Pa
         rel = path.relative_to(relative_to)
         lines.append(f"![{path.stem}]({rel})" + (f"  \n*{footnote}*" if footnote else ""))
     return "\n".join(lines) + "\n"
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "unnamed"
 
 
 def build_groups(table: pd.DataFrame) -> list[Group]:
@@ -335,7 +327,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         if group.name == "all":
             markdown, folder = out / "all.md", out / "all"
         else:
-            markdown, folder = out / "sweeps" / f"{_safe(group.name)}.md", out / "sweeps" / _safe(group.name)
+            markdown, folder = out / "sweeps" / f"{file_name(group.name)}.md", out / "sweeps" / file_name(group.name)
         images = figures(group, folder) if not group.shown.empty else []
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(group_markdown(group, images, markdown.parent))

@@ -58,8 +58,12 @@ def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str | None]:
     return out
 
 
-def start_row(config_hash: str, setting_hash: str, sweep_id: str | None, settings: dict[str, Any]) -> dict:
-    """A new run's row: its identity, the code and libraries, and the job's setting columns."""
+def start_row(
+    config_hash: str, setting_hash: str, sweep_id: str | None, settings: dict[str, Any], run_seq: int | None = None
+) -> dict:
+    """A new run's row: its identity (``run_seq``: its place among its configuration's runs,
+    :meth:`~replaceme_exp.results.store.ResultsStore.next_run_seq`), the code and libraries, and the
+    job's setting columns."""
     return {
         "run_id": new_run_id(),
         "sweep_id": sweep_id,
@@ -68,6 +72,7 @@ def start_row(config_hash: str, setting_hash: str, sweep_id: str | None, setting
         "status": "running",
         "error": None,
         "started_at": now(),
+        "run_seq": run_seq,
         "git_sha": git_sha(),
         "cached_stages": [],
         **{f"{package}_version": v for package, v in library_versions().items()},

@@ -2,6 +2,11 @@
 
 Many jobs on many nodes may write at once: each writes ``runs/<config_hash>/<run_id>.parquet``
 through a temporary file and an atomic rename, so no row is lost or half-written.
+
+Which run of a configuration is its latest is decided by ``run_seq`` (:func:`oldest_first`), a
+number each run takes when it starts, under the configuration's lock: 1 + the largest among the
+configuration's rows. Wall-clock ``started_at`` is not used for that: a rerun on a node whose clock
+is behind would stay hidden behind the row it replaced.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from replaceme_exp.results.row import encode_cell
 from replaceme_exp.storage import atomic_path
 
 log = logging.getLogger(__name__)
+
+RUN_SEQ = "run_seq"  # the row's place among its configuration's runs: 1, 2, ... (ResultsStore.next_run_seq)
 
 
 class ResultsStore:
@@ -37,6 +44,13 @@ class ResultsStore:
     def rows_for(self, config_hash_: str) -> pd.DataFrame:
         return _read_rows(sorted((self.runs / config_hash_).glob("*.parquet")))
 
+    def next_run_seq(self, config_hash_: str) -> int:
+        """The ``run_seq`` of a new run of a configuration: 1 + the largest among its rows (1 for its
+        first run, or when its rows predate the column). The caller holds the configuration's lock
+        (:func:`replaceme_exp.runtime.locks.config_lock`), so two runs never take the same one."""
+        seqs = _run_seqs(self.rows_for(config_hash_)).dropna()
+        return 1 + int(seqs.max()) if not seqs.empty else 1
+
     def finished_row(self, config_hash_: str) -> dict | None:
         """The latest finished run of a configuration (a later failed rerun does not hide it),
         or None when it has none."""
@@ -44,7 +58,24 @@ class ResultsStore:
         if rows.empty or "status" not in rows.columns:
             return None
         done = rows[rows["status"] == "finished"]
-        return None if done.empty else _by_start(done).iloc[-1].to_dict()
+        return None if done.empty else oldest_first(done).iloc[-1].to_dict()
+
+    def remove_leftovers(self, config_hash_: str) -> list[Path]:
+        """Remove the temporary row files (``.<run_id>.parquet.<pid>.tmp``) that killed runs of a
+        configuration left in its folder; returns them. The caller holds the configuration's lock,
+        so no run of it is writing one; a file named by a live process other than this one is
+        kept all the same."""
+        removed = []
+        for tmp in (self.runs / config_hash_).glob(".*.parquet.*.tmp"):
+            if _written_by_other_live_process(tmp):
+                continue
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as err:  # e.g. a read-only folder: the job says so before it computes
+                log.warning("cannot remove the leftover %s: %s", tmp, err)
+                continue
+            removed.append(tmp)
+        return removed
 
     def load(self, latest_per_config: bool = False) -> pd.DataFrame:
         """All rows as one table (columns are the union of the rows' columns). With
@@ -56,6 +87,24 @@ class ResultsStore:
         if latest_per_config:
             table = latest_finished_per_config(table)
         return table.reset_index(drop=True)
+
+
+def _written_by_other_live_process(tmp: Path) -> bool:
+    """Whether the pid in a temporary file's name (``.<name>.<pid>.tmp``) is a live process of
+    this machine other than this one."""
+    try:
+        pid = int(tmp.name.rsplit(".", 2)[-2])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # alive, another user's
+        return True
+    return True
 
 
 def _read_rows(files: list[Path]) -> pd.DataFrame:
@@ -70,22 +119,53 @@ def _read_rows(files: list[Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _started(table: pd.DataFrame) -> pd.Series:
-    """``started_at`` as sortable text ("" where missing: earliest)."""
+def started_text(table: pd.DataFrame) -> pd.Series:
+    """``started_at`` as sortable text ("" where missing: earliest). Wall-clock time: it orders
+    runs of different configurations; runs of one configuration are ordered by :func:`oldest_first`."""
     if "started_at" not in table.columns:
         return pd.Series("", index=table.index)
     return table["started_at"].map(lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v))
 
 
-def _by_start(table: pd.DataFrame) -> pd.DataFrame:
-    return table.loc[_started(table).sort_values(kind="mergesort").index]
+def _run_seqs(table: pd.DataFrame) -> pd.Series:
+    """``run_seq`` as numbers (NaN for a row written before the column existed)."""
+    if RUN_SEQ not in table.columns:
+        return pd.Series(float("nan"), index=table.index)
+    return pd.to_numeric(table[RUN_SEQ], errors="coerce")
+
+
+def oldest_first(table: pd.DataFrame) -> pd.DataFrame:
+    """``table``'s rows so that, within each configuration, a later run comes after an earlier one:
+    by ``run_seq``; rows written before that column existed come before any row with it, ordered
+    among themselves by ``started_at``; ties (two runs without a working lock) by ``started_at``,
+    then ``run_id``. Rows of different configurations are in no meaningful order relative to each
+    other. The one ordering behind every "latest run" (the skip of a finished configuration,
+    :func:`latest_finished_per_config`, the reports)."""
+    seqs = _run_seqs(table)
+    run_ids = table["run_id"].astype(str) if "run_id" in table.columns else pd.Series("", index=table.index)
+    keys = pd.DataFrame(
+        {"has_seq": seqs.notna().astype(int), "seq": seqs.fillna(0), "started": started_text(table), "run_id": run_ids},
+        index=table.index,
+    )
+    return table.loc[keys.sort_values(["has_seq", "seq", "started", "run_id"], kind="mergesort").index]
+
+
+def latest_of_each_config(table: pd.DataFrame) -> pd.DataFrame:
+    """The latest run (:func:`oldest_first`) of each ``config_hash`` among ``table``'s rows, in
+    ``table``'s order."""
+    if table.empty:
+        return table
+    latest = oldest_first(table).groupby("config_hash", sort=False).tail(1).index
+    return table[table.index.isin(latest)]
 
 
 def latest_finished_per_config(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per ``config_hash``: the latest finished one, else the latest one."""
+    """One row per ``config_hash``: the latest finished one, else the latest one; the rows not
+    finished first, then by ``started_at``."""
     if table.empty:
         return table
     finished = (table["status"] == "finished") if "status" in table.columns else pd.Series(False, index=table.index)
-    order = pd.DataFrame({"finished": finished.astype(int), "started": _started(table)}, index=table.index)
-    order = order.sort_values(["finished", "started"], kind="mergesort")
-    return table.loc[order.index].groupby("config_hash", sort=False).tail(1)
+    never_finished = ~finished & ~table["config_hash"].isin(set(table.loc[finished, "config_hash"]))
+    chosen = pd.concat([latest_of_each_config(table[finished]), latest_of_each_config(table[never_finished])])
+    order = pd.DataFrame({"finished": finished.loc[chosen.index].astype(int), "started": started_text(chosen)})
+    return chosen.loc[order.sort_values(["finished", "started"], kind="mergesort").index]

@@ -24,14 +24,20 @@ from replaceme_exp.models.fingerprint import weights_fingerprint
 from replaceme_exp.models.shape import model_shape
 from replaceme_exp.pipeline import JobSpec, run_job
 from replaceme_exp.pipeline.modality import JobPaths
-from replaceme_exp.pipeline.rules import check_given_together, check_shape, overridden_keys
+from replaceme_exp.pipeline.rules import (
+    check_given_together,
+    check_shape,
+    overridden_keys,
+    results_subfolders,
+    writable_directory,
+)
 from replaceme_exp.progress import configure_from, progress_listener, quiet_library_bars
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.results.row import refused_row, start_row
 from replaceme_exp.runtime.locks import config_lock
 from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only, log_files
 from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
-from replaceme_exp.surgery import recover_checkpoint
+from replaceme_exp.surgery import checkpoint_problem, recover_checkpoint
 from replaceme_exp.tracking import WandbRun
 
 log = logging.getLogger("replaceme_exp.job")
@@ -70,19 +76,21 @@ def run_recorded(
     chash = spec.config_hash
     with config_lock(results_dir, chash):
         model_dir = results_dir / "models" / chash
-        recover_checkpoint(model_dir)
-        if removed := TokenStore.remove_leftovers(chash, c.store.directory):
-            log.info("removed %d token store(s) a killed run of this configuration left", removed)
+        remove_leftovers(store, chash, model_dir, c.store.directory)
         done = store.finished_row(chash) if not c.force else None
-        if done is not None and spec.saves_model and not model_dir.is_dir():
-            log.warning("finished run %s lost its model %s: running again", done["run_id"], model_dir)
+        if done is not None and (problem := missing_output(spec, results_dir)):
+            log.warning("finished run %s: %s: running again", done["run_id"], problem)
             done = None
         if done is not None:
             log.info("skipping: a finished row exists for config_hash=%s", chash)
             done["status"] = "skipped"
             done["row_path"] = str(store.row_path(done))
             return done
-        row = start_row(chash, spec.setting_hash, sweep_id, spec.setting_columns())
+        try:  # the configuration's own folders (its rows, its model), before anything is computed
+            writable_directory("results_dir", str(results_dir), results_subfolders(c, chash))
+        except ConfigError as err:
+            return refused(cfg, err, sweep_id, raise_on_failure)
+        row = start_row(chash, spec.setting_hash, sweep_id, spec.setting_columns(), store.next_run_seq(chash))
         row.update(model_fingerprint=weights, sweep_name=sweep_name)
         row["sweep_group"] = " ".join(filter(None, [sweep_name, sweep_id])) or None
         job_dir = Path(job_dir) if job_dir else results_dir / "jobs" / row["run_id"]
@@ -91,14 +99,37 @@ def run_recorded(
         return run_and_record(spec, paths, row, store, tracker, raise_on_failure)
 
 
+def missing_output(spec: JobSpec, results_dir: Path) -> str | None:
+    """What a finished run of ``spec``'s configuration was to leave and is not there whole (its
+    model, checked against the list of files its save wrote; its transforms file), or None."""
+    chash = spec.config_hash
+    if spec.saves_model and (problem := checkpoint_problem(results_dir / "models" / chash)):
+        return f"its model is not whole ({problem})"
+    transforms = results_dir / "transforms" / f"{chash}.safetensors"
+    if spec.job == "prune" and spec.config.save_transforms and not transforms.is_file():
+        return f"its transforms file {transforms} is missing"
+    return None
+
+
+def remove_leftovers(store: ResultsStore, config_hash: str, model_dir: Path, token_stores: str | None) -> None:
+    """Put back a finished model a killed save moved aside, and remove what killed runs of the
+    configuration left: partial saves, token stores, temporary row files. The caller holds the
+    configuration's lock."""
+    recover_checkpoint(model_dir)
+    if removed := TokenStore.remove_leftovers(config_hash, token_stores):
+        log.info("removed %d token store(s) a killed run of this configuration left", removed)
+    if removed := store.remove_leftovers(config_hash):
+        log.info("removed %d temporary row file(s) a killed run of this configuration left", len(removed))
+
+
 def refused(cfg: DictConfig, err: ConfigError, sweep_id: str | None, raise_on_failure: bool) -> dict:
     """The failed row of a configuration refused before it ran (the error is the job summary's
-    line: not logged twice)."""
+    line: not logged twice, nor whether its row could not be written: the error says so)."""
     row = refused_row(cfg, err, sweep_id)
     try:
         row["row_path"] = str(ResultsStore(to_absolute_path(cfg.results_dir)).write(row))
     except Exception as write_err:  # noqa: BLE001 - results_dir itself may be the bad value
-        log.error("no row written: %s", write_err)
+        row["error"] += f" (no row written: {write_err})"
     if raise_on_failure:
         raise err
     return row
@@ -141,9 +172,15 @@ def run_and_record(
         log.warning("W&B logging failed: %s", err)
     try:
         path = store.write(row)
-    except OSError as err:  # e.g. a full disk: say so in one line; no partial row file is left
-        log.error("row of run %s not written under %s: %s", row["run_id"], store.runs, err)
-        raise
+    except OSError as err:  # e.g. a full disk: no partial row file is left; said in one line
+        lost = f"row not written under {store.runs / row['config_hash']}: {err}"
+        if failure is None and not raise_on_failure:  # the job summary's line says it
+            row.update(status="failed", error=f"{type(err).__name__}: {lost}", failed_stage="save")
+            return row
+        log.error("%s", lost)
+        if failure is None:
+            raise
+        path = None
     if failure is not None:
         log.debug("failed row written to %s", path)
         if raise_on_failure or isinstance(failure, JobInterrupted):
