@@ -397,6 +397,15 @@ def test_the_suites_datasets_are_those_lm_evals_full_task_index_gives(suite):
     assert found == expected and not unknown and len(found) >= len(harness.tasks)
 
 
+# ---- the model's tokenizer -----------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_a_random_models_tokenizer_other_than_embedded_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"^model.tokenizer='bogus': choose one of embedded$"):
+        spec(tmp_path, "model.tokenizer=bogus")
+
+
 # ---- a job ---------------------------------------------------------------------------------------
 
 
