@@ -164,7 +164,7 @@ class PretrainedModelConfig(ModelConfig):
 class RandomModelConfig(ModelConfig):
     """Random weights from an explicit transformers config (tests, benchmarks at paper shapes)."""
 
-    tokenizer: str = key(doc="whose tokenizer: embedded (SmolLM2's)")
+    tokenizer: Literal["embedded"] = key(doc="whose tokenizer: embedded (SmolLM2's, the only one a random model has)")
     init_seed: int = key(0, doc="seed of the random weights")
     config: dict[str, Any] = key(doc="transformers config keys (model_type, hidden_size, ...)")
 

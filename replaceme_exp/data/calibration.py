@@ -2,21 +2,34 @@
 
 A source (``calibration.source``) is registered with the schema shapes of its options and a
 reader: a text source yields documents (rendered text: prose, or chats in the model's template),
-an image source yields images. Adding a source is one file that registers it (see
-``docs/extending/calibration-source.md``) and one YAML under ``conf/calibration``.
+an image source yields images. A source that reads a user's files or the hub also declares, for
+the checks before the model loads, a ``check`` of its files and the ``hub_datasets`` it reads.
+Adding a source is one file that registers it (see ``docs/extending/calibration-source.md``) and
+one YAML under ``conf/calibration``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build
+from replaceme_exp.data import files
 from replaceme_exp.data.batching import TokenBatches, pack_windows, tokenize_documents
-from replaceme_exp.data.generated import self_generated_documents
-from replaceme_exp.data.sources import document_as_chat, hf_dataset_documents, pydoc_documents, text_file_documents
+from replaceme_exp.data.files import JsonRecords, check_text
+from replaceme_exp.data.generated import check_prompts, prompts_hub_datasets, self_generated_documents
+from replaceme_exp.data.hub import HubDataset
+from replaceme_exp.data.sources import (
+    document_as_chat,
+    hf_dataset_documents,
+    pack_paragraphs,
+    pydoc_documents,
+    render_record,
+    text_file_documents,
+)
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.registry import Registry
 
@@ -35,40 +48,63 @@ class Answerer:
     cache_dir: str
 
 
+def no_files(cfg, key: str, n_samples: int | None) -> None:
+    """A source that reads no file of the user's."""
+
+
+def no_hub_datasets(cfg, key: str) -> list[HubDataset]:
+    """A source that reads nothing from the hub."""
+    return []
+
+
 @dataclass(frozen=True)
 class CalibrationSource:
     """A kind of calibration data. ``modality``: ``text`` or ``vision``; ``shapes``: the schema
     classes its options may take; ``read``: for text ``(cfg, tokenizer, n_samples, seed,
-    answerer) -> documents``, for images ``(cfg) -> {name: PIL image}``."""
+    answerer) -> documents``, for images ``(cfg) -> {name: PIL image}``. Checked before the model
+    loads: ``check(cfg, key, n_samples)`` reads the user's files the source reads (``key``: where
+    its options are, e.g. ``calibration``; ``n_samples``: what it must give, None: not known) and
+    raises one :class:`ConfigError` for the first problem; ``hub_datasets(cfg, key)`` lists the
+    hub datasets it reads (:func:`~replaceme_exp.data.hub.require_available` resolves them)."""
 
     name: str
     modality: str
     shapes: tuple[type, ...]
     read: Callable
+    check: Callable[[Any, str, int | None], None] = no_files
+    hub_datasets: Callable[[Any, str], list[HubDataset]] = no_hub_datasets
 
 
 CALIBRATION_SOURCES: Registry[CalibrationSource] = Registry("calibration.source", "calibration source")
+# What to calibrate on instead of a text dataset that cannot be read here.
+LOCAL_TEXT = "calibrate on local text (calibration=pydoc, text_file or jsonl)"
 
 
-def calibration_source(name: str, modality: str, *shapes: type) -> Callable:
-    """Register the decorated reader as the calibration source ``name``."""
+def calibration_source(
+    name: str, modality: str, *shapes: type, check: Callable = no_files, hub_datasets: Callable = no_hub_datasets
+) -> Callable:
+    """Register the decorated reader as the calibration source ``name`` (with its ``check`` of
+    files and its ``hub_datasets``, see :class:`CalibrationSource`)."""
 
     def register(read: Callable) -> Callable:
-        CALIBRATION_SOURCES.register(name, CalibrationSource(name, modality, shapes, read))
+        CALIBRATION_SOURCES.register(name, CalibrationSource(name, modality, shapes, read, check, hub_datasets))
         return read
 
     return register
 
 
+def too_few(count: int, n_samples: int, source: str, seq_len: int) -> ConfigError | None:
+    """The refusal of ``n_samples`` drawn from ``count`` documents (None: enough)."""
+    if count >= n_samples:
+        return None
+    reason = f"the {source} source holds only {count} documents of up to {seq_len} tokens"
+    return ConfigError("calibration.n_samples", n_samples, f"{reason}; lower n_samples or give more text")
+
+
 def drawn(documents: list[str], n_samples: int, seed: int, source: str, seq_len: int) -> list[str]:
     """``n_samples`` of ``documents`` in an order drawn by ``seed``."""
-    if len(documents) < n_samples:
-        raise ConfigError(
-            "calibration.n_samples",
-            n_samples,
-            f"the {source} source holds only {len(documents)} documents of up to {seq_len} tokens; "
-            f"lower n_samples or give more text",
-        )
+    if refusal := too_few(len(documents), n_samples, source, seq_len):
+        raise refusal
     order = list(range(len(documents)))
     random.Random(seed).shuffle(order)
     return [documents[i] for i in order[:n_samples]]
@@ -83,15 +119,52 @@ def pydoc_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) 
 @calibration_source("pydoc_chat", "text", schema.TextCalibrationConfig)
 def pydoc_chat_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """The documents ``pydoc`` draws with the same seed, each rendered as a user/assistant chat."""
-    chosen = drawn(pydoc_documents("calibration", cfg.seq_len * CHARS_PER_TOKEN), n_samples, seed, "pydoc_chat", cfg.seq_len)
+    documents = pydoc_documents("calibration", cfg.seq_len * CHARS_PER_TOKEN)
+    chosen = drawn(documents, n_samples, seed, "pydoc_chat", cfg.seq_len)
     return [document_as_chat(d, tokenizer) for d in chosen]
 
 
-@calibration_source("text_file", "text", schema.FileCalibrationConfig)
+def check_text_file(cfg, key: str, n_samples: int | None) -> None:
+    """The text file is UTF-8 text (its first :data:`~replaceme_exp.data.files.PREFLIGHT_BYTES`);
+    read whole, it packs into ``n_samples`` documents."""
+    text = check_text(f"{key}.path", cfg.path)
+    if text is None or n_samples is None:
+        return
+    documents = pack_paragraphs(text, cfg.seq_len * CHARS_PER_TOKEN)
+    if refusal := too_few(len(documents), n_samples, "text_file", cfg.seq_len):
+        raise refusal
+
+
+@calibration_source("text_file", "text", schema.FileCalibrationConfig, check=check_text_file)
 def text_file_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """A user's plain text, paragraphs packed into documents of about ``seq_len`` tokens."""
     documents = text_file_documents(cfg.path, cfg.seq_len * CHARS_PER_TOKEN)
     return drawn(documents, n_samples, seed, "text_file", cfg.seq_len)
+
+
+def check_json_records(cfg, key: str, n_samples: int | None) -> None:
+    """A local JSON file (``dataset: json``): each record, in the first
+    :data:`~replaceme_exp.data.files.PREFLIGHT_BYTES` of each file, is a JSON object that renders to
+    text with the configured fields (:func:`~replaceme_exp.data.sources.render_record`, the rule the
+    job applies; the chat template aside)."""
+    if cfg.dataset != "json":
+        return
+    paths = cfg.path if isinstance(cfg.path, list) else [cfg.path]
+    if not all(isinstance(p, str) and p for p in paths):
+        raise ConfigError(f"{key}.path", cfg.path, "set the path of a JSONL file")
+    template, pairs = getattr(cfg, "text_template", None), getattr(cfg, "pair_fields", None)
+    for path in paths:
+        for where, record in JsonRecords(f"{key}.path", path, path, files.PREFLIGHT_BYTES).records():
+            try:
+                render_record(record, cfg.text_field, cfg.chat_field, None, template, cfg.chat_turns, pairs)
+            except ConfigError as err:
+                raise ConfigError(err.key, err.value, f"{where} of {path}: {err.reason}") from err
+
+
+def dataset_hub_datasets(cfg, key: str) -> list[HubDataset]:
+    if cfg.dataset == "json":
+        return []
+    return [HubDataset(f"{key}.dataset", cfg.dataset, cfg.dataset, getattr(cfg, "subset", None), instead=LOCAL_TEXT)]
 
 
 @calibration_source(
@@ -102,6 +175,8 @@ def text_file_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=No
     schema.TemplatedDatasetCalibrationConfig,
     schema.JsonlCalibrationConfig,
     schema.OpenDatasetCalibrationConfig,
+    check=check_json_records,
+    hub_datasets=dataset_hub_datasets,
 )
 def dataset_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """Records of a hub dataset, or of a local JSONL file (``dataset: json``), as text or chats."""
@@ -126,7 +201,14 @@ def dataset_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None
     )
 
 
-@calibration_source("generated", "text", schema.GeneratedCalibrationConfig, schema.DatasetPromptsCalibrationConfig)
+@calibration_source(
+    "generated",
+    "text",
+    schema.GeneratedCalibrationConfig,
+    schema.DatasetPromptsCalibrationConfig,
+    check=check_prompts,
+    hub_datasets=prompts_hub_datasets,
+)
 def generated_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """Prompts answered by the model being pruned (``answerer``), as chats."""
     if answerer is None:
@@ -134,14 +216,39 @@ def generated_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=No
     return self_generated_documents(cfg, tokenizer, answerer.model, answerer.identity, answerer.cache_dir)
 
 
-@calibration_source("mix", "text", schema.MixCalibrationConfig)
-def mixed_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
-    """Shares of ``n_samples`` from each of ``parts`` (the last part takes the rest), shuffled."""
-    documents: list[str] = []
+def mix_parts(cfg, n_samples: int) -> list[tuple[str, schema.MixPartConfig, int]]:
+    """The parts of a ``mix`` as (name, options, share of ``n_samples``): the last part takes the
+    rest; a part without ``seq_len`` takes the mix's."""
+    out: list[tuple[str, schema.MixPartConfig, int]] = []
     parts = list(cfg.parts.items())
     for i, (name, raw) in enumerate(parts):
         part = build(schema.MixPartConfig, raw, f"calibration.parts.{name}")
-        share = round(n_samples * float(part.fraction)) if i < len(parts) - 1 else n_samples - len(documents)
+        if part.seq_len is None:
+            part = dataclasses.replace(part, seq_len=cfg.seq_len)
+        taken = sum(share for _, _, share in out)
+        share = round(n_samples * float(part.fraction)) if i < len(parts) - 1 else n_samples - taken
+        out.append((name, part, share))
+    return out
+
+
+def check_mix(cfg, key: str, n_samples: int | None) -> None:
+    for name, part, share in mix_parts(cfg, int(n_samples or cfg.n_samples)):
+        CALIBRATION_SOURCES.get(part.source).check(part, f"{key}.parts.{name}", share if n_samples else None)
+
+
+def mix_hub_datasets(cfg, key: str) -> list[HubDataset]:
+    return [
+        dataset
+        for name, part, _ in mix_parts(cfg, int(cfg.n_samples))
+        for dataset in CALIBRATION_SOURCES.get(part.source).hub_datasets(part, f"{key}.parts.{name}")
+    ]
+
+
+@calibration_source("mix", "text", schema.MixCalibrationConfig, check=check_mix, hub_datasets=mix_hub_datasets)
+def mixed_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
+    """Shares of ``n_samples`` from each of ``parts`` (the last part takes the rest), shuffled."""
+    documents: list[str] = []
+    for i, (_, part, share) in enumerate(mix_parts(cfg, n_samples)):
         source = CALIBRATION_SOURCES.get(part.source)
         documents.extend(source.read(part, tokenizer, share, seed + i, answerer))
     random.Random(seed).shuffle(documents)

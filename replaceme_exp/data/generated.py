@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from replaceme_exp.data import files
+from replaceme_exp.data.files import JsonRecords, TextFile
+from replaceme_exp.data.hub import HubDataset
 from replaceme_exp.data.sources import dataset_records, first_user_turn, render_prompts, render_record
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.progress import progress
@@ -41,26 +44,72 @@ log = logging.getLogger(__name__)
 SHIPPED_PROMPTS = Path(__file__).with_name("prompts") / "instructions.jsonl"
 
 
+def prompt_pool(path: str | None, limit: int | None = None) -> tuple[list[str], bool]:
+    """The prompts of ``path`` (see :func:`load_prompts`) in its first ``limit`` bytes (None: all),
+    and whether that was the whole file. Every line is checked as
+    :class:`~replaceme_exp.data.files.TextFile` / :class:`~replaceme_exp.data.files.JsonRecords`
+    check it: one error naming ``calibration.prompts_path``, the file and the line."""
+    key = "calibration.prompts_path"
+    file = SHIPPED_PROMPTS if not path else Path(path).expanduser()
+    value = path or str(file)
+    if file.suffix == ".jsonl":
+        records = JsonRecords(key, value, file, limit)
+        prompts = []
+        for where, record in records.records():
+            if record.get("prompt") is None:
+                reason = f"{where}: no JSON prompt (no 'prompt' field; its keys: {sorted(record)})"
+                raise ConfigError(key, value, reason)
+            prompts.append(str(record["prompt"]))
+        return prompts, records.complete
+    text = TextFile(key, value, file, limit)
+    lines = [line.strip() for _, line in text.lines()]
+    prompts = [line for line in lines if line]
+    if not prompts and text.complete:
+        raise ConfigError(key, value, "holds no text" + ("" if lines else " (the file is empty)"))
+    return prompts, text.complete
+
+
 def load_prompts(path: str | None) -> list[str]:
     """The prompt pool: the shipped instructions (``path`` null), a JSONL file (``prompt`` field)
     or a text file (one prompt per line)."""
-    file = SHIPPED_PROMPTS if not path else Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError("calibration.prompts_path", path, "no such file")
-    lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if file.suffix == ".jsonl":
-        prompts = []
-        for number, line in enumerate(lines, 1):
-            try:
-                prompts.append(str(json.loads(line)["prompt"]))
-            except (ValueError, KeyError, TypeError) as err:
-                reason = f"line {number}: no JSON prompt ({err})"
-                raise ConfigError("calibration.prompts_path", str(file), reason) from err
-    else:
-        prompts = [line.strip() for line in lines]
-    if not prompts:
-        raise ConfigError("calibration.prompts_path", str(file), "holds no prompt")
-    return prompts
+    return prompt_pool(path)[0]
+
+
+def check_prompts(cfg, key: str, n_samples: int | None) -> None:
+    """Before the model loads: the prompts file (``prompts_path``), or the local prompt records
+    (``prompts_dataset: json``), checked in their first
+    :data:`~replaceme_exp.data.files.PREFLIGHT_BYTES`; read whole, they hold ``n_samples`` prompts."""
+    if getattr(cfg, "prompts_dataset", None):
+        if cfg.prompts_dataset != "json":
+            return
+        paths = cfg.prompts_data_files if isinstance(cfg.prompts_data_files, list) else [cfg.prompts_data_files]
+        count, complete = 0, True
+        for file in paths:
+            records = JsonRecords(f"{key}.prompts_data_files", file, str(file), files.PREFLIGHT_BYTES)
+            for where, record in records.records():
+                try:
+                    first_user_turn(record, cfg.prompts_chat_field, cfg.prompts_text_field, f"{key}.prompts_chat_field")
+                except ConfigError as err:
+                    raise ConfigError(err.key, err.value, f"{where} of {file}: {err.reason}") from err
+                count += 1
+            complete = complete and records.complete
+        if complete and n_samples is not None and count < n_samples:
+            reason = f"the prompt dataset gave only {count} records; lower n_samples"
+            raise ConfigError("calibration.n_samples", n_samples, reason)
+        return
+    if cfg.prompts_path is None:
+        return
+    prompts, complete = prompt_pool(cfg.prompts_path, files.PREFLIGHT_BYTES)
+    if complete and n_samples is not None and len(prompts) < n_samples:
+        chosen_prompts(prompts, n_samples, 0)  # its refusal
+
+
+def prompts_hub_datasets(cfg, key: str) -> list[HubDataset]:
+    dataset = getattr(cfg, "prompts_dataset", None)
+    if not dataset or dataset == "json":
+        return []
+    instead = "use the shipped prompts (calibration=self_generated) or local ones (calibration.prompts_dataset=json)"
+    return [HubDataset(f"{key}.prompts_dataset", dataset, dataset, cfg.prompts_subset, instead=instead)]
 
 
 def dataset_prompts(cfg, n_samples: int, seed: int) -> list[str]:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import warnings
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from replaceme_exp.config import schema
 from replaceme_exp.data.batching import ImageBatch, TokenBatches
 from replaceme_exp.data.calibration import CALIBRATION_SOURCES, calibration_source
+from replaceme_exp.data.hub import HubDataset
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.storage import (
     discard_entry,
@@ -59,26 +61,80 @@ def _is_image(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
 
 
-@calibration_source("image_folder", "vision", schema.FolderImagesConfig)
+def image_files(key: str, path: str) -> list[Path]:
+    """The image files under the folder ``path`` (recursively, sorted); a missing folder or one
+    without images is refused naming ``key``."""
+    root = Path(str(path)).expanduser()
+    if not root.is_dir():
+        raise ConfigError(key, path, "no such image folder")
+    try:
+        files = sorted(p for p in root.rglob("*") if _is_image(p))
+    except OSError as err:
+        raise ConfigError(key, path, f"cannot be listed ({err.strerror or err})") from err
+    if not files:
+        raise ConfigError(key, path, f"holds no image file ({', '.join(IMAGE_SUFFIXES)})")
+    return files
+
+
+def opened_image(key: str, folder: str, file: Path) -> "Image.Image":  # noqa: F821
+    """``file`` opened by PIL, its header read and its size checked against PIL's limit against
+    decompression bombs (``PIL.Image.MAX_IMAGE_PIXELS``); its pixels are not decoded yet. A file PIL
+    cannot identify or a bomb is refused naming ``key``, the folder and the file."""
+    from PIL import Image
+
+    name = file.relative_to(Path(str(folder)).expanduser())
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked below
+            image = Image.open(file)
+    except Image.DecompressionBombError as err:
+        raise ConfigError(key, folder, f"{name}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - PIL raises several types for a file it cannot read
+        raise ConfigError(key, folder, f"{name} is not an image PIL can read ({err})") from err
+    width, height = image.size
+    if limit is not None and width * height > limit:
+        image.close()
+        reason = f"{name} has {width} x {height} pixels, more than PIL's limit of {limit} (a decompression bomb?)"
+        raise ConfigError(key, folder, reason)
+    return image
+
+
+def check_image_folder(cfg, key: str, n_samples: int | None = None) -> None:
+    """Before the model loads: every image file's header (format and size, no pixels decoded)."""
+    for file in image_files(f"{key}.path", cfg.path):
+        opened_image(f"{key}.path", cfg.path, file).close()
+
+
+def read_image(key: str, folder: str, file: Path) -> "Image.Image":  # noqa: F821
+    """``file`` decoded as an RGB image (checked as :func:`opened_image` checks it); a file that
+    does not decode (truncated, corrupt) is refused naming ``key``, the folder and the file."""
+    with opened_image(key, folder, file) as image:
+        try:
+            return image.convert("RGB")
+        except Exception as err:  # noqa: BLE001 - a broken file: PIL raises OSError, SyntaxError, ValueError, ...
+            name = file.relative_to(Path(str(folder)).expanduser())
+            raise ConfigError(key, folder, f"{name} cannot be decoded ({type(err).__name__}: {err})") from err
+
+
+@calibration_source("image_folder", "vision", schema.FolderImagesConfig, check=check_image_folder)
 def image_folder(cfg) -> dict[str, "Image.Image"]:  # noqa: F821
     """Every image file under ``cfg.path`` (recursively, sorted)."""
     return folder_images(cfg.path)
 
 
-def folder_images(path: str) -> dict[str, "Image.Image"]:  # noqa: F821
+def folder_images(path: str, key: str = "calibration.path") -> dict[str, "Image.Image"]:  # noqa: F821
     """Every image file under ``path`` (recursively, sorted), as RGB PIL images by relative path."""
-    from PIL import Image
-
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise ConfigError("calibration.path", path, "no such image folder")
-    files = sorted(p for p in root.rglob("*") if _is_image(p))
-    if not files:
-        raise ConfigError("calibration.path", path, f"holds no image file ({', '.join(IMAGE_SUFFIXES)})")
-    return {str(p.relative_to(root)): Image.open(p).convert("RGB") for p in files}
+    root = Path(str(path)).expanduser()
+    return {str(p.relative_to(root)): read_image(key, path, p) for p in image_files(key, path)}
 
 
-@calibration_source("hub_images", "vision", schema.HubImagesConfig)
+def hub_image_datasets(cfg, key: str) -> list[HubDataset]:
+    instead = "calibrate on local images (calibration=image_folder or bundled_images)"
+    return [HubDataset(f"{key}.dataset", cfg.dataset, cfg.dataset, cfg.subset, instead=instead)]
+
+
+@calibration_source("hub_images", "vision", schema.HubImagesConfig, hub_datasets=hub_image_datasets)
 def hub_images(cfg, n: int | None = None) -> dict[str, "Image.Image"]:  # noqa: F821
     """The first ``n`` images of ``cfg.dataset`` (``cfg.split``, column ``cfg.image_column``),
     streamed from the hub (the paper calibrates CLIP on MIMIC)."""

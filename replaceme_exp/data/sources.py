@@ -12,13 +12,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from replaceme_exp.data.files import JsonRecords, read_text
 from replaceme_exp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,20 +71,11 @@ def pydoc_documents(part: str, max_chars: int) -> list[str]:
 
 
 def text_file_documents(path: str | None, max_chars: int, key: str = "calibration.path") -> list[str]:
+    """The UTF-8 text of ``path`` (:func:`~replaceme_exp.data.files.read_text`: one line naming
+    ``key`` for a missing, unreadable, binary or empty file), paragraphs packed into documents."""
     if not path:
         raise ConfigError(key, path, "set the path of a UTF-8 text file")
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(key, path, "no such file")
-    raw = file.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise ConfigError(key, path, f"is not UTF-8 text (line {line}, byte {err.start}): a binary file?") from err
-    if "\x00" in text:
-        raise ConfigError(key, path, "holds NUL bytes: a binary file, not text")
-    documents = pack_paragraphs(text, max_chars)
+    documents = pack_paragraphs(read_text(key, path, path), max_chars)
     if not documents:
         raise ConfigError(key, path, "the file holds no text")
     return documents
@@ -105,25 +96,13 @@ def first_pair(messages: list[dict]) -> list[dict]:
     ]
 
 
-def check_jsonl(file: Path) -> None:
-    """Every non-empty line of ``file`` is a UTF-8 JSON object; otherwise one error naming the
-    file and the line (before ``datasets`` reads it with a less helpful message)."""
-    with open(file, "rb") as f:
-        if f.read(4096).lstrip()[:1] == b"[":  # one JSON array, not JSON lines: datasets reads it
-            return
-        f.seek(0)
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as err:
-                raise ConfigError("calibration.path", str(file), f"line {number} is not UTF-8 text") from err
-            except json.JSONDecodeError as err:
-                reason = f"line {number} is not valid JSON ({err.msg})"
-                raise ConfigError("calibration.path", str(file), reason) from err
-            if not isinstance(record, dict):
-                raise ConfigError("calibration.path", str(file), f"line {number} is not a JSON object")
+def check_jsonl(file: Path, key: str = "calibration.path") -> None:
+    """Every record of ``file`` (JSON lines, or one JSON array) is a JSON object of UTF-8 text,
+    nested at most :data:`~replaceme_exp.data.files.MAX_JSON_DEPTH` levels, and there is one;
+    otherwise one error naming ``key``, the file and the line (before ``datasets`` reads it with a
+    less helpful message, or a traceback)."""
+    for _ in JsonRecords(key, str(file), file).records():
+        pass
 
 
 def render_record(
@@ -233,7 +212,7 @@ def dataset_records(
             if not Path(str(file)).expanduser().is_file():
                 raise ConfigError(key, str(file), "no such file")
             if path == "json":
-                check_jsonl(Path(str(file)).expanduser())
+                check_jsonl(Path(str(file)).expanduser(), key)
         kwargs["data_files"] = [str(Path(str(f)).expanduser()) for f in files]
     dataset = datasets.load_dataset(path, **kwargs)
     if order == "first":

@@ -25,6 +25,7 @@ import math
 import torch
 from torch import nn
 
+from replaceme_exp.data.hub import HubDataset
 from replaceme_exp.data.images import bundled_images
 from replaceme_exp.errors import ConfigError
 
@@ -58,6 +59,8 @@ BENCHMARKS_VERSION = 1
 # What the scores also depend on: the metrics, and the bundled images' packages.
 LIBRARIES = ("clip-benchmark", "scikit-image", "scikit-learn")
 BUNDLED = ("bundled_objects", "bundled_captions")
+# A classification benchmark's repository files: its class names and its prompt templates.
+CLASSIFICATION_FILES = ("classnames.txt", "zeroshot_classification_templates.txt")
 
 
 def benchmark_task(name: str) -> str:
@@ -66,6 +69,19 @@ def benchmark_task(name: str) -> str:
     if name in BUNDLED:
         return "zeroshot_classification" if name == "bundled_objects" else "zeroshot_retrieval"
     raise ConfigError("eval.benchmarks", name, f"choose among {sorted(HUB_BENCHMARKS) + list(BUNDLED)}")
+
+
+def benchmark_datasets(names: list[str]) -> list[HubDataset]:
+    """The hub datasets (and the repository files a classification benchmark reads its class names
+    and prompts from) of the benchmarks ``names``; the bundled ones need none."""
+    instead = "evaluate on the bundled images (eval=clip_offline)"
+    out = []
+    for name in names:
+        if name in HUB_BENCHMARKS:
+            repo, task = HUB_BENCHMARKS[name]
+            files = CLASSIFICATION_FILES if task == "zeroshot_classification" else ()
+            out.append(HubDataset("eval.benchmarks", name, repo, repo_files=files, instead=instead))
+    return out
 
 
 class ClipForBenchmark(nn.Module):
@@ -158,7 +174,7 @@ def hub_dataset(name: str, processor, limit: int | None) -> ImageDataset:
         return [line.strip() for line in open(path, encoding="utf-8") if line.strip()]
 
     labels = torch.stack(targets) if isinstance(targets[0], torch.Tensor) else torch.tensor(targets)
-    return ImageDataset(pixels, labels, lines("classnames.txt"), lines("zeroshot_classification_templates.txt"))
+    return ImageDataset(pixels, labels, *(lines(file) for file in CLASSIFICATION_FILES))
 
 
 def evaluate_benchmark(

@@ -4,6 +4,10 @@ Each key's own type and range are the schema's (:mod:`replaceme_exp.config.schem
 depends on several keys, on the estimator's declared needs, on the machine (bitsandbytes, a GPU)
 or on files the job will read. Every rule raises one :class:`~replaceme_exp.errors.ConfigError`
 naming the key, the value and the reason.
+
+:func:`check_job` and :func:`check_evaluation` are cheap (a file is only opened, to know it can be
+read): they run wherever a configuration is resolved. :func:`check_inputs` reads what the job will
+read (the contents of its files, the hub datasets it needs), once, when the job is about to run.
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from replaceme_exp.config import schema
+from replaceme_exp.config.validate import build_option
+from replaceme_exp.data import CALIBRATION_SOURCES
+from replaceme_exp.data.files import check_readable, check_text
+from replaceme_exp.data.hub import HubDataset, require_available
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Requirements
-from replaceme_exp.evaluation.clip_benchmarks import benchmark_task
+from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets, benchmark_task
+from replaceme_exp.evaluation.task_datasets import suite_datasets
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.selection.cuts import cut_length, validate_cuts
@@ -61,9 +70,9 @@ def results_subfolders(c: schema.JobConfig, config_hash: str | None = None) -> l
 
 
 def existing_file(key: str, value) -> None:
-    paths = value if isinstance(value, list) and value else [value]
-    if not all(isinstance(p, str) and Path(p).expanduser().is_file() for p in paths):
-        raise ConfigError(key, value, "no such file")
+    """``value`` (a path or a list of paths) names files this process can read (their contents are
+    :func:`check_inputs`'s)."""
+    check_readable(key, value)
 
 
 def check_job(c: schema.JobConfig, needs: Requirements) -> None:
@@ -254,15 +263,10 @@ def check_data(c: schema.JobConfig) -> None:
         if cal.prompts_path is not None:
             existing_file("calibration.prompts_path", cal.prompts_path)
         if isinstance(cal, schema.DatasetPromptsCalibrationConfig) and cal.prompts_dataset == "json":
-            files = cal.prompts_data_files
-            if not (
-                isinstance(files, list)
-                and files
-                and all(isinstance(f, str) and Path(f).expanduser().is_file() for f in files)
-            ) and not (isinstance(files, str) and Path(files).expanduser().is_file()):
-                raise ConfigError(
-                    "calibration.prompts_data_files", files, "no such file (prompts_dataset=json reads it)"
-                )
+            files, key = cal.prompts_data_files, "calibration.prompts_data_files"
+            if not (isinstance(files, list) and files or isinstance(files, str)):
+                raise ConfigError(key, files, "no such file (prompts_dataset=json reads it)")
+            existing_file(key, files)
 
 
 def check_vision(c: schema.JobConfig) -> None:
@@ -303,3 +307,58 @@ def check_hardware(c: schema.JobConfig) -> None:
         raise ConfigError(
             "model.capture_4bit", True, "not with multi_lt=sequential and several cuts (the 4-bit copy is not pruned)"
         )
+
+
+# What to heal on instead of a hub dataset that cannot be read here.
+LOCAL_HEALING_TEXT = "heal on local text (healing/data=pydoc or healing/data=text_file)"
+
+
+def check_inputs(c: schema.JobConfig) -> None:
+    """What the job ``c`` will read, before its model loads: the contents of the user's files
+    (:func:`check_input_files`) and the hub datasets it needs, in the local cache or, online, on a
+    reachable hub (:func:`~replaceme_exp.data.hub.require_available`). Files are read (their first
+    :data:`~replaceme_exp.data.files.PREFLIGHT_BYTES`) and the hub may be asked: run once per job."""
+    check_input_files(c)
+    require_available(hub_datasets(c))
+
+
+def heldout_image_set(c: schema.JobConfig):
+    """The image set of ``eval.heldout_images`` as a calibration option (None: none)."""
+    images = getattr(c.eval, "heldout_images", None)
+    if not images:
+        return None
+    return build_option("calibration", {"name": "heldout_images", **images}, "eval.heldout_images")
+
+
+def check_input_files(c: schema.JobConfig) -> None:
+    """The user's files the job reads, each source by its own ``check`` (calibration text, JSON
+    records, prompts, image headers) and the held-out and healing text: one line naming the key,
+    the file and (JSON lines) the line of the first problem."""
+    if c.job == "prune":
+        source = CALIBRATION_SOURCES.get(c.calibration.source)
+        source.check(c.calibration, "calibration", int(c.calibration.n_samples))
+        if c.healing.name != "none" and c.healing.data.source == "text_file":
+            check_text("healing.data.path", c.healing.data.path)
+    if modality_of(c.model) == "text" and c.eval.text == "text_file":
+        check_text("eval.path", c.eval.path)
+    if (images := heldout_image_set(c)) is not None:
+        CALIBRATION_SOURCES.get(images.source).check(images, "eval.heldout_images", None)
+
+
+def hub_datasets(c: schema.JobConfig) -> list[HubDataset]:
+    """The hub datasets the job ``c`` reads: its calibration source's, the healing text's, the lm-eval
+    suite's tasks', the image benchmarks' (each named by the key that asks for it)."""
+    out: list[HubDataset] = []
+    if c.job == "prune":
+        out += CALIBRATION_SOURCES.get(c.calibration.source).hub_datasets(c.calibration, "calibration")
+        data = c.healing.data
+        if c.healing.name != "none" and isinstance(data, schema.DatasetHealingDataConfig):
+            key = "healing.data.dataset"
+            out.append(HubDataset(key, data.dataset, data.dataset, data.subset, instead=LOCAL_HEALING_TEXT))
+    if c.eval.harness is not None:
+        out += suite_datasets(c.eval.harness)
+    if isinstance(c.eval, schema.ImageEvalConfig):
+        out += benchmark_datasets(list(c.eval.benchmarks))
+        if (images := heldout_image_set(c)) is not None:
+            out += CALIBRATION_SOURCES.get(images.source).hub_datasets(images, "eval.heldout_images")
+    return out

@@ -55,7 +55,7 @@ from replaceme_exp.estimation.numerical import regularizer_warning
 from replaceme_exp.models.fingerprint import file_digest
 from replaceme_exp.models.loading import saved_dtype
 from replaceme_exp.pipeline.protocol import apply_protocol
-from replaceme_exp.pipeline.rules import check_checkpoint, check_evaluation, check_job, modality_of
+from replaceme_exp.pipeline.rules import check_checkpoint, check_evaluation, check_inputs, check_job, modality_of
 from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.selection.passes import SelectionRequest
 from replaceme_exp.storage import content_key
@@ -131,6 +131,12 @@ class JobSpec:
 
     def with_weights(self, weights: dict | None) -> "JobSpec":
         return dataclasses.replace(self, weights=weights)
+
+    def check_inputs(self) -> None:
+        """Read what the job will read, before its model loads (the contents of its files, the hub
+        datasets it needs: :func:`~replaceme_exp.pipeline.rules.check_inputs`). Not cheap: the
+        runner calls it once, for a job that is not skipped."""
+        check_inputs(self.config)
 
     @property
     def job(self) -> str:

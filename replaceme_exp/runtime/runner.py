@@ -2,7 +2,8 @@
 
 :func:`run_recorded` checks the configuration (one failed row naming key, value and reason; no
 model is loaded for a bad value), skips a configuration that already has a finished row (unless
-forced), runs identical jobs one at a time, opens the job's W&B run when the job starts, and
+forced), reads what a job that runs will read (its files' contents, the hub datasets it needs) before
+its model loads, runs identical jobs one at a time, opens the job's W&B run when the job starts, and
 writes a ``finished`` or ``failed`` row (with its error and the stage that failed). A failed job
 does not stop a sweep; a stop signal does, after its row.
 """
@@ -86,8 +87,10 @@ def run_recorded(
             done["status"] = "skipped"
             done["row_path"] = str(store.row_path(done))
             return done
-        try:  # the configuration's own folders (its rows, its model), before anything is computed
+        try:  # the configuration's own folders (its rows, its model), its files and hub datasets, before
+            # anything is computed or its model loads (not for a skipped job)
             writable_directory("results_dir", str(results_dir), results_subfolders(c, chash))
+            spec.check_inputs()
         except ConfigError as err:
             return refused(cfg, err, sweep_id, raise_on_failure)
         row = start_row(chash, spec.setting_hash, sweep_id, spec.setting_columns(), store.next_run_seq(chash))

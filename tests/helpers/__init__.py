@@ -5,6 +5,7 @@
 - ``batches``: random token sequences and padded batches of them.
 - ``explicit``: a hand-written forward pass of a Llama-family model (per-block X, Y, M, L).
 - ``explicit_modules``: hand-built stand-ins for surgery (bypassed blocks, explicit T modules).
+- ``hub_cache``: an empty, offline Hugging Face cache per test, and a hub dataset prepared in it.
 - ``jobs``: the tiny job (the ``debug=smoke`` preset) and the real command line (``run_cli``).
 - ``tables``: synthetic result rows and cell look-ups for the paper's tables.
 - ``templates``: the shipped multirun templates and their ``+group=name`` override.
