@@ -2,6 +2,7 @@
 # make test  : set up what is missing and run the test suite offline (all of it: what CI runs)
 # make test-fast : the inner loop: every test not marked slow, on 2 processes (about 2 minutes)
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
+# make battery : the adversarial battery (bad inputs, injected faults, security probes; figures and results/battery.json)
 # make report : tables and figures of any results (RESULTS=dir) under RESULTS/report
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
@@ -57,6 +58,9 @@ test-fast: setup
 
 bench: setup
 	$(call offline_with_args,"$$PY" benchmarks/bench_capture.py)
+
+battery: setup
+	$(OFFLINE) $(PY) benchmarks/adversarial.py $(ARGS)
 
 # MODEL=, CALIBRATION=, EVAL=: the same tables from runs of another model, calibration set or suite (README).
 paper-tables: setup
