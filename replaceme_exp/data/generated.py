@@ -16,7 +16,6 @@ answer per prompt asked for: anything else is reported, removed and generated ag
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
