@@ -51,8 +51,14 @@ def test_disabled_tracking_writes_nothing_and_leaves_energy_missing(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_failed_job_is_logged_too(tmp_path):
-    cfg = tracked_config(tmp_path, "n_prune=99", "tracking.codecarbon.enabled=false")
+def test_a_failed_job_is_logged_too(tmp_path, monkeypatch):
+    import replaceme_exp.pipeline.job as pipeline_job
+
+    def failing_load(*args, **kwargs):  # a failure after the run started (bad values are refused before)
+        raise RuntimeError("injected failure while loading")
+
+    monkeypatch.setattr(pipeline_job, "load_model", failing_load)
+    cfg = tracked_config(tmp_path, "tracking.codecarbon.enabled=false")
     row = run_recorded(cfg, job_dir=tmp_path / "job", raise_on_failure=False)
     assert row["status"] == "failed"
     (log,) = Path(tmp_path / "job" / "wandb").glob("offline-run-*/run-*.wandb")
