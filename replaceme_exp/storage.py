@@ -260,3 +260,13 @@ def process_umask() -> int:
     except OSError:
         pass
     return 0o022
+
+
+def readable_by_others(directory: str | os.PathLike) -> None:
+    """Give ``directory`` and everything in it the modes a plain ``mkdir`` / write under the process's
+    umask gives (``mkdtemp`` makes 0700 folders, safetensors writes 0600 files), so other users of a
+    shared results folder or cache can read it."""
+    umask = process_umask()
+    root = Path(directory)
+    for path in [root, *root.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)

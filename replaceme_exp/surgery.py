@@ -14,6 +14,7 @@ import torch
 
 from replaceme_exp.models.adapters import DecoderAdapter, adapter_for
 from replaceme_exp.selection.cuts import fusion_blocks
+from replaceme_exp.storage import readable_by_others
 
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
@@ -164,7 +165,7 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
             save_file({f"after_block.{i}": t.contiguous() for i, t in separate.items()}, tmp / SEPARATE_TRANSFORMS_FILE)
         (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str))
         write_manifest(tmp)
-        _readable_by_others(tmp)
+        readable_by_others(tmp)
         replace_directory(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -211,23 +212,6 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
         if (actual := file.stat().st_size) != size:
             return f"{file} has {actual} of {size} bytes"
     return None
-
-
-def _readable_by_others(directory: Path) -> None:
-    """``mkdtemp`` makes 0700 directories: give the saved model the process's usual permissions
-    (umask), so other users of a shared results folder can read it."""
-    os.chmod(directory, 0o777 & ~process_umask())
-
-
-def process_umask() -> int:
-    """The process's umask, read without changing it (``os.umask`` would, for every thread)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
 
 
 def replace_directory(new: Path, target: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -164,6 +165,8 @@ def test_identical_jobs_at_once_run_once_and_models_are_readable_by_others(tmp_p
     umask = os.umask(0)
     os.umask(umask)
     assert os.stat(model_dir).st_mode & 0o777 == 0o777 & ~umask
+    weights = next(Path(model_dir).glob("*.safetensors"))  # safetensors writes 0600 files
+    assert os.stat(weights).st_mode & 0o777 == 0o666 & ~umask
 
 
 @pytest.mark.integration

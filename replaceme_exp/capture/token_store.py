@@ -14,19 +14,11 @@ from pathlib import Path
 
 import torch
 
+from replaceme_exp.storage import pid_alive
+
 log = logging.getLogger(__name__)
 
 LOCATIONS = ("auto", "gpu", "cpu", "disk")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def available_cpu_bytes() -> int:
@@ -135,7 +127,7 @@ class TokenStore:
         removed = 0
         for leftover in root.glob(f"token-store-{owner}-*") if owner and root.is_dir() else []:
             pid = leftover.name[len(f"token-store-{owner}-") :].split("-")[0]
-            if pid.isdigit() and _alive(int(pid)):  # a job of this config still running elsewhere
+            if pid.isdigit() and pid_alive(int(pid)):  # a job of this config still running elsewhere
                 continue
             shutil.rmtree(leftover, ignore_errors=True)
             removed += 1
