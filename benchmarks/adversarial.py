@@ -3,7 +3,7 @@
 own temporary folders, classified from what a user sees: the exit code, the row it wrote, whether
 a traceback was printed, whether the refusal came before the model loaded.
 
-    make battery                                   # every probe (about 10 min on 2 cores)
+    make battery                                   # all 140 probes (28 min on 2 busy cores)
     python benchmarks/adversarial.py --list        # the probes, one line each
     python benchmarks/adversarial.py --only cuts   # the probes whose name or category holds "cuts"
     python benchmarks/adversarial.py --out results/battery.json --keep
@@ -1557,6 +1557,11 @@ def figures(results: list[Result]) -> dict:
         "security": {
             "total": count("security"),
             "vulnerable": count("security", "vulnerable"),
+            # kinds of attack (an item up to its colon: Make variables, row values as paths, _target_ ...)
+            # with at least one vulnerable probe
+            "items_vulnerable": len(
+                {r.item.split(":")[0] for r in results if r.category == "security" and r.outcome == "vulnerable"}
+            ),
             "safe": count("security", "safe"),
             "probe_errors": count("security", "probe_error"),
         },
@@ -1573,7 +1578,8 @@ def summary_lines(f: dict) -> list[str]:
         f"faults ({fa['total']}): {fa['survived']} survived, {fa['partly']} partly, {fa['not']} not; "
         f'{fa["models_lost"]} models lost; {fa["wrong_finished_rows"]} wrong "finished" rows; '
         f"{fa['probe_errors']} probe errors",
-        f"security ({s['total']}): {s['vulnerable']} vulnerable, {s['safe']} safe; {s['probe_errors']} probe errors",
+        f"security ({s['total']}): {s['vulnerable']} vulnerable ({s['items_vulnerable']} kinds of attack), {s['safe']} "
+        f"safe; {s['probe_errors']} probe errors",
     ]
 
 
@@ -1641,9 +1647,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in summary_lines(f):
         print(line)
-    print(f"{time.monotonic() - started:.0f} s")
+    print(f"{time.monotonic() - started:.0f} s (load average {os.getloadavg()[2]:.1f} over the last 15 min)")
     report = {
         "git_sha": git_sha(),
+        "load_average": os.getloadavg(),  # the seconds depend on what else the machine ran
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "seconds": round(time.monotonic() - started),
         "figures": f,

@@ -118,14 +118,17 @@ def test_the_figures_count_each_outcome():
         battery.Result("b", "bad_input", "", "refused_clearly", "", 1),
         battery.Result("c", "bad_input", "", "crashed", "", 1, no_row=True),
         battery.Result("d", "fault", "", "not", "", 1, wrong_finished_row=True),
-        battery.Result("e", "security", "", "vulnerable", "", 1),
+        battery.Result("e", "security", "Make variables", "vulnerable", "", 1),
+        battery.Result("f", "security", "Make variables: CALIBRATION", "vulnerable", "", 1),
+        battery.Result("g", "security", "row values that become paths", "safe", "", 1),
     ]
     figures = battery.figures(results)
     assert figures["bad_inputs"]["refused_clearly"] == 2
     assert figures["bad_inputs"]["refused_clearly_after_load"] == 1
     assert figures["bad_inputs"]["crashed_leaving_no_row"] == 1
     assert figures["faults"]["wrong_finished_rows"] == 1
-    assert figures["security"]["vulnerable"] == 1
+    assert figures["security"]["vulnerable"] == 2
+    assert figures["security"]["items_vulnerable"] == 1
 
 
 def test_every_probe_has_a_unique_name_and_a_known_category():
