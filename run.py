@@ -22,6 +22,7 @@ from replaceme_exp.runtime import JobInterrupted, run_recorded
 from replaceme_exp.runtime.composition import one_line_composition_errors
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
 from replaceme_exp.runtime.sweep_summary import write_job_status
+from replaceme_exp.runtime.targets import guard_hydra_targets
 
 log = logging.getLogger("replaceme_exp")
 
@@ -75,6 +76,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    guard_hydra_targets()
     try:
         with one_line_composition_errors():
             main()

@@ -59,10 +59,36 @@ def refused(tmp_path, *overrides, given: list[str] | None = None) -> str:
         (["alpha=${alpha}"], "alpha='${alpha}': cannot be resolved: Recursive interpolation"),
         (["objective._target_=os.system"], "objective._target_='os.system': only the project's estimator classes"),
         (["objective._target_=subprocess.Popen"], "objective._target_='subprocess.Popen': only the project's"),
+        (["model.device=cuda:0"], "model.device='cuda:0': this machine has no CUDA GPU"),
+        (["capture.cache_dir=/dev/null/stats"], "capture.cache_dir='/dev/null/stats': /dev/null is a file"),
     ],
 )
 def test_what_was_accepted_silently_is_refused_in_one_line(tmp_path, no_model_loads, overrides, named):
     assert refused(tmp_path, *overrides).startswith(named)
+
+
+@pytest.mark.unit
+def test_hydra_instantiates_only_the_projects_and_its_own_classes():
+    from omegaconf import OmegaConf
+
+    from replaceme_exp.runtime.targets import foreign_targets
+
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "callbacks": {
+                    "ours": {"_target_": "replaceme_exp.runtime.callbacks.DirectoryCheck"},
+                    "shared": {"_target_": "shutil.copyfile", "src": "a", "dst": "b"},
+                },
+                "launcher": {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"},
+                "sweeper": {"_target_": "os.system"},
+            }
+        }
+    )
+    assert foreign_targets(config) == [
+        ("hydra.callbacks.shared._target_", "shutil.copyfile"),
+        ("hydra.sweeper._target_", "os.system"),
+    ]
 
 
 @pytest.mark.unit
@@ -241,6 +267,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     [
         (["experiment=uidl_basline"], "experiment=uidl_basline: no such option (choose one of"),
         (["+paper=structured_lts"], "paper/structured_lts is a sweep (structure=generic,diagonal,orthonormal)"),
+        (["+hydra.callbacks.shared._target_=shutil.rmtree"], "hydra.callbacks.shared._target_='shutil.rmtree': only"),
         (
             ["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline", "eval.samples={prompts:[hi]}"],
             "invalid configuration: the overrides cannot be applied",

@@ -16,6 +16,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+
 from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build_option
 from replaceme_exp.data import CALIBRATION_SOURCES
@@ -80,6 +82,8 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     one raises."""
     writable_directory("results_dir", c.results_dir, results_subfolders(c))
     writable_directory("cache_dir", c.cache_dir)
+    if c.capture.cache:
+        writable_directory("capture.cache_dir", c.capture.cache_dir)
     for key, value in (("checkpoint", c.evaluate.checkpoint), ("dtype", c.evaluate.dtype)):
         if value is not None:
             raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")
@@ -290,8 +294,11 @@ def check_vision(c: schema.JobConfig) -> None:
 
 
 def check_hardware(c: schema.JobConfig) -> None:
-    """What the machine must have (bitsandbytes and a GPU for a 4-bit capture) and what a 4-bit
-    capture cannot be combined with."""
+    """What the machine must have (a GPU for a cuda device; bitsandbytes and a GPU for a 4-bit
+    capture) and what a 4-bit capture cannot be combined with."""
+    for key, device in (("model.device", c.model.device), ("capture.device", c.capture.device)):
+        if isinstance(device, str) and device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(key, device, "this machine has no CUDA GPU (use auto or cpu)")
     if not c.model.capture_4bit:
         return
     if c.capture.mode == "layerwise":
