@@ -378,6 +378,13 @@ def test_an_unknown_lm_eval_task_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"eval.harness.tasks='no_such_task_xyz': is not an lm-eval task, group"):
         task_datasets.suite_datasets(suite)
 
+    def moved(names, roots):
+        raise ImportError("No module named 'lm_eval.tasks._index'")
+
+    monkeypatch.setattr(task_datasets, "_partial_index", moved)  # another lm-eval: its full index alone
+    piqa = HarnessConfig(tasks={"piqa": 0}, metrics={"piqa": "acc_norm"})
+    assert [(d.value, d.path) for d in task_datasets.suite_datasets(piqa)] == [("piqa", "baber/piqa")]
+
 
 @pytest.mark.integration
 @pytest.mark.slow

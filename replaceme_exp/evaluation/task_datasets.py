@@ -4,8 +4,9 @@ which task's data is missing before it prunes, not after).
 lm-eval's task index (every YAML under ``lm_eval/tasks``, about 14,000) costs some 10 s to build.
 A suite names a few tasks, so only the YAML files that mention one of its names (or include a file
 that does: a template that tags its tasks) are parsed, with lm-eval's own YAML loader and indexing
-rules, as often as groups and tags name further tasks. A name found that way nowhere is looked up
-in lm-eval's full index once; a name that index does not know either is refused.
+rules (``lm_eval.tasks._index``, ``_yaml_loader``), as often as groups and tags name further tasks.
+A name found that way nowhere (or an lm-eval without those modules) is looked up in lm-eval's full
+index once; a name that index does not know either is refused.
 """
 
 from __future__ import annotations
@@ -141,7 +142,11 @@ def suite_datasets(cfg: HarnessConfig) -> list[HubDataset]:
     names = set(cfg.tasks)
     unknown: set[str] = set()
     for _ in range(8):  # groups name groups: widen the partial index until every name is found
-        index = _partial_index(names, roots)
+        try:
+            index = _partial_index(names, roots)
+        except ImportError:  # an lm-eval release without these modules: its full index below
+            unknown = set(cfg.tasks)
+            break
         unknown = set()
         leaves = {task: _leaves(task, index, unknown, set()) for task in cfg.tasks}
         if not unknown or unknown <= names:
