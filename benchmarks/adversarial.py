@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -895,7 +896,12 @@ def _generated_file(box: Sandbox) -> Path:
 def _tamper_generated(box: Sandbox, change: Callable[[dict], dict]) -> Verdict:
     clean = require(box.job(*SELF_GENERATED), "the clean self-generated run")
     path = _generated_file(box)
-    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    entry = json.loads(path.read_text())
+    if isinstance(entry.get("value"), dict):  # a keyed entry: the answers are its value (its checksum left stale)
+        entry["value"] = change(entry["value"])
+    else:
+        entry = change(entry)
+    path.write_text(json.dumps(entry))
     again = box.job(*SELF_GENERATED, results=_fresh(box, 2))
     row = finished(again)
     return classify_fault(None if row is None else row_differences(clean, row), again.output, note=_warned(again))
@@ -917,7 +923,11 @@ def image_cache_tampered(box: Sandbox) -> Verdict:
     files = sorted((box.cache / "images").glob("*.pt"))  # the calibration images and the held-out ones
     if not files:
         raise ProbeError("no image cache entry")
-    code = "import torch,sys\nfor p in sys.argv[1:]: torch.save(-torch.load(p, weights_only=True), p)"
+    code = (
+        "import torch,sys\nfor p in sys.argv[1:]:\n"
+        "    e = torch.load(p, weights_only=True)\n"
+        "    torch.save({**e, 'pixels': -e['pixels']} if isinstance(e, dict) else -e, p)"
+    )
     subprocess.run([sys.executable, "-c", code, *files], check=True, capture_output=True)
     again = box.job(*CLIP, results=_fresh(box, 2))
     row = finished(again)
@@ -1138,10 +1148,12 @@ def _dead_pid() -> int:
 def leftover_temporary_files(box: Sandbox) -> Verdict:
     first = require(box.job("cuts=[[1,3]]"), "the first run")
     pid = _dead_pid()
+    # named as atomic_path names them (the writer's pid and host); older code wrote no host
+    host = "@" + (re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host")
     planted = [
-        box.results / "runs" / first["config_hash"] / f".{first['run_id']}x.parquet.{pid}.tmp",
-        box.cache / "stats" / f".linear-0123456789abcdef01234567.pt.{pid}.tmp",
-        box.results / "baselines" / f".0123456789abcdef01234567.json.{pid}.tmp",
+        box.results / "runs" / first["config_hash"] / f".{first['run_id']}x.parquet.{pid}{host}.tmp",
+        box.cache / "stats" / f".linear-0123456789abcdef01234567.pt.{pid}{host}.tmp",
+        box.results / "baselines" / f".0123456789abcdef01234567.json.{pid}{host}.tmp",
     ]
     for path in planted:
         path.write_bytes(b"half a file")

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 # A temporary file or folder whose owner cannot be checked (another host sharing the folder, an
 # older naming) is debris only when untouched this long: no write of the project takes an hour.
 STALE_AFTER_S = 3600
+HOST = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
 
 
 def content_key(value: Any, length: int | None = None) -> str:
@@ -47,7 +49,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     without an error, removed otherwise (its parent folder is created)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}@{HOST}.tmp")
     try:
         yield tmp
         os.replace(tmp, target)
@@ -222,13 +224,38 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp$")  # atomic_path's `.<name>.<pid>.tmp`
+# atomic_path's `.<name>.<pid>@<host>.tmp` (older files: `.<name>.<pid>.tmp`, host unknown)
+TEMPORARY = re.compile(r"^\..+\.(\d+)(?:@([A-Za-z0-9_]+))?\.tmp$")
+
+
+def temporary_writer(name: str) -> tuple[int, str | None] | None:
+    """The pid and host that write the temporary file called ``name`` (host None in older names),
+    or None when ``name`` is not one of :func:`atomic_path`'s temporary files."""
+    match = TEMPORARY.match(name)
+    return None if match is None else (int(match.group(1)), match.group(2))
+
+
+def left_by_killed_writer(path: str | os.PathLike, now: float | None = None) -> bool:
+    """Whether the temporary file at ``path`` was left by a writer that is gone: a process of this
+    host that no longer exists, or (another host's, or a name without its host, whose pid means
+    nothing here) a file untouched for ``STALE_AFTER_S``."""
+    writer = temporary_writer(Path(path).name)
+    if writer is None:
+        return False
+    pid, host = writer
+    if host == HOST:
+        return pid != os.getpid() and not pid_alive(pid)
+    if host is None and pid_alive(pid):  # perhaps this host's writer, still writing
+        return False
+    try:
+        return (now or time.time()) - Path(path).stat().st_mtime >= STALE_AFTER_S
+    except OSError:
+        return False
 
 
 def remove_dead_temporaries(folder: str | os.PathLike) -> int:
-    """Remove the temporary files of :func:`atomic_path` in ``folder`` that killed writers left: the
-    writer's pid is gone and the file is untouched for ``STALE_AFTER_S`` (the folder may be shared
-    with other hosts, whose pids mean nothing here). Returns how many were removed."""
+    """Remove the temporary files of :func:`atomic_path` in ``folder`` that killed writers left
+    (:func:`left_by_killed_writer`). Returns how many were removed."""
     removed = 0
     try:
         names = os.listdir(folder)
@@ -236,14 +263,12 @@ def remove_dead_temporaries(folder: str | os.PathLike) -> int:
         return 0
     now = time.time()
     for name in names:
-        match = TEMPORARY.match(name)
-        if match is None or pid_alive(int(match.group(1))):
-            continue
         path = Path(folder) / name
+        if not left_by_killed_writer(path, now):
+            continue
         try:
-            if now - path.stat().st_mtime >= STALE_AFTER_S:
-                path.unlink()
-                removed += 1
+            path.unlink()
+            removed += 1
         except OSError:  # gone meanwhile, or not ours to remove
             continue
     if removed:

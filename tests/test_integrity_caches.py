@@ -181,6 +181,22 @@ def test_temporary_files_of_killed_writers_are_removed_by_the_next_cache_use(tmp
     assert not killed.exists() and writing.exists() and recent.exists() and entry.exists()
 
 
+def test_a_killed_writer_of_this_host_leaves_nothing_for_the_next_use_another_hosts_waits(tmp_path):
+    here_killed = tmp_path / f".linear-abc.pt.{dead_pid()}@{storage.HOST}.tmp"  # fresh: killed a moment ago
+    here_writing = tmp_path / f".linear-def.pt.{os.getppid()}@{storage.HOST}.tmp"
+    elsewhere = tmp_path / f".linear-ghi.pt.{dead_pid()}@another_node.tmp"  # its pid means nothing here
+    for path in (here_killed, here_writing, elsewhere):
+        path.write_bytes(b"x")
+    StatisticsCache(tmp_path, "model", "data")
+    assert not here_killed.exists() and here_writing.exists() and elsewhere.exists()
+    age(elsewhere)
+    storage.remove_dead_temporaries(tmp_path)  # what the next process's first use does
+    assert not elsewhere.exists()
+    with storage.atomic_path(tmp_path / "entry.pt") as tmp:  # what a writer names its temporary file
+        tmp.write_bytes(b"x")
+        assert storage.temporary_writer(tmp.name) == (os.getpid(), storage.HOST)
+
+
 # --- the unpruned baseline -----------------------------------------------------------------------
 
 

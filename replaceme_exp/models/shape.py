@@ -63,12 +63,38 @@ def _named(cfg: ModelConfig, field: str | None = None) -> tuple[str, object]:
     return (f"model.config.{field}", config.get(field)) if field else ("model.config", config.get("model_type"))
 
 
+# The sizes of a random-weight config that must be positive integers, and pairs (a, b) where a must be
+# a multiple of b (without an explicit head_dim, heads split the hidden size).
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "max_position_embeddings")  # fmt: skip
+MULTIPLES = (("hidden_size", "num_attention_heads"), ("num_attention_heads", "num_key_value_heads"))
+
+
+def check_random_config(cfg: ModelConfig) -> None:
+    """A random-weight config's sizes, named key by key (``model.config.<key>``) before transformers
+    is asked to build it."""
+    config = dict(cfg.config)
+    for name in SIZE_KEYS:
+        value = config.get(name)
+        if value is not None and not (type(value) is int and value > 0):
+            raise ConfigError(f"model.config.{name}", value, "must be a positive integer")
+    if (layers := config.get("num_hidden_layers")) is not None and layers < 2:
+        raise ConfigError("model.config.num_hidden_layers", layers, "pruning needs at least 2 blocks")
+    for whole, part in MULTIPLES:
+        if whole == "hidden_size" and config.get("head_dim") is not None:
+            continue
+        a, b = config.get(whole), config.get(part)
+        if a is not None and b is not None and a % b:
+            raise ConfigError(f"model.config.{part}", b, f"must divide model.config.{whole}={a}")
+
+
 def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
     """The transformers config of ``cfg``'s model, without its weights. A random-weight config
     transformers refuses raises :class:`ConfigError` naming ``model.config``; a config that cannot
     be read (not cached offline, no network) gives None: the load says why."""
     AutoConfig, _, _ = _transformers()
     if cfg.source == "random":
+        check_random_config(cfg)
         try:
             return AutoConfig.for_model(**dict(cfg.config))
         except Exception as err:  # noqa: BLE001 - transformers validates configs with several error types

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from replaceme_exp.results.row import encode_cell
-from replaceme_exp.storage import atomic_path
+from replaceme_exp.storage import HOST, atomic_path, left_by_killed_writer, pid_alive, temporary_writer
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +90,15 @@ class ResultsStore:
 
 
 def _written_by_other_live_process(tmp: Path) -> bool:
-    """Whether the pid in a temporary file's name (``.<name>.<pid>.tmp``) is a live process of
-    this machine other than this one."""
-    try:
-        pid = int(tmp.name.rsplit(".", 2)[-2])
-    except ValueError:
+    """Whether the writer named in a temporary file's name (``.<name>.<pid>@<host>.tmp``) may still
+    be writing it: a live process of this host other than this one, or another host's process."""
+    writer = temporary_writer(tmp.name)
+    if writer is None:
         return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # alive, another user's
-        return True
-    return True
+    pid, host = writer
+    if host not in (None, HOST):
+        return not left_by_killed_writer(tmp)
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def _read_rows(files: list[Path]) -> pd.DataFrame:

@@ -86,7 +86,11 @@ def one_line_composition_errors() -> Iterator[None]:
             raise
         logging.basicConfig(format="%(message)s")
         first = str(err).splitlines()[0] if str(err) else ""
-        log.error("invalid configuration: the overrides cannot be applied (%s: %s)", type(err).__name__, first)
+        nested = [o for o in sys.argv[1:] if "=" in o and "." in o.split("=", 1)[0] and not o.startswith("hydra")]
+        hint = f": check {' '.join(nested)} (OmegaConf cannot set a key under a node that is null)" if nested else ""
+        log.error(
+            "invalid configuration: the overrides cannot be applied (%s: %s)%s", type(err).__name__, first, hint
+        )
         sys.exit(2)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
