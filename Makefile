@@ -1,5 +1,5 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
-# make test  : set up what is missing and run the test suite offline (all of it: what CI runs)
+# make test  : set up what is missing and run the test suite offline (all of it, on 2 processes: what CI runs)
 # make test-fast : the inner loop: every test not marked slow, on 2 processes (about 2 minutes)
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
 # make battery : the adversarial battery (bad inputs, injected faults, security probes; figures and results/battery.json)
@@ -13,11 +13,14 @@
 # TORCH keep the values below unless set on the command line (not from the environment).
 USER_VARIABLES := MODEL CALIBRATION EVAL PROTOCOL RESULTS SWEEP ARGS TEST_WORKERS PYTHON
 MAKEFILE_VARIABLES := VENV PY TORCH
+# Defaults before the export below: `export X` defines an undefined X (empty), which `?=` would keep.
+PYTHON ?= python3
+# pytest-xdist processes of make test and make test-fast (one torch thread each)
+TEST_WORKERS ?= 2
 $(foreach v,$(USER_VARIABLES),$(if $(filter command environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 $(foreach v,$(MAKEFILE_VARIABLES),$(if $(filter command,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARIABLES) $(MAKEFILE_VARIABLES)
 
-PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 override STAMP := $(VENV)/.installed
@@ -49,10 +52,9 @@ run: setup
 	$(call offline_with_args,"$$PY" run.py)
 
 test: setup
-	$(call offline_with_args,"$$PY" -m pytest -q)
+	$(call offline_with_args,"$$PY" -m pytest -q -n "$$TEST_WORKERS")
 
-# The inner loop: all but the tests marked slow, on TEST_WORKERS pytest-xdist processes (one torch thread each).
-TEST_WORKERS ?= 2
+# The inner loop: all but the tests marked slow, on TEST_WORKERS pytest-xdist processes.
 test-fast: setup
 	$(call offline_with_args,"$$PY" -m pytest -q -m "not slow" -n "$$TEST_WORKERS")
 

@@ -511,8 +511,22 @@ def test_make_splits_args_like_a_shell_and_runs_none_of_them(makefile_dir, targe
     if target != "report":  # report takes no ARGS
         split = ["objective=identity", "cuts=[[2, 4]]", "x;", "touch", "PWNED_SHELL", "$(touch", "PWNED_SUBSHELL)"]
         assert argv[-len(split) - 3 :] == [*split, "`touch", "PWNED_BACKTICK`", "*"]
-    if target == "test-fast":
+    if target in ("test", "test-fast"):
         assert argv[argv.index("-n") + 1] == "2; touch PWNED_WORKERS"
+
+
+@pytest.mark.unit
+def test_make_defaults_reach_the_recipes(makefile_dir):
+    """PYTHON (what creates the venv on a fresh machine) and TEST_WORKERS keep their defaults
+    when not given: exporting an undefined variable must not leave them empty."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "TEST_WORKERS")}
+    show = ["make", "-s", "--eval", 'show: ; @echo "[$$PYTHON][$$TEST_WORKERS]"', "show"]
+    proc = subprocess.run(show, cwd=makefile_dir, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "[python3][2]", proc.stderr
+    given = subprocess.run([*show, "PYTHON=python3.11"], cwd=makefile_dir, env=env, capture_output=True, text=True)
+    assert given.stdout.strip() == "[python3.11][2]"
 
 
 def aged(path: Path, minutes: float = 60) -> Path:
