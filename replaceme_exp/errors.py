@@ -13,6 +13,14 @@ class ConfigError(ValueError):
         super().__init__(f"{key}={value!r}: {reason}")
 
 
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """An error's message on one line: its first line, or its first two when the first ends in a
+    colon (transformers' validators put the reason on the second), cut to ``limit`` characters."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    text = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[1]}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class UnsupportedModelError(ConfigError):
     """A model family with no adapter, or one whose structure makes fusion inexact."""
 

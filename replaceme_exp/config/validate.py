@@ -18,7 +18,7 @@ from typing import Any, Literal, Union
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from replaceme_exp.config import schema
-from replaceme_exp.errors import ConfigError
+from replaceme_exp.errors import ConfigError, first_line
 from replaceme_exp.registry import registry
 
 _ABSENT = object()
@@ -186,8 +186,7 @@ def resolved_container(cfg: DictConfig | dict) -> dict:
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # noqa: BLE001 - an interpolation that cannot resolve
         key, written, cause = unresolvable(cfg) or ("config", "<interpolation>", err)
-        first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        raise ConfigError(key, written, f"cannot be resolved: {first_line}") from err
+        raise ConfigError(key, written, f"cannot be resolved: {first_line(cause)}") from err
 
 
 def typed_config(cfg: DictConfig | dict) -> schema.JobConfig:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from replaceme_exp.config.schema import ModelConfig
-from replaceme_exp.errors import ConfigError
+from replaceme_exp.errors import ConfigError, first_line
 from replaceme_exp.models.embedded import embedded_checkpoint
 from replaceme_exp.models.fingerprint import weights_fingerprint
 from replaceme_exp.storage import content_key
@@ -43,12 +43,6 @@ class LoadedModel:
     @property
     def identity_hash(self) -> str:
         return content_key(self.identity, 16)
-
-
-def first_line(err: BaseException, limit: int = 200) -> str:
-    """An error's message on one line, cut to ``limit`` characters."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-    return lines[0] if len(lines[0]) <= limit else lines[0][: limit - 3] + "..."
 
 
 def resolve_dtype(name: str) -> torch.dtype:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from replaceme_exp.config.schema import ModelConfig
-from replaceme_exp.errors import ConfigError
+from replaceme_exp.errors import ConfigError, first_line
 from replaceme_exp.models.adapters import adapter_for
 from replaceme_exp.models.embedded import embedded_checkpoint
 from replaceme_exp.models.loading import check_safetensors_files, is_vision_config, resolve_dtype
@@ -33,14 +33,6 @@ class ModelShape:
     num_layers: int
     max_positions: int | None
     model: nn.Module  # on the meta device: parameter counts and block structure, no storage
-
-
-def _first_line(err: Exception, limit: int = 200) -> str:
-    """The error's message on one line: its first lines up to one that says something after a
-    colon (transformers' validators put the reason on the second line), cut to ``limit``."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-    text = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[1]}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _IMPORTS = threading.Lock()
@@ -99,7 +91,7 @@ def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
             return AutoConfig.for_model(**dict(cfg.config))
         except Exception as err:  # noqa: BLE001 - transformers validates configs with several error types
             key, value = _named(cfg)
-            raise ConfigError(key, value, f"is not a config transformers can build: {_first_line(err)}") from err
+            raise ConfigError(key, value, f"is not a config transformers can build: {first_line(err)}") from err
     try:
         if cfg.source == "embedded":
             return AutoConfig.from_pretrained(embedded_checkpoint(cache_dir))
@@ -108,7 +100,7 @@ def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
         raise
     except Exception as err:  # noqa: BLE001 - not cached offline, gated, unreadable: the load reports it
         if cfg.source == "local":  # a folder on this machine: its config is what it is
-            raise ConfigError(*_named(cfg), f"has a config transformers cannot read: {_first_line(err)}") from err
+            raise ConfigError(*_named(cfg), f"has a config transformers cannot read: {first_line(err)}") from err
         log.debug("model config not readable before the load: %s", err)
         return None
 
@@ -124,7 +116,7 @@ def meta_model(cfg: ModelConfig, config) -> nn.Module:
                 return CLIPModel(config)
             return AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(cfg.dtype))
     except Exception as err:  # noqa: BLE001 - impossible shapes fail with several error types
-        raise ConfigError(key, value, f"describes a model that cannot be built: {_first_line(err)}") from err
+        raise ConfigError(key, value, f"describes a model that cannot be built: {first_line(err)}") from err
 
 
 def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> ModelShape | None:
@@ -142,7 +134,7 @@ def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> Mo
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - a family's structure the adapter cannot read
-        raise ConfigError(key, value, f"has no blocks the adapter can read: {_first_line(err)}") from err
+        raise ConfigError(key, value, f"has no blocks the adapter can read: {first_line(err)}") from err
     if num_layers < 2:
         raise ConfigError(key, value, f"has {num_layers} block(s); pruning needs at least 2")
     text = adapter.config

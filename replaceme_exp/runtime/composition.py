@@ -17,6 +17,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from replaceme_exp.config import schema
+from replaceme_exp.errors import first_line
 
 log = logging.getLogger("replaceme_exp")
 
@@ -85,12 +86,10 @@ def one_line_composition_errors() -> Iterator[None]:
         if not raised_while_composing(err):
             raise
         logging.basicConfig(format="%(message)s")
-        first = str(err).splitlines()[0] if str(err) else ""
         nested = [o for o in sys.argv[1:] if "=" in o and "." in o.split("=", 1)[0] and not o.startswith("hydra")]
         hint = f": check {' '.join(nested)} (OmegaConf cannot set a key under a node that is null)" if nested else ""
-        log.error(
-            "invalid configuration: the overrides cannot be applied (%s: %s)%s", type(err).__name__, first, hint
-        )
+        what = f"{type(err).__name__}: {first_line(err)}"
+        log.error("invalid configuration: the overrides cannot be applied (%s)%s", what, hint)
         sys.exit(2)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
