@@ -6,6 +6,7 @@
 # make report : tables and figures of any results (RESULTS=dir) under RESULTS/report
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
+# make docs : the documentation site (mkdocs-material), built offline and strictly into site/
 
 # What a user may set (make paper-tables MODEL=x, make run ARGS="...") reaches the recipes only
 # through the environment, quoted there ("$$MODEL"), never pasted into a recipe: no value runs as
@@ -69,9 +70,11 @@ paper-tables: setup
 	"$$PY" -m replaceme_exp.reporting.render_paper --results="$${RESULTS:-results}" --out="$${RESULTS:-results}/paper_tables" \
 		$${MODEL:+--model="$$MODEL"} $${CALIBRATION:+--calibration="$$CALIBRATION"} $${EVAL:+--eval="$$EVAL"} $${PROTOCOL:+--protocol="$$PROTOCOL"}
 
-# The configuration reference, generated from the schema (tests/test_config_reference.py checks it is current).
+# The configuration and row-column references, generated from the code (tests/test_config_reference.py and
+# tests/test_row_reference.py check they are current).
 docs-reference: setup
 	$(OFFLINE) "$$PY" -m replaceme_exp.reporting.config_reference > docs/configuration.md
+	$(OFFLINE) "$$PY" -m replaceme_exp.reporting.row_reference > docs/row-columns.md
 
 # Any results (RESULTS=dir): per sweep and for all runs, tables of the runs, failures and figures under RESULTS/report.
 report: setup
@@ -100,3 +103,9 @@ clean-cache:
 		-exec rm -f -- {} + 2>/dev/null; \
 	find "$${TMPDIR:-/tmp}" -maxdepth 1 -name 'token-store-*' -exec rm -rf -- {} + 2>/dev/null; \
 	true
+
+# The documentation site (mkdocs-material, mkdocs.yml) built offline and strictly (a broken link or anchor
+# fails) into site/; tests/test_docs.py builds it the same way in the suite.
+.PHONY: docs
+docs: setup
+	NO_MKDOCS_2_WARNING=1 "$$PY" -m mkdocs build --strict --site-dir site

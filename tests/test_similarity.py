@@ -214,7 +214,7 @@ def test_pwcca_is_one_for_the_same_representation_up_to_rotation_and_small_for_i
 
 @pytest.mark.unit
 def test_cca_of_independent_representations_is_biased_upward_at_few_tokens_per_dimension():
-    """Two independent Gaussians in d = 64 (README "Selection by CKA and CCA"): mean CCA and PWCCA
+    """Two independent Gaussians in d = 64 (docs/guides/selection-cka-cca.md): mean CCA and PWCCA
     should be 0, are about 0.85 sqrt(d / n), and MIN_TOKENS_PER_DIM flags where that is large."""
     d = 64
     found = {}

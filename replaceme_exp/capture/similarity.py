@@ -42,8 +42,8 @@ from replaceme_exp.capture.statistics import PRECISIONS, ActKey, BatchTokens, Cu
 
 CCA_RIDGE = 1e-6
 # Fewer tokens than this many per dimension leave mean CCA / PWCCA visibly biased (two independent
-# Gaussians in d = 64 score 0.64 at 2 d tokens, 0.27 at 10 d, 0.12 at 50 d, 0.04 at 500 d; README
-# "Selection by CKA and CCA"): the row says so (``similarity_undersampled_<data>``).
+# Gaussians in d = 64 score 0.64 at 2 d tokens, 0.27 at 10 d, 0.12 at 50 d, 0.04 at 500 d;
+# docs/guides/selection-cka-cca.md): the row says so (``similarity_undersampled_<data>``).
 MIN_TOKENS_PER_DIM = 50
 
 

@@ -40,7 +40,7 @@ class TextModality(Modality):
             "n_calib_tokens": batches.n_tokens,
             "n_estimation_tokens": estimation.n_tokens,
             # how chats are rendered: the tokenizer's template, or "role: content" turns without one
-            # (a base model such as Llama 2 7B; README, "Paper text / official code / this project")
+            # (a base model such as Llama 2 7B; docs/paper-vs-official.md)
             "chat_template": bool(getattr(loaded.tokenizer, "chat_template", None)),
         }
         return Calibration(batches, estimation, counts)
