@@ -75,7 +75,8 @@ from replaceme_exp.selection.passes import all_candidates_fit, cut_stats_bytes  
 
 def config(overrides):
     """The job's config; calibration on pydoc prose and 8 blocks unless overridden (the numbers of
-    the benchmark table of docs/measurements/benchmarks.md; the default job's self-generated chats would first generate)."""
+    the table in docs/measurements/benchmarks.md; the default job's self-generated chats would first
+    generate)."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=["calibration=pydoc", "n_prune=8", *overrides])
 
