@@ -81,12 +81,14 @@ def build_workspace(rows: pd.DataFrame, entity: str, project: str, group: str | 
     from wandb_workspaces import expr
 
     group = group or sweep_group(rows)
-    swept = swept_settings(rows)
+    finished = rows[rows["status"] == "finished"] if "status" in rows.columns else rows
+    swept = swept_settings(finished if len(finished) else rows)  # a refused run's missing values are no axis
     quality, cost = recorded(rows, QUALITY), recorded(rows, COST)
     settings = [f"setting.{c}" for c in swept]
     scatters = [
         wr.ScatterPlot(title=f"{metric} vs {setting}", x=wr.Config(f"setting.{setting}"), y=wr.SummaryMetric(metric))
         for metric in quality
+        if not metric.endswith("_baseline")  # the unpruned model's: a column of the parallel plot
         for setting in swept
     ]
     parallel = wr.ParallelCoordinatesPlot(
