@@ -85,18 +85,23 @@ def test_a_published_sample_table_reaches_the_run(tmp_path):
     from replaceme_exp.config.schema import WandbConfig
     from replaceme_exp.tracking import WandbRun
 
-    row = {"run_id": "r1", "config_hash": "c1", "alpha": 0.5, "status": "running"}
+    row = {"run_id": "r1", "config_hash": "c1", "alpha": 0.5, "status": "running", "selection_distance": None}
     tracker = WandbRun(WandbConfig(mode="offline"), {"alpha": 0.5}, row, tmp_path / "job")
     tracker.start()
     with samples_listener(tracker.samples):
         publish("calibration_generated", ["prompt", "answer"], [("Q1?", "A1"), ("Q2?", "A2")])
+    row.update(selection_distance=0.25, loss_curves={"2-4": [3.0, 2.0]})
+    tracker.log_new_columns()
     row["ppl_heldout"] = 12.5
+    row["loss_curves"] = {"2-4": [3.0, 2.0], "5-6": [1.0]}  # a later cut: only its curve is new
     tracker.stage("pruned perplexity", 1.5, 0.001)
     tracker.finish({**row, "status": "finished"})
     run = read_offline_run(tracker.directory)
+    assert run.values("selection_distance") == [0.25] and "alpha" not in run.history[-1]
+    assert run.values("train/loss_2-4") == [3.0, 2.0] and run.values("train/loss_5-6") == [1.0]
     assert run.table("samples/calibration_generated") == (["prompt", "answer"], [["Q1?", "A1"], ["Q2?", "A2"]])
     (step,) = run.steps_of("ppl_heldout")
-    assert step == run.steps_of("stage/pruned_perplexity_s")[0] + 1
+    assert step > run.steps_of("stage/pruned_perplexity_s")[0]
     assert run.values("stage/pruned_perplexity_kwh") == [0.001]
     assert run.config["setting"] == {"alpha": 0.5}
 
@@ -189,3 +194,40 @@ def test_saving_a_workspace_without_a_server_says_so_in_one_line(tmp_path, monke
     assert wandb_dashboard.main([*args, "--dry-run"]) == 0
     with pytest.raises(SystemExit, match="no rows of sweep 'nope'"):
         wandb_dashboard.main(["--results", str(tmp_path), "--sweep", "nope", "--dry-run"])
+
+
+@pytest.mark.integration
+def test_the_models_own_calibration_answers_are_published_as_they_are_made_and_from_the_cache(tmp_path):
+    from helpers.config import CACHE, typed
+
+    from replaceme_exp.config.validate import build_option
+    from replaceme_exp.data.generated import self_generated_documents
+    from replaceme_exp.models import load_model
+
+    loaded = load_model(typed(["model=tiny_llama"]).model, str(CACHE))
+    option = {"name": "generated", "source": "generated", "seq_len": 256, "batch_size": 8, "n_samples": 2,
+              "max_new_tokens": 3, "generation_batch_size": 1, "temperature": 0.0, "seed": 0}  # fmt: skip
+    cfg = build_option("calibration", option, "calibration")
+    heard = []
+    for attempt in range(2):  # generated, then read from the cache
+        with samples_listener(lambda *table: heard.append(table)):
+            documents = self_generated_documents(cfg, loaded.tokenizer, loaded.model, loaded.identity_hash, tmp_path)
+        assert len(heard) == attempt + 1
+        name, columns, rows = heard[-1]
+        assert name == "calibration_generated" and columns == ["prompt", "answer"] and len(rows) == 2
+        assert all(prompt in doc and answer in doc for (prompt, answer), doc in zip(rows, documents))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_sweep_over_two_method_presets_is_one_wandb_group(tmp_path):
+    from helpers.jobs import run_cli
+
+    from replaceme_exp.results import ResultsStore
+
+    proc, _ = run_cli(["-m", *SMOKE, "experiment=replaceme_ls,uidl_baseline", "tracking.wandb.mode=offline"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = ResultsStore(tmp_path).load()
+    assert len(rows) == 2 and rows["sweep_group"].nunique() == 1 and rows["sweep_name"].iloc[0] == "sweep"
+    groups = {read_offline_run(d).group for d in (tmp_path / "hydra" / "multirun").glob("*/*/wandb/offline-run-*")}
+    assert groups == {rows["sweep_group"].iloc[0]}

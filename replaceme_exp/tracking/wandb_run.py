@@ -116,7 +116,7 @@ class WandbRun:
         self.run = None
         self.directory: str | None = None
         self._started = time.monotonic()
-        self._settings_keys: set[str] = set()  # the row's columns at start: settings, not measurements
+        self._settings_keys: set[str] = set()  # the row's columns set at start: settings, not measurements
         self._logged: dict = {}  # what has been logged of each row column
 
     @property
@@ -144,7 +144,7 @@ class WandbRun:
             settings=wandb.Settings(silent=True, quiet=True, console="off", show_info=False),
         )
         self._started = time.monotonic()
-        self._settings_keys = set(self.row)
+        self._settings_keys = {k for k, v in self.row.items() if v is not None}
         self.directory = self.run.dir and str(Path(self.run.dir).parent)
         self.run.summary.update({"status": "running", **{k: self.row.get(k) for k in IDENTITY_KEYS}})
 
@@ -156,24 +156,20 @@ class WandbRun:
         loss curves, distance profile and generation samples."""
         if self.run is None:
             return
-        row = self.row
-        fresh = {
-            k: v
-            for k, v in scalar_columns(row).items()
-            if k not in self._settings_keys and k not in ("run_seq",) and self._logged.get(k, None) != v
-        }
-        for key in ("loss_curves", "candidate_distances", GENERATION_SAMPLES):
-            if row.get(key) is not None and self._logged.get(key) is not row.get(key):
+        row, settings = self.row, self._settings_keys
+        fresh = {k: v for k, v in scalar_columns(row).items() if k not in settings and self._logged.get(k) != v}
+        curves = row.get("loss_curves") or {}
+        for cut in [c for c in curves if ("loss_curves", c) not in self._logged]:
+            self._logged["loss_curves", cut] = True
+            for step, value in enumerate(curves[cut]):
+                self._log({f"train/loss_{cut}": value, "train/step": step})
+        for key in ("candidate_distances", GENERATION_SAMPLES):
+            if row.get(key) is not None and self._logged.get(key) != row.get(key):
                 self._logged[key] = row[key]
                 getattr(self, f"_log_{key}")(row[key])
         if fresh:
             self._logged.update(fresh)
             self._log(fresh)
-
-    def _log_loss_curves(self, curves: dict) -> None:
-        for cut, curve in (curves or {}).items():
-            for step, value in enumerate(curve):
-                self._log({f"train/loss_{cut}": value, "train/step": step})
 
     def _log_candidate_distances(self, profile) -> None:
         import wandb
