@@ -15,6 +15,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -41,8 +42,6 @@ def sweep_name(choices: dict, multirun: bool, swept: set[str] | frozenset = froz
 def swept_keys(hc) -> set[str]:
     """The keys a sweep varies: its template's (``hydra.sweeper.params``) and its command line's
     (the sweep overrides Hydra saved in ``<sweep dir>/multirun.yaml`` before the first job)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     keys = set(OmegaConf.to_container(hc.sweeper, resolve=False).get("params") or {})
     saved = Path(hc.sweep.dir) / "multirun.yaml"
     try:
