@@ -57,7 +57,7 @@ def test_metrics_are_logged_as_produced_and_read_back_from_the_offline_file(tmp_
     )
     row = run_recorded(cfg, sweep_id="s9", sweep_name="sweep", job_dir=tmp_path / "job")
     assert row["status"] == "finished", row["error"]
-    run = read_offline_run(row["wandb_dir"])
+    run = read_offline_run(row["wandb_dir"], wait_for_exit=60)
     assert run.run_id and run.group == "sweep s9" and run.exit_code == 0
     assert run.config["setting"]["n_prune"] == 2 and run.config["config_hash"] == row["config_hash"]
 
@@ -96,7 +96,7 @@ def test_a_published_sample_table_reaches_the_run(tmp_path):
     row["loss_curves"] = {"2-4": [3.0, 2.0], "5-6": [1.0]}  # a later cut: only its curve is new
     tracker.stage("pruned perplexity", 1.5, 0.001)
     tracker.finish({**row, "status": "finished"})
-    run = read_offline_run(tracker.directory)
+    run = read_offline_run(tracker.directory, wait_for_exit=60)
     assert run.values("selection_distance") == [0.25] and "alpha" not in run.history[-1]
     assert run.values("train/loss_2-4") == [3.0, 2.0] and run.values("train/loss_5-6") == [1.0]
     assert run.table("samples/calibration_generated") == (["prompt", "answer"], [["Q1?", "A1"], ["Q2?", "A2"]])

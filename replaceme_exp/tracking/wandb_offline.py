@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,9 +125,21 @@ class OfflineRun:
         return content["columns"], content["data"]
 
 
-def read_offline_run(directory: str | Path) -> OfflineRun:
-    """The offline run in ``directory`` (an ``offline-run-*`` folder holding ``run-<id>.wandb``)."""
-    directory = Path(directory)
+def read_offline_run(directory: str | Path, wait_for_exit: float = 0.0) -> OfflineRun:
+    """The offline run in ``directory`` (an ``offline-run-*`` folder holding ``run-<id>.wandb``).
+
+    wandb's service process may still be writing the file when ``run.finish()`` has returned (on a
+    loaded machine, for a moment): ``wait_for_exit`` seconds, read again until the run's exit
+    record is there."""
+    deadline = time.monotonic() + wait_for_exit
+    while True:
+        run = _read_once(Path(directory))
+        if run.exit_code is not None or time.monotonic() >= deadline:
+            return run
+        time.sleep(0.2)
+
+
+def _read_once(directory: Path) -> OfflineRun:
     files = sorted(directory.glob("run-*.wandb"))
     if not files:
         raise FileNotFoundError(f"no run-*.wandb file in {directory}")
