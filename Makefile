@@ -5,6 +5,7 @@
 # make battery : the adversarial battery (bad inputs, injected faults, security probes; figures and results/battery.json)
 # make report : tables and figures of any results (RESULTS=dir) under RESULTS/report
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
+# make wandb-dashboard SWEEP=id : a W&B workspace of a sweep; make dashboard : one HTML page of RESULTS
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 # make docs : the documentation site (mkdocs-material), built offline and strictly into site/
 
@@ -80,13 +81,10 @@ docs-reference: setup
 report: setup
 	"$$PY" -m replaceme_exp.reporting.report --results="$${RESULTS:-results}"
 
-# Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online.
+# Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online:
+# one line and exit 1 when the W&B server does not answer in WANDB_SYNC_TIMEOUT s (20); writes nothing here.
 wandb-sync: setup
-	@where="$${SWEEP:-$${RESULTS:-results}/hydra}"; \
-	n=$$(find "$$where" -type d -name 'offline-run-*' 2>/dev/null | wc -l); \
-	if [ "$$n" -eq 0 ]; then echo "no offline W&B runs under $$where"; exit 1; fi; \
-	echo "offline runs to sync: $$n"; \
-	find "$$where" -type d -name 'offline-run-*' -prune -exec $(WITH_ARGS) "$$VENV/bin/wandb" sync {} +
+	$(WITH_ARGS) "$$PY" -m replaceme_exp.tracking.wandb_sync "$${SWEEP:-$${RESULTS:-results}/hydra}"
 
 # Capture statistics and fingerprint memos of the cache (REPLACEME_CACHE, else .cache), and what killed jobs
 # left: partial model saves, disk token stores, and conversions of the embedded model (.convert-*) and
@@ -109,3 +107,15 @@ clean-cache:
 .PHONY: docs
 docs: setup
 	NO_MKDOCS_2_WARNING=1 "$$PY" -m mkdocs build --strict --site-dir site
+
+# A W&B workspace (saved view) of one sweep's runs: make wandb-dashboard SWEEP=<sweep id or folder> WANDB_ENTITY=<team>
+# (ARGS=--dry-run: build it and print what it holds, without saving).
+.PHONY: wandb-dashboard
+wandb-dashboard: setup
+	$(WITH_ARGS) "$$PY" -m replaceme_exp.reporting.wandb_dashboard --results="$${RESULTS:-results}" --sweep="$$SWEEP"
+
+# One self-contained HTML page of a results store (filters, interactive figures, each run's row and log):
+# RESULTS/dashboard.html, opened from disk, fetching nothing.
+.PHONY: dashboard
+dashboard: setup
+	$(WITH_ARGS) "$$PY" -m replaceme_exp.reporting.dashboard --results="$${RESULTS:-results}"

@@ -29,6 +29,7 @@ from replaceme_exp.data.hub import HubDataset
 from replaceme_exp.data.sources import dataset_records, first_user_turn, render_prompts, render_record
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.progress import progress
+from replaceme_exp.samples import publish
 from replaceme_exp.storage import (
     content_key,
     discard_entry,
@@ -247,6 +248,7 @@ def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_d
         )
         entry = {"prompts": prompts, "answers": answers}
         write_optional("generated calibration entry", path, lambda: write_keyed_json(path, key, entry))
+    publish("calibration_generated", ["prompt", "answer"], list(zip(prompts, answers)))
     records = [
         {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}
         for p, a in zip(prompts, answers, strict=True)

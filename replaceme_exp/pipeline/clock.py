@@ -19,10 +19,15 @@ log = logging.getLogger("replaceme_exp.job")
 class StageClock:
     """Wall time per stage kind (summed over repeats: ``eval`` sums the evaluation passes) and per
     label (``baseline perplexity``, ``held-out distances``, ...), CodeCarbon's task per kind, and
-    ``on_stage(label, seconds)`` as each stage ends (the W&B run's stage log). ``failed``: the
-    innermost stage that raised."""
+    ``on_stage(label, seconds, energy_kwh)`` as each stage ends (the W&B run's stage log; the
+    energy CodeCarbon booked to the stage, None without CodeCarbon). ``failed``: the innermost
+    stage that raised."""
 
-    def __init__(self, emissions: StageEmissions | None = None, on_stage: Callable[[str, float], None] | None = None):
+    def __init__(
+        self,
+        emissions: StageEmissions | None = None,
+        on_stage: Callable[[str, float, float | None], None] | None = None,
+    ):
         self.seconds: dict[str, float] = {}
         self.labelled: dict[str, float] = {}
         self.emissions = emissions or StageEmissions(enabled=False)
@@ -34,6 +39,7 @@ class StageClock:
         name = label or kind
         log.info("stage %s ...", name)
         start = time.perf_counter()
+        energy_before = self.emissions.columns().get(f"energy_kwh_{kind}", 0.0)
         try:
             with self.emissions.stage(kind):
                 yield
@@ -46,7 +52,8 @@ class StageClock:
             self.labelled[name] = self.labelled.get(name, 0.0) + elapsed
             log.info("stage %s done in %.1f s", name, elapsed)
             if self.on_stage is not None:
-                self.on_stage(name, elapsed)
+                energy = self.emissions.columns().get(f"energy_kwh_{kind}")
+                self.on_stage(name, elapsed, None if energy is None else energy - energy_before)
 
     def columns(self, device: torch.device, healed: bool) -> dict:
         """Each stage's seconds, the capture / estimate / eval / heal totals and the peak memory."""

@@ -16,11 +16,13 @@ from replaceme_exp.stages import observed_by
 from replaceme_exp.tracking.emissions import StageEmissions, job_gpu_ids
 
 
-def run_job(spec: JobSpec, paths: JobPaths, row: dict, on_stage: Callable[[str, float], None] | None = None) -> dict:
+def run_job(
+    spec: JobSpec, paths: JobPaths, row: dict, on_stage: Callable[[str, float, float | None], None] | None = None
+) -> dict:
     """Prune and evaluate (``job=evaluate``: only evaluate); fills ``row`` as it goes (so a
     failure keeps what was measured, and ``failed_stage`` names the stage that failed), with the
-    energy and emissions of each stage measured so far. ``on_stage(label, seconds)`` hears of each
-    finished stage. Returns the row, ``status=finished``."""
+    energy and emissions of each stage measured so far. ``on_stage(label, seconds, energy_kwh)`` hears
+    of each finished stage. Returns the row, ``status=finished``."""
     c = spec.config
     gpu_ids = job_gpu_ids(c.model.device, c.model.device_map, torch.cuda.is_available(), torch.cuda.device_count())
     row["codecarbon_gpu_ids"] = gpu_ids

@@ -38,6 +38,8 @@ from replaceme_exp.results.row import refused_row, start_row
 from replaceme_exp.runtime.locks import config_lock
 from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only, log_files
 from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
+from replaceme_exp.samples import samples_listener
+from replaceme_exp.stages import observed_by
 from replaceme_exp.surgery import checkpoint_problem, recover_checkpoint
 from replaceme_exp.tracking import WandbRun
 
@@ -156,7 +158,12 @@ def run_and_record(
         tracker.run = None
     failure = None
     try:
-        with stop_signals_raise(), progress_listener(tracker.progress):
+        with (
+            stop_signals_raise(),
+            progress_listener(tracker.progress),
+            samples_listener(tracker.samples),
+            observed_by(tracker.stage_starts),
+        ):
             run_job(spec, paths, row, tracker.stage)
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         failure = err

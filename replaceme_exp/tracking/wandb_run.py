@@ -1,20 +1,40 @@
-"""One W&B run per job, started when the job starts: it holds the resolved config with the job's
-``run_id``, ``config_hash`` and ``setting_hash`` from the first second, logs each stage as it ends
-and progress as it goes, and at the end every scalar of the row, the solvers' loss curves, the
-distance profile over the candidate cuts and the status (a failed job finishes its run as failed;
-a job killed outright leaves an offline run that syncs as crashed). Grouped by sweep (the
-template's name for ``+paper=`` sweeps). Offline by default (``tracking.wandb.mode``), and quiet:
-no banner, no summary sparklines in the job's log.
+"""One W&B run per job, started when the job starts, logging what the job measures as it is
+measured.
 
-Sync a whole offline sweep: ``make wandb-sync SWEEP=<sweep or results dir>``.
+The run holds the resolved config with the job's ``run_id``, ``config_hash`` and ``setting_hash``
+and its row's settings (``setting.<column>``, e.g. ``setting.alpha``) from the first second. Then,
+at the step it happens (every ``wandb.log`` is one step, and each carries ``job/elapsed_s``, the
+seconds since the run started, as a time axis):
+
+- each stage's wall time and energy as the stage ends (``stage/<label>_s``, ``stage/<label>_kwh``);
+- progress of long loops (``progress/<loop>``: the fraction done, or the count without a total);
+- every number the job records in its row, when it is recorded (``ppl_heldout_baseline`` after
+  the baseline evaluation, ``cos_dist_after`` after the held-out distances, ``ppl_heldout``, ...,
+  under their row column names), the solvers' loss curves (``train/loss_<cut>`` against
+  ``train/step``) and the distance profile over the candidate cuts;
+- text samples as ``wandb.Table``: the model's own calibration answers when it made them
+  (``samples/calibration_generated``: prompt, answer) and the eval generation samples
+  (``samples/generation``: prompt, unpruned, pruned; or prompt, answer).
+
+At the end the summary holds every scalar of the row and the status (a failed job finishes its run
+as failed; a job killed outright leaves an offline run that syncs as crashed). Grouped by sweep
+(the row's ``sweep_group``: one group per sweep whatever it sweeps). Offline by default
+(``tracking.wandb.mode``), and quiet: no banner, no summary sparklines in the job's log.
+
+Sync a whole offline sweep: ``make wandb-sync SWEEP=<sweep or results dir>``; read an offline run
+without a server: :mod:`replaceme_exp.tracking.wandb_offline`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from replaceme_exp.config.schema import WandbConfig
 
@@ -23,6 +43,25 @@ log = logging.getLogger(__name__)
 # What the run carries from its first second (config) and in its summary (with every scalar).
 IDENTITY_KEYS = ("run_id", "config_hash", "setting_hash", "sweep_id", "sweep_name", "git_sha")
 SUMMARY_TEXT_KEYS = ("status", "error", "cuts", "pruned_model_path", "row_path", "device")
+# Row columns logged as tables or curves, not as scalars.
+GENERATION_SAMPLES = "generation_samples"
+# Columns of a starting row that are no setting (the rest go to the config's ``setting`` block).
+NOT_SETTINGS = ("status", "error", "started_at", "run_seq", "sweep_group", "cached_stages", "pruned_model_path")
+
+
+def setting_config(row: dict) -> dict:
+    """The job's row settings (model, objective, alpha, n_prune, ...) as the row names them: the
+    config's ``setting`` block, so a workspace filters and groups runs by ``setting.<column>``
+    whatever config path set it. Lists (explicit cuts) as JSON text."""
+    out = {}
+    for key, value in row.items():
+        if key in IDENTITY_KEYS or key in NOT_SETTINGS or key.endswith("_version") or value is None:
+            continue
+        if isinstance(value, (list, tuple, dict)):
+            value = json.dumps(value)
+        if isinstance(value, (str, int, float, bool)):
+            out[key] = value
+    return out
 
 
 def scalar_columns(row: dict) -> dict[str, float]:
@@ -44,11 +83,27 @@ def run_tags(settings: WandbConfig, row: dict) -> list[str]:
     return list(dict.fromkeys(t[:64] for t in tags))  # W&B caps a tag at 64 characters
 
 
+def samples_table(value) -> tuple[list[str], list[list]] | None:
+    """The ``generation_samples`` cell (a list of dicts, or its JSON text) as (columns, rows)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, list) or not value or not isinstance(value[0], dict):
+        return None
+    columns = list(value[0])
+    return columns, [[str(sample.get(c, "")) for c in columns] for sample in value]
+
+
 class WandbRun:
     """The job's W&B run (a no-op when ``tracking.wandb.mode=disabled``), recording ``config``.
 
-    ``start`` opens it, ``stage`` logs a finished stage, ``progress`` a loop's progress, ``finish``
-    closes it with the row; ``directory`` is the run's offline folder (None when disabled)."""
+    ``start`` opens it; while the job runs, ``stage`` (a stage ended), ``progress`` (a loop's
+    progress), ``samples`` (a published table, :mod:`replaceme_exp.samples`) and ``stage_starts``
+    (a stage observer, :func:`replaceme_exp.stages.observed_by`) log what the row gained since the
+    last log; ``finish`` closes it with the row. ``row`` is the job's row, filled in place as the
+    job runs. ``directory`` is the run's offline folder (None when disabled)."""
 
     def __init__(
         self, settings: WandbConfig, config: dict, row: dict, job_dir: str | os.PathLike, run_name: str | None = None
@@ -60,7 +115,9 @@ class WandbRun:
         self.run_name = run_name
         self.run = None
         self.directory: str | None = None
-        self._step = 0
+        self._started = time.monotonic()
+        self._settings_keys: set[str] = set()  # the row's columns set at start: settings, not measurements
+        self._logged: dict = {}  # what has been logged of each row column
 
     @property
     def enabled(self) -> bool:
@@ -73,7 +130,7 @@ class WandbRun:
 
         self.job_dir.mkdir(parents=True, exist_ok=True)
         config = dict(self.config)
-        config.update({k: self.row.get(k) for k in IDENTITY_KEYS})
+        config.update({k: self.row.get(k) for k in IDENTITY_KEYS}, setting=setting_config(self.row))
         self.run = wandb.init(
             project=self.settings.project,
             entity=self.settings.entity,
@@ -86,38 +143,85 @@ class WandbRun:
             config=config,
             settings=wandb.Settings(silent=True, quiet=True, console="off", show_info=False),
         )
+        self._started = time.monotonic()
+        self._settings_keys = {k for k, v in self.row.items() if v is not None}
         self.directory = self.run.dir and str(Path(self.run.dir).parent)
         self.run.summary.update({"status": "running", **{k: self.row.get(k) for k in IDENTITY_KEYS}})
 
-    def stage(self, name: str, seconds: float) -> None:
-        """A stage ended after ``seconds`` (logged as ``stage/<name>_s``)."""
+    def _log(self, data: dict) -> None:
+        self.run.log({**data, "job/elapsed_s": time.monotonic() - self._started})
+
+    def log_new_columns(self) -> None:
+        """Log what the row gained or changed since the last call: its numbers (one step), its
+        loss curves, distance profile and generation samples."""
+        if self.run is None:
+            return
+        row, settings = self.row, self._settings_keys
+        fresh = {k: v for k, v in scalar_columns(row).items() if k not in settings and self._logged.get(k) != v}
+        curves = row.get("loss_curves") or {}
+        for cut in [c for c in curves if ("loss_curves", c) not in self._logged]:
+            self._logged["loss_curves", cut] = True
+            for step, value in enumerate(curves[cut]):
+                self._log({f"train/loss_{cut}": value, "train/step": step})
+        for key in ("candidate_distances", GENERATION_SAMPLES):
+            if row.get(key) is not None and self._logged.get(key) != row.get(key):
+                self._logged[key] = row[key]
+                getattr(self, f"_log_{key}")(row[key])
+        if fresh:
+            self._logged.update(fresh)
+            self._log(fresh)
+
+    def _log_candidate_distances(self, profile) -> None:
+        import wandb
+
+        if profile:
+            table = wandb.Table(columns=["start", "end", "distance"], data=[list(p) for p in profile])
+            plot = wandb.plot.line(table, "start", "distance", title="distance by cut start")
+            self._log({"selection/distance_profile": plot})
+
+    def _log_generation_samples(self, value) -> None:
+        if (table := samples_table(value)) is not None:
+            self.samples("generation", *table)
+
+    @contextmanager
+    def stage_starts(self, kind: str, label: str) -> Iterator[None]:
+        """A stage observer: as a stage starts, log what the row gained since the last log."""
+        self.log_new_columns()
+        yield
+
+    def stage(self, name: str, seconds: float, energy_kwh: float | None = None) -> None:
+        """A stage ended after ``seconds`` (``stage/<name>_s``; its energy ``stage/<name>_kwh``)."""
         if self.run is not None:
-            self._step += 1
-            self.run.log({f"stage/{name.replace(' ', '_')}_s": seconds, "stage/index": self._step})
+            key = f"stage/{name.replace(' ', '_')}"
+            data = {f"{key}_s": seconds}
+            if energy_kwh is not None:
+                data[f"{key}_kwh"] = energy_kwh
+            self._log(data)
+            self.log_new_columns()
 
     def progress(self, desc: str, done: int, total: int | None) -> None:
         """A loop's progress (``progress/<desc>``: the fraction done, or the count without a total)."""
         if self.run is not None:
             value = done / total if total else done
-            self.run.log({f"progress/{desc.replace(' ', '_')}": value})
+            self._log({f"progress/{desc.replace(' ', '_')}": value})
+
+    def samples(self, name: str, columns: list[str], rows: list[list]) -> None:
+        """A table of text samples (``samples/<name>``)."""
+        if self.run is not None:
+            import wandb
+
+            self._log({f"samples/{name}": wandb.Table(columns=columns, data=rows)})
 
     def finish(self, row: dict) -> None:
         if self.run is None:
             return
-        run, self.run = self.run, None
+        self.row = row
         try:
-            import wandb
-
-            for cut, curve in (row.get("loss_curves") or {}).items():
-                for step, value in enumerate(curve):
-                    run.log({f"train/loss_{cut}": value, "train/step": step})
-            profile = row.get("candidate_distances")
-            if profile:
-                table = wandb.Table(columns=["start", "end", "distance"], data=[list(p) for p in profile])
-                plot = wandb.plot.line(table, "start", "distance", title="distance by cut start")
-                run.log({"selection/distance_profile": plot})
+            self.log_new_columns()
+        finally:
+            run, self.run = self.run, None
+        try:
             scalars = scalar_columns(row)
-            run.log(scalars)
             text = {k: str(row.get(k)) if row.get(k) is not None else None for k in SUMMARY_TEXT_KEYS}
             run.summary.update({**scalars, **text})
         finally:
