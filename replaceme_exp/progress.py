@@ -247,3 +247,22 @@ def progress_counter(total: int | None, desc: str = "", unit: str = "item", **kw
     """A :class:`Progress` for work that is not one python loop: ``with progress_counter(n, "x")
     as p: ... p.update(k)``."""
     return Progress(total, desc, unit, **kwargs)
+
+
+def token_steps(counter: Progress, rows: int):
+    """A ``transformers`` stopping criterion that stops nothing: each decoding step of
+    ``model.generate`` counts ``rows`` tokens (one per sequence of the batch) on ``counter``, so
+    its time and percent rules fire inside one ``generate`` call. Pass it in a list as
+    ``stopping_criteria``; :attr:`steps` is the number of steps seen."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class TokenSteps(StoppingCriteria):
+        steps = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.steps += 1
+            counter.update(rows)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return TokenSteps()
