@@ -43,6 +43,20 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"{len(wrong)} tests without exactly one tier:\n" + "\n".join(wrong))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Ctrl-C stops the test run: a job under test turns SIGINT into :class:`JobInterrupted` (its
+    failed row), which would otherwise be one failed test and the run going on."""
+    from replaceme_exp.runtime.signals import JobInterrupted
+
+    try:
+        return (yield)
+    except JobInterrupted as err:
+        if "SIGINT" in str(err):
+            raise KeyboardInterrupt(str(err)) from err
+        raise
+
+
 def pytest_runtest_setup(item):
     if TIER_PROBLEM in item.stash:  # under pytest-xdist: the test fails, named, instead of the whole run stopping
         pytest.fail(item.stash[TIER_PROBLEM], pytrace=False)
