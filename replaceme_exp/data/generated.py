@@ -324,21 +324,32 @@ def store(path: Path, key: dict, entry: dict) -> None:
 
 
 def batch_answers(
-    cfg, tokenizer, model, model_identity: str, cache_dir: str | os.PathLike, shipped: bool = True, clock=time.monotonic
+    cfg,
+    batches: list[list[str]],
+    tokenizer,
+    model,
+    model_identity: str,
+    cache_dir: str | os.PathLike,
+    shipped: bool = True,
+    clock=time.monotonic,
 ) -> list[tuple[dict, dict]]:
-    """Each batch of :func:`generation_batches` as ``(key, {"prompts", "answers"[, "random_state"]})``:
+    """Each batch (of :func:`generation_batches`) as ``(key, {"prompts", "answers"[, "random_state"]})``:
     from ``cache_dir/generated/<key>.json``, else (``shipped``) from the shipped answers file when it
     holds an entry of exactly that key, else generated; each batch found elsewhere or generated is
     written to the cache (atomically) when it is done, so an interrupted generation resumes at the
     first unfinished batch. Progress: generated tokens of the missing batches (``clock``: its time)."""
-    _, batches = generation_batches(cfg)
     folder = Path(cache_dir) / "generated"
     remove_dead_temporaries(folder)
     keys = [generation_key(model_identity, b, [p for a in batches[:i] for p in a], cfg) for i, b in enumerate(batches)]
     paths = [folder / f"{content_key(key, 20)}.json" for key in keys]
     found: list[dict | None] = [cached_answers(path, key, b) for path, key, b in zip(paths, keys, batches)]
     for i, key in enumerate(keys):
-        if found[i] is None and shipped and (value := shipped_answers(key)) is not None:
+        value = shipped_answers(key) if found[i] is None and shipped else None
+        if (
+            value is not None
+            and value.get("prompts") == batches[i]
+            and len(value.get("answers", ())) == len(batches[i])
+        ):
             found[i] = value
             store(paths[i], keys[i], value)
     seeded = sum(entry is not None for entry in found)
@@ -374,8 +385,8 @@ def self_generated_documents(
     batch by batch from :func:`batch_answers` (cache, shipped answers, or generated)."""
     if model is None:
         raise ConfigError("calibration.source", "generated", "needs the model to answer its prompts")
-    prompts, _ = generation_batches(cfg)
-    answered = batch_answers(cfg, tokenizer, model, model_identity, cache_dir, clock=clock)
+    prompts, batches = generation_batches(cfg)
+    answered = batch_answers(cfg, batches, tokenizer, model, model_identity, cache_dir, clock=clock)
     answers = [a for _, entry in answered for a in entry["answers"]][: len(prompts)]
     records = [
         {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from replaceme_exp.data.generated import SHIPPED_ANSWERS, batch_answers
+from replaceme_exp.data.generated import SHIPPED_ANSWERS, batch_answers, generation_batches
 from replaceme_exp.models.loading import load_model
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.storage import canonical, entry_checksum, write_text
@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"calibration.source={config.calibration.source}: not a self-generated calibration")
     loaded = load_model(config.model, config.cache_dir)
     with tempfile.TemporaryDirectory() as fresh:
+        _, batches = generation_batches(config.calibration)
         entries = batch_answers(
-            config.calibration, loaded.tokenizer, loaded.model, loaded.identity_hash, fresh, shipped=False
+            config.calibration, batches, loaded.tokenizer, loaded.model, loaded.identity_hash, fresh, shipped=False
         )
     write_text(args.out, entry_lines(entries))
     where = os.path.relpath(args.out)
