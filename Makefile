@@ -119,3 +119,11 @@ wandb-dashboard: setup
 .PHONY: dashboard
 dashboard: setup
 	$(WITH_ARGS) "$$PY" -m replaceme_exp.reporting.dashboard --results="$${RESULTS:-results}"
+
+# The embedded model's own answers to the default job's calibration prompts, shipped in
+# replaceme_exp/data/prompts/self_generated_answers.jsonl (a first make run generates nothing): regenerate
+# after changing the embedded model, the shipped prompts, the self_generated settings or torch. One torch
+# thread, as tests/test_first_run.py regenerates a batch to check the file (about 4 min on an idle machine).
+.PHONY: self-generated-answers
+self-generated-answers: setup
+	$(OFFLINE) OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$$PY" -m replaceme_exp.pipeline.shipped_answers

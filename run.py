@@ -24,6 +24,7 @@ from replaceme_exp.runtime.composition import one_line_composition_errors
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
 from replaceme_exp.runtime.sweep_summary import write_job_status
 from replaceme_exp.runtime.targets import guard_hydra_targets
+from replaceme_exp.runtime.threads import set_torch_threads
 
 log = logging.getLogger("replaceme_exp")
 
@@ -70,6 +71,7 @@ def main(cfg: DictConfig) -> float | None:
     # As typed: an override may hold an interpolation that does not resolve (the job refuses it in one line).
     task = OmegaConf.to_container(hc.overrides.task, resolve=False)
     overrides = [o for o in task if not o.startswith(("results_dir=", "hydra"))]
+    set_torch_threads()
     try:
         row = run_recorded(
             cfg,

@@ -8,7 +8,8 @@ person can follow both on a terminal and in a log file.
 
 Log lines go to the ``replaceme_exp.progress`` logger at INFO, one each time the loop crosses
 another ``every_percent`` percent or ``every_seconds`` have passed since the last line, whichever
-comes first (only the time rule when the total is unknown), and one when the loop ends::
+comes first (only the time rule when the total is unknown; a background thread says it also while
+one step takes longer), and one when the loop ends::
 
     capture (selection): 40/128 batches (31%), 12.3 s elapsed, ~27 s left
     capture (selection): 128/128 batches done in 39.5 s
@@ -24,6 +25,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -166,6 +168,10 @@ class Progress:
         self.next_percent = self.every_percent
         self.bar = None
         self.closed = False
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        if self.mode == "log" and clock is time.monotonic:  # a test's fake clock is read only by update()
+            threading.Thread(target=self._heartbeat, name=f"progress {self.desc}", daemon=True).start()
         if self.mode == "bar":
             from tqdm.auto import tqdm
 
@@ -182,7 +188,22 @@ class Progress:
             line += f", ~{format_seconds(elapsed / self.count * (self.total - self.count))} left"
         return line
 
+    def _heartbeat(self) -> None:
+        """In ``log`` mode, a line whenever ``every_seconds`` pass without one, also while one step
+        of the loop (a batch through a model on a busy CPU) takes longer than that."""
+        while not self._stopped.wait(min(1.0, self.every_seconds)):
+            with self._lock:
+                now = self.clock()
+                if self.closed or now - self.last_time < self.every_seconds:
+                    continue
+                self.last_time = now
+                log.info(self._line(now))
+
     def update(self, n: int = 1) -> None:
+        with self._lock:
+            self._update(n)
+
+    def _update(self, n: int) -> None:
         if n <= 0 or self.closed:
             return
         self.count += n
@@ -206,6 +227,11 @@ class Progress:
             _notify(self.desc, self.count, self.total)
 
     def close(self, finished: bool = True) -> None:
+        self._stopped.set()
+        with self._lock:
+            self._close(finished)
+
+    def _close(self, finished: bool) -> None:
         if self.closed:
             return
         self.closed = True
@@ -247,3 +273,22 @@ def progress_counter(total: int | None, desc: str = "", unit: str = "item", **kw
     """A :class:`Progress` for work that is not one python loop: ``with progress_counter(n, "x")
     as p: ... p.update(k)``."""
     return Progress(total, desc, unit, **kwargs)
+
+
+def token_steps(counter: Progress, rows: int):
+    """A ``transformers`` stopping criterion that stops nothing: each decoding step of
+    ``model.generate`` counts ``rows`` tokens (one per sequence of the batch) on ``counter``, so
+    its time and percent rules fire inside one ``generate`` call. Pass it in a list as
+    ``stopping_criteria``; :attr:`steps` is the number of steps seen."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class TokenSteps(StoppingCriteria):
+        steps = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.steps += 1
+            counter.update(rows)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return TokenSteps()

@@ -4,6 +4,7 @@ What tests share lives in ``tests/helpers/`` (one module per concept)."""
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -41,6 +42,19 @@ def pytest_collection_modifyitems(config, items):
             wrong.append(item.stash[TIER_PROBLEM])
     if wrong and not hasattr(config, "workerinput"):  # a pytest-xdist worker cannot stop the run: see below
         raise pytest.UsageError(f"{len(wrong)} tests without exactly one tier:\n" + "\n".join(wrong))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Ctrl-C stops the test run: a job under test turns SIGINT into :class:`JobInterrupted` (its
+    failed row), which would otherwise be one failed test and the run going on."""
+    try:
+        return (yield)
+    except Exception as err:
+        signals = sys.modules.get("replaceme_exp.runtime.signals")  # not imported: no job could raise it
+        if signals is not None and isinstance(err, signals.JobInterrupted) and "SIGINT" in str(err):
+            raise KeyboardInterrupt(str(err)) from err
+        raise
 
 
 def pytest_runtest_setup(item):

@@ -218,7 +218,8 @@ def test_another_models_baseline_copied_over_is_recomputed(tmp_path, caplog):
 
 
 def generation_config(n_samples: int = 8):
-    base = {"n_samples": n_samples, "max_new_tokens": 5, "generation_batch_size": 2, "temperature": 0.0, "seed": 0}
+    """One generation batch of ``n_samples`` (one cache entry)."""
+    base = {"n_samples": n_samples, "max_new_tokens": 5, "generation_batch_size": n_samples, "temperature": 0.0, "seed": 0}
     shape = {"name": "generated", "source": "generated", "seq_len": 256, "batch_size": 8}
     return build_option("calibration", {**shape, **base}, "calibration")
 
@@ -234,7 +235,7 @@ def counted_generation(monkeypatch):
         calls.append(list(prompts))
         return [f"answer {i} to {p[:10]}" for i, p in enumerate(prompts)]
 
-    monkeypatch.setattr(generated, "generate_answers", answers)
+    monkeypatch.setattr(generated, "generate_batch", answers)
     return calls
 
 

@@ -99,9 +99,9 @@ def test_answers_are_cached_by_content(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(tiny.model, "generate", counting)
     cfg = generation_config(generation_batch_size=2)
     first = self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path)
-    assert calls == [2, 1]  # batches of 2
+    assert calls == [2, 2]  # batches of 2: the 4th prompt answered too (the batches do not depend on n_samples)
     again = self_generated_documents(cfg, tiny.tokenizer, tiny.model, tiny.identity_hash, tmp_path)
-    assert again == first and calls == [2, 1]  # from the cache
+    assert again == first and calls == [2, 2]  # from the cache
     longer = self_generated_documents(
         generation_config(generation_batch_size=2, max_new_tokens=7), tiny.tokenizer, tiny.model,
         tiny.identity_hash, tmp_path,
@@ -109,7 +109,7 @@ def test_answers_are_cached_by_content(tiny, tmp_path, monkeypatch):
     assert len(calls) == 4 and longer != first
     self_generated_documents(cfg, tiny.tokenizer, tiny.model, "another-model", tmp_path)
     assert len(calls) == 6
-    assert len(list((tmp_path / "generated").glob("*.json"))) == 3
+    assert len(list((tmp_path / "generated").glob("*.json"))) == 6  # one entry per batch
 
 
 @pytest.mark.integration

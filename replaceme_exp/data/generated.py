@@ -8,17 +8,27 @@ paper's row, or a local JSONL file in the same format) or from a prompt list.
 Offline, the prompts ship with the project (``prompts/instructions.jsonl``: 256 general
 instructions, none about capitals, opposites or the demo prompts of ``eval.samples``); a JSONL
 file with a ``prompt`` field, or a text file with one prompt per line, can replace them. Answers
-are generated in batches with a KV cache (greedy, or seeded sampling) and cached by content (the
-model's identity, the prompts and every generation setting), so a sweep generates once. A cached set
-carries that key and a checksum (:func:`~replaceme_exp.storage.write_keyed_json`) and must hold one
-answer per prompt asked for: anything else is reported, removed and generated again.
+are generated in batches with a KV cache (greedy, or seeded sampling), with progress lines inside
+a batch (tokens generated), and cached batch by batch, keyed by content (the model's identity, the
+batch's prompts and every generation setting): a sweep generates once, an interrupted generation
+resumes at its first unfinished batch, and a smaller ``n_samples`` reuses the first batches of a
+larger one (:func:`generation_batches`: the batches do not depend on ``n_samples``). A cached
+batch carries that key and a checksum (:func:`~replaceme_exp.storage.write_keyed_json`) and must
+hold one answer per prompt of its batch: anything else is reported, removed and generated again.
+The embedded model's answers for the default job ship with the project
+(``prompts/self_generated_answers.jsonl``, ``make self-generated-answers``): a batch whose key is
+exactly one of its entries is copied into the cache instead of being generated.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import logging
 import os
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -28,11 +38,13 @@ from replaceme_exp.data.files import JsonRecords, TextFile
 from replaceme_exp.data.hub import HubDataset
 from replaceme_exp.data.sources import dataset_records, first_user_turn, render_prompts, render_record
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.progress import progress
+from replaceme_exp.progress import Progress, progress_counter, token_steps
 from replaceme_exp.samples import publish
 from replaceme_exp.storage import (
+    canonical,
     content_key,
     discard_entry,
+    entry_checksum,
     read_keyed_json,
     remove_dead_temporaries,
     write_keyed_json,
@@ -42,6 +54,9 @@ from replaceme_exp.storage import (
 log = logging.getLogger(__name__)
 
 SHIPPED_PROMPTS = Path(__file__).with_name("prompts") / "instructions.jsonl"
+# The embedded model's own answers to the default job's prompts (make self-generated-answers): one
+# keyed entry per generation batch, copied into the cache when its key is exactly the one asked for.
+SHIPPED_ANSWERS = Path(__file__).with_name("prompts") / "self_generated_answers.jsonl"
 
 
 def prompt_pool(path: str | None, limit: int | None = None) -> tuple[list[str], bool]:
@@ -147,6 +162,40 @@ def chosen_prompts(pool: list[str], n_samples: int, seed: int) -> list[str]:
 
 
 @torch.no_grad()
+def generate_batch(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, counter: Progress | None = None
+) -> list[str]:
+    """One answer per prompt of one batch, in order: the left-padded rendered prompts through one
+    ``model.generate`` call (KV cache), greedy when ``temperature`` is 0, else sampled from torch's
+    current random state (the caller seeds it). Each decoding step counts ``len(prompts)`` tokens
+    on ``counter`` (a batch that ends early counts the rest at its end). Returns the decoded answers
+    without special tokens, stripped."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    texts = render_prompts(tokenizer, prompts)
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    finally:
+        tokenizer.padding_side = padding_side
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": None, "top_k": None}
+    greedy = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    steps = token_steps(counter, len(prompts)) if counter is not None else None
+    out = model.generate(
+        **batch,
+        max_new_tokens=int(max_new_tokens),
+        num_beams=1,
+        pad_token_id=pad,
+        use_cache=True,
+        stopping_criteria=[steps] if steps is not None else None,
+        **(sampling if temperature > 0 else greedy),
+    )
+    if counter is not None:
+        counter.update(len(prompts) * (int(max_new_tokens) - steps.steps))
+    new = out[:, batch["input_ids"].shape[1] :]
+    return [a.strip() for a in tokenizer.batch_decode(new, skip_special_tokens=True)]
+
+
 def generate_answers(
     model,
     tokenizer,
@@ -156,54 +205,40 @@ def generate_answers(
     temperature: float = 0.0,
     seed: int = 0,
 ) -> list[str]:
-    """One answer per prompt, in order: batches of ``batch_size`` left-padded rendered prompts
-    through ``model.generate`` (KV cache), greedy when ``temperature`` is 0, else sampled from a
-    seeded generator; returns the decoded answers without special tokens."""
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    texts = render_prompts(tokenizer, prompts)
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    answers: list[str] = []
+    """One answer per prompt, in order, uncached: :func:`generate_batch` on consecutive batches of
+    ``batch_size`` prompts after ``torch.manual_seed(seed)`` (what :func:`self_generated_documents`
+    computes batch by batch)."""
     torch.manual_seed(seed)
-    try:
-        starts = range(0, len(texts), batch_size)
-        for start in progress(starts, desc="generating calibration answers", unit="batch"):
-            batch = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True,
-                              add_special_tokens=False).to(device)  # fmt: skip
-            sampling = {"do_sample": True, "temperature": temperature, "top_p": None, "top_k": None}
-            greedy = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-            out = model.generate(
-                **batch,
-                max_new_tokens=int(max_new_tokens),
-                num_beams=1,
-                pad_token_id=pad,
-                use_cache=True,
-                **(sampling if temperature > 0 else greedy),
-            )
-            new = out[:, batch["input_ids"].shape[1] :]
-            answers += [a.strip() for a in tokenizer.batch_decode(new, skip_special_tokens=True)]
-    finally:
-        tokenizer.padding_side = padding_side
+    answers: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        answers += generate_batch(model, tokenizer, prompts[start : start + batch_size], max_new_tokens, temperature)
     return answers
 
 
-def generation_key(model_identity: str, prompts: list[str], cfg) -> dict:
-    """Key of a generated set: the model's identity hash, the prompts and every setting that
-    changes an answer (the cache file is named by its :func:`content_key`)."""
-    return {
+def generation_key(model_identity: str, batch: list[str], preceding: list[str], cfg) -> dict:
+    """Key of one generated batch: the model's identity hash, the batch's prompts (in order: who
+    shares a padded batch can move a greedy answer) and every setting that changes an answer;
+    sampled answers also depend on the random state the batch starts from, so their key also names
+    the prompts of the batches before it (``preceding``). The cache file is named by its
+    :func:`content_key`."""
+    key = {
         "model": model_identity,
-        "prompts": content_key(prompts),
+        "prompts": content_key(batch),
         "max_new_tokens": int(cfg.max_new_tokens),
         "temperature": float(cfg.temperature),
         "seed": int(cfg.seed),
-        "batch_size": int(cfg.generation_batch_size),  # padding can move a greedy answer
+        "batch_size": int(cfg.generation_batch_size),
         "torch": torch.__version__,
     }
+    if float(cfg.temperature) > 0:
+        key["preceding"] = content_key(preceding)
+    return key
 
 
-def cached_answers(path: Path, key: dict, prompts: list[str]) -> list[str] | None:
-    """The answers cached at ``path`` for ``key``: one string per prompt of ``prompts``, stored
-    with them; None (reported and removed when the entry is bad) otherwise."""
+def cached_answers(path: Path, key: dict, prompts: list[str]) -> dict | None:
+    """The entry cached at ``path`` for ``key``: ``{"prompts", "answers"[, "random_state"]}`` with
+    one answer string per prompt of ``prompts``; None (reported and removed when the entry is bad)
+    otherwise."""
     entry = read_keyed_json(path, key, "generated calibration entry")
     if entry is None:
         return None
@@ -214,40 +249,146 @@ def cached_answers(path: Path, key: dict, prompts: list[str]) -> list[str] | Non
         problem = "holds other prompts than those asked for"
     elif len(answers) != len(prompts):
         problem = f"holds {len(answers)} answers for {len(prompts)} prompts"
+    elif float(key["temperature"]) > 0 and not isinstance(entry.get("random_state"), dict):
+        problem = "holds sampled answers without the random state after them"
     else:
-        return answers
+        return entry
     discard_entry(path, "generated calibration entry", problem)
     return None
 
 
-def self_generated_documents(cfg, tokenizer, model, model_identity: str, cache_dir: str | os.PathLike) -> list[str]:
-    """``cfg.n_samples`` chats (prompt, the model's answer) in the chat template; the answers come
-    from ``cache_dir/generated/<key>.json`` when this model already answered these prompts with
-    these settings, else they are generated and cached (atomically)."""
+@functools.lru_cache(maxsize=4)
+def shipped_entries(path: Path = SHIPPED_ANSWERS) -> dict[str, dict]:
+    """The entries of a shipped answers file (JSONL, one keyed entry per line as the cache writes
+    them: ``{"key", "value", "sha256"}``) by the :func:`content_key` of their key; lines whose
+    checksum fails are left out (logged)."""
+    entries: dict[str, dict] = {}
+    if not path.is_file():
+        return entries
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            entry = json.loads(line)
+            if entry["sha256"] != entry_checksum(entry["key"], entry["value"]):
+                raise ValueError("fails its checksum")
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("shipped answers %s line %d left out: %s", path, number, err)
+            continue
+        entries[content_key(canonical(entry["key"]))] = entry
+    return entries
+
+
+def shipped_answers(key: dict, path: Path = SHIPPED_ANSWERS) -> dict | None:
+    """The value of the shipped entry whose key is exactly ``key`` (None: no such entry)."""
+    entry = shipped_entries(path).get(content_key(canonical(key)))
+    return entry["value"] if entry is not None and entry["key"] == canonical(key) else None
+
+
+def random_state() -> dict:
+    """torch's CPU (and CUDA) random state, as base64 text (stored after a sampled batch)."""
+    state = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available():
+        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_random_state(state: dict) -> None:
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(state["cpu"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+
+
+def generation_batches(cfg) -> tuple[list[str], list[list[str]]]:
+    """The ``n_samples`` prompts of a generated calibration, and the batches that answer them.
+
+    The answer of a prompt is its answer in its batch, and the batches do not depend on
+    ``n_samples``: the shipped (or a file's) prompt pool in the order drawn by ``seed``, cut into
+    consecutive batches of ``generation_batch_size``; ``n_samples`` takes the first batches that
+    hold its prompts (the last one whole, so a count that is not a multiple of the batch size
+    answers a few more prompts than it uses). So any smaller count reuses the cached answers of a
+    larger one. Prompts drawn from a dataset (``prompts_dataset``) are batched as drawn."""
+    n, size = int(cfg.n_samples), int(cfg.generation_batch_size)
+    if getattr(cfg, "prompts_dataset", None):
+        prompts = dataset_prompts(cfg, n, int(cfg.seed))
+        return prompts, [prompts[i : i + size] for i in range(0, n, size)]
+    pool = load_prompts(cfg.prompts_path)
+    prompts = chosen_prompts(pool, n, int(cfg.seed))
+    answered = chosen_prompts(pool, min(len(pool), -(-n // size) * size), int(cfg.seed))
+    return prompts, [answered[i : i + size] for i in range(0, len(answered), size)]
+
+
+def store(path: Path, key: dict, entry: dict) -> None:
+    """One batch's entry into the cache (atomically; a full disk only warns)."""
+    write_optional("generated calibration entry", path, lambda: write_keyed_json(path, key, entry))
+
+
+def batch_answers(
+    cfg,
+    batches: list[list[str]],
+    tokenizer,
+    model,
+    model_identity: str,
+    cache_dir: str | os.PathLike,
+    shipped: bool = True,
+    clock=time.monotonic,
+) -> list[tuple[dict, dict]]:
+    """Each batch (of :func:`generation_batches`) as ``(key, {"prompts", "answers"[, "random_state"]})``:
+    from ``cache_dir/generated/<key>.json``, else (``shipped``) from the shipped answers file when it
+    holds an entry of exactly that key, else generated; each batch found elsewhere or generated is
+    written to the cache (atomically) when it is done, so an interrupted generation resumes at the
+    first unfinished batch. Progress: generated tokens of the missing batches (``clock``: its time)."""
+    folder = Path(cache_dir) / "generated"
+    remove_dead_temporaries(folder)
+    keys = [generation_key(model_identity, b, [p for a in batches[:i] for p in a], cfg) for i, b in enumerate(batches)]
+    paths = [folder / f"{content_key(key, 20)}.json" for key in keys]
+    found: list[dict | None] = [cached_answers(path, key, b) for path, key, b in zip(paths, keys, batches)]
+    for i, key in enumerate(keys):
+        value = shipped_answers(key) if found[i] is None and shipped else None
+        if (
+            value is not None
+            and value.get("prompts") == batches[i]
+            and len(value.get("answers", ())) == len(batches[i])
+        ):
+            found[i] = value
+            store(paths[i], keys[i], value)
+    seeded = sum(entry is not None for entry in found)
+    if seeded:
+        log.info("calibration answers of %d of %d batches found (cache or shipped answers)", seeded, len(batches))
+    missing = [i for i, entry in enumerate(found) if entry is None]
+    if not missing:
+        return [(key, entry) for key, entry in zip(keys, found)]  # type: ignore[misc]
     if model is None:
         raise ConfigError("calibration.source", "generated", "needs the model to answer its prompts")
-    if getattr(cfg, "prompts_dataset", None):
-        prompts = dataset_prompts(cfg, int(cfg.n_samples), int(cfg.seed))
-    else:
-        prompts = chosen_prompts(load_prompts(cfg.prompts_path), int(cfg.n_samples), int(cfg.seed))
-    key = generation_key(model_identity, prompts, cfg)
-    path = Path(cache_dir) / "generated" / f"{content_key(key, 20)}.json"
-    remove_dead_temporaries(path.parent)
-    answers = cached_answers(path, key, prompts)
-    if answers is not None:
-        log.info("calibration answers found in the cache (%s)", path.name)
-    else:
-        answers = generate_answers(
-            model,
-            tokenizer,
-            prompts,
-            int(cfg.max_new_tokens),
-            int(cfg.generation_batch_size),
-            float(cfg.temperature),
-            int(cfg.seed),
-        )
-        entry = {"prompts": prompts, "answers": answers}
-        write_optional("generated calibration entry", path, lambda: write_keyed_json(path, key, entry))
+    temperature = float(cfg.temperature)
+    sampled = temperature > 0
+    total = sum(len(batches[i]) for i in missing) * int(cfg.max_new_tokens)
+    with progress_counter(total, "generating calibration answers", "token", clock=clock) as counter:
+        for i in missing:
+            if i == 0 or not sampled:
+                torch.manual_seed(int(cfg.seed))
+            else:  # the state after the batch before (found, or generated just now)
+                restore_random_state(found[i - 1]["random_state"])  # type: ignore[index]
+            answers = generate_batch(model, tokenizer, batches[i], int(cfg.max_new_tokens), temperature, counter)
+            entry = {"prompts": batches[i], "answers": answers}
+            if sampled:
+                entry["random_state"] = random_state()
+            found[i] = entry
+            store(paths[i], keys[i], entry)
+    return [(key, entry) for key, entry in zip(keys, found)]  # type: ignore[misc]
+
+
+def self_generated_documents(
+    cfg, tokenizer, model, model_identity: str, cache_dir: str | os.PathLike, clock=time.monotonic
+) -> list[str]:
+    """``cfg.n_samples`` chats (prompt, the model's answer) in the chat template; the answers come
+    batch by batch from :func:`batch_answers` (cache, shipped answers, or generated)."""
+    if model is None:
+        raise ConfigError("calibration.source", "generated", "needs the model to answer its prompts")
+    prompts, batches = generation_batches(cfg)
+    answered = batch_answers(cfg, batches, tokenizer, model, model_identity, cache_dir, clock=clock)
+    answers = [a for _, entry in answered for a in entry["answers"]][: len(prompts)]
     publish("calibration_generated", ["prompt", "answer"], list(zip(prompts, answers)))
     records = [
         {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}

@@ -7,34 +7,39 @@ from __future__ import annotations
 import torch
 
 from replaceme_exp.data.sources import render_prompts
+from replaceme_exp.progress import progress_counter, token_steps
 
 
 @torch.no_grad()
 def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
     """The model's greedy continuation of each rendered prompt (KV cache; one prompt at a time, so
     no padding can move an answer), decoded without special tokens and stripped; returns one
-    string per prompt."""
+    string per prompt. Progress: tokens generated, counted at each decoding step."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     was_training = model.training
     model.eval()
     answers = []
     try:
-        for text in render_prompts(tokenizer, prompts):
-            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=int(max_new_tokens),
-                do_sample=False,
-                num_beams=1,
-                pad_token_id=pad,
-                use_cache=True,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-            )
-            answers.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip())
+        with progress_counter(len(prompts) * int(max_new_tokens), "generation samples", "token") as counter:
+            for text in render_prompts(tokenizer, prompts):
+                ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+                steps = token_steps(counter, 1)
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=int(max_new_tokens),
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=pad,
+                    use_cache=True,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
+                    stopping_criteria=[steps],
+                )
+                counter.update(int(max_new_tokens) - steps.steps)  # an answer that ended early
+                answers.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip())
     finally:
         model.train(was_training)
     return answers

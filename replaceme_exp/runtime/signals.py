@@ -1,12 +1,19 @@
 """Stop signals: while a job runs, SIGTERM (a scheduler's) and SIGINT (Ctrl-C) raise
 :class:`JobInterrupted` in it, so the job becomes a failed row and a failed W&B run before the
-process stops."""
+process stops. A second stop signal, at any time after the first (recording the failed row, a W&B
+upload, the next job of a sweep), ends the process at once with one line on stderr and exit code
+128 + the signal's number: nothing of the process can hold it back, not even code that catches
+the first one."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class JobInterrupted(Exception):
@@ -15,20 +22,42 @@ class JobInterrupted(Exception):
     row: dict | None = None
 
 
+def exit_at_once(signum, frame) -> None:
+    """The second stop signal: one line, then ``os._exit`` (no cleanup, no exception to catch)."""
+    name = signal.Signals(signum).name
+    try:
+        sys.stderr.write(f"\n{name} again: stopped at once (the interrupted job's row may be missing)\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(128 + signum)
+
+
+def second_signal_exits() -> None:
+    """From now on a stop signal ends the process at once (:func:`exit_at_once`; main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, exit_at_once)
+
+
 @contextmanager
 def stop_signals_raise():
-    """SIGTERM and SIGINT raise :class:`JobInterrupted` in the block (main thread only; the previous
-    handlers come back afterwards)."""
+    """SIGTERM and SIGINT raise :class:`JobInterrupted` in the block (main thread only); the first
+    one also makes the next one end the process at once (:func:`second_signal_exits`, for the rest
+    of the process). Without a signal, the previous handlers come back afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    stopped = []
 
     def interrupt(signum, frame):
+        stopped.append(signum)
+        second_signal_exits()
         raise JobInterrupted(f"stopped by {signal.Signals(signum).name}")
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if not stopped:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
