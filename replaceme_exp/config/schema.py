@@ -511,6 +511,12 @@ class StoreConfig:
 class CodeCarbonConfig:
     enabled: bool = key(True, doc="energy and CO2 per stage")
     country_iso_code: str = key("USA", doc="grid of the emissions estimate")
+    region: Optional[str] = key(
+        None, doc="a region of the country with its own grid data (USA, Canada: e.g. washington); null: the country's"
+    )
+    tracking_mode: Literal["process", "machine"] = key(
+        "process", doc="this job's share of CPU and RAM (parallel jobs), or the whole machine's"
+    )
 
 
 @Group
