@@ -123,7 +123,7 @@ def test_finished_jobs_are_skipped_and_failed_jobs_leave_a_row(tmp_path, caplog)
     ok = job_config(tmp_path, "save_model=false")
     first = run_recorded(ok)
     assert first["status"] == "finished"
-    with caplog.at_level("INFO"):
+    with caplog.at_level("DEBUG"):
         again = run_recorded(ok)
     assert again["status"] == "skipped" and "skipping" in caplog.text and again["run_id"] == first["run_id"]
     forced = run_recorded(job_config(tmp_path, "save_model=false", "force=true"))
@@ -187,7 +187,7 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     table = ResultsStore(tmp_path).load()
     # identity takes no alpha: alpha=0 and alpha=10 are one configuration, run once.
-    assert (first.stdout + first.stderr).count("skipping: a finished row exists") == 1
+    assert (first.stdout + first.stderr).count("job skipped: finished before as run") == 1
     assert len(table) == 3 and set(table["status"]) == {"finished"}
     assert sorted(zip(table["objective"], table["alpha"])) == [("identity", 0.0), ("ls", 0.0), ("ls", 10.0)]
     assert table["sweep_id"].nunique() == 1
@@ -208,7 +208,7 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
 
     second, second_s = run_cli(sweep, tmp_path)
     assert second.returncode == 0
-    assert (second.stdout + second.stderr).count("skipping: a finished row exists") == 4
+    assert (second.stdout + second.stderr).count("job skipped: finished before as run") == 4
     assert len(ResultsStore(tmp_path).load()) == 3
     assert second_s < first_s
 
@@ -345,15 +345,15 @@ def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_parallel_local_workers_lose_no_row(tmp_path):
+def test_parallel_local_workers_lose_no_row_and_prefix_their_console_lines(tmp_path):
+    sweep = ["seed=1,2,3,4", "objective=ls,identity"]
     proc, _ = run_cli(
         [
             "-m",
             "hydra/launcher=local_parallel",
             "hydra.launcher.n_jobs=2",
             *SMOKE,
-            "seed=1,2,3,4",
-            "objective=ls,identity",
+            *sweep,
         ],
         tmp_path,
     )
@@ -361,6 +361,19 @@ def test_parallel_local_workers_lose_no_row(tmp_path):
     table = ResultsStore(tmp_path).load()
     assert len(table) == 8 and set(table["status"]) == {"finished"} and table["config_hash"].nunique() == 8
     assert not list((tmp_path / "runs").rglob("*.tmp"))
+    # each job's console lines carry its number; its own run.log does not
+    console = (proc.stdout + proc.stderr).splitlines()
+    for job in range(8):
+        assert any(line.startswith(f"[job {job}] ") and "stage load" in line for line in console), job
+    logs = list((tmp_path / "hydra" / "multirun").glob("*/*/run.log"))
+    assert len(logs) == 8 and all("[job " not in log.read_text() and "stage load" in log.read_text() for log in logs)
+
+    again, _ = run_cli(["-m", "hydra/launcher=local_parallel", "hydra.launcher.n_jobs=2", *SMOKE, *sweep], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    console = (again.stdout + again.stderr).splitlines()
+    for job in range(8):  # a skipped job prints one line
+        (line,) = [line for line in console if line.startswith(f"[job {job}] ")]
+        assert "job skipped: finished before as run" in line
 
 
 @pytest.mark.unit
