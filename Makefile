@@ -100,3 +100,10 @@ clean-cache:
 		-exec rm -f -- {} + 2>/dev/null; \
 	find "$${TMPDIR:-/tmp}" -maxdepth 1 -name 'token-store-*' -exec rm -rf -- {} + 2>/dev/null; \
 	true
+
+# The pruned checkpoint of a job that saved its transforms (save_model=transform, the default): the base model
+# reloaded, the job's cuts and transforms applied, saved under RESULTS/models/RUN (RUN: the row's config_hash).
+.PHONY: export
+export: setup
+	@test -n "$(RUN)" || { echo "make export RUN=<config_hash> [RESULTS=results]"; exit 2; }
+	$(OFFLINE) "$$PY" -m replaceme_exp.runtime.export "$(RUN)" --results-dir="$${RESULTS:-results}"

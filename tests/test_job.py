@@ -96,7 +96,7 @@ def test_config_hash_ignores_where_results_go():
 @pytest.mark.integration
 @pytest.mark.slow
 def test_tiny_job_writes_a_complete_row_and_a_loadable_model(tmp_path):
-    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    cfg = job_config(tmp_path, "cuts=[[2,4]]", "save_model=full")
     row = run_recorded(cfg, sweep_id="t")
     assert row["status"] == "finished", row["error"]
     table = ResultsStore(tmp_path).load()
@@ -296,6 +296,7 @@ def test_separate_placement_is_evaluated_in_memory_and_flagged(tmp_path, objecti
         job_config(
             tmp_path,
             "lt_placement=separate",
+            "save_model=full",
             f"objective={objective}",
             "objective.epochs=1" if objective == "cosine" else "alpha=0",
         )
@@ -321,8 +322,8 @@ def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model
     from replaceme_exp.surgery import load_pruned, prune
 
     cuts = "cuts=[[1,2],[3,5]]"
-    sequential = run_recorded(job_config(tmp_path, cuts, "multi_lt=sequential"))
-    independent = run_recorded(job_config(tmp_path, cuts, "multi_lt=independent"))
+    sequential = run_recorded(job_config(tmp_path, cuts, "multi_lt=sequential", "save_model=full"))
+    independent = run_recorded(job_config(tmp_path, cuts, "multi_lt=independent", "save_model=full"))
     assert sequential["status"] == independent["status"] == "finished"
     assert sequential["multi_lt"] == "sequential" and sequential["kept_blocks"] == [0, 2, 5]
     assert sorted(sequential["cut_train_losses"]) == ["1-2", "3-5"]
@@ -486,7 +487,7 @@ def test_save_transforms_writes_each_cuts_t_which_the_checkpoint_holds_fused(tmp
 
     from replaceme_exp.models import adapter_for, load_model
 
-    row = run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_transforms=true"))
+    row = run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_transforms=true", "save_model=full"))
     assert row["status"] == "finished"
     saved = load_file(row["transforms_path"])
     assert set(saved) == {"2-4"} and saved["2-4"].dtype == torch.float64 and saved["2-4"].shape == (64, 64)

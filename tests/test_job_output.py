@@ -48,8 +48,8 @@ def default_tiny_job(tmp_path_factory):
     """The default job on the tiny model through run.py (W&B offline, the model saved), then the
     same job again."""
     tmp_path = tmp_path_factory.mktemp("tiny_job")
-    first = run_logged(DEFAULT_JOB, tmp_path, "first.log")
-    second = run_logged(DEFAULT_JOB, tmp_path, "second.log")
+    first = run_logged([*DEFAULT_JOB, "save_model=full"], tmp_path, "first.log")
+    second = run_logged([*DEFAULT_JOB, "save_model=full"], tmp_path, "second.log")
     return tmp_path, first, second
 
 
