@@ -265,3 +265,13 @@ def test_prefix_console_prefixes_each_console_line_not_the_log_file(tmp_path):
         file.close()
     assert stream.getvalue().splitlines() == ["[job 3] [INFO] - stage load ...", "[job 3] second line"]
     assert (tmp_path / "run.log").read_text().splitlines() == ["[INFO] - stage load ...", "second line"]
+
+
+@pytest.mark.unit
+def test_the_summary_of_a_job_that_saved_its_transforms_says_how_to_export_the_checkpoint():
+    row = {"run_id": "r1", "status": "finished", "config_hash": "abc", "cuts": [[2, 4]], "time_total_s": 3.0}
+    row.update(saved_model="transform", transforms_path="results/transforms/abc.safetensors", pruned_model_path=None)
+    line = summary_line(row)
+    assert line.endswith("transforms results/transforms/abc.safetensors (the checkpoint: make export RUN=abc)")
+    full = summary_line({**row, "saved_model": "full", "pruned_model_path": "results/models/abc"})
+    assert full.endswith("model results/models/abc") and "export" not in full
