@@ -99,7 +99,7 @@ def test_an_evaluate_row_has_the_pruned_models_score_and_suite_columns(jobs):
 @pytest.mark.slow
 def test_a_finished_evaluation_is_skipped_and_force_runs_it_again(jobs, caplog):
     results, first = jobs["root"] / "evaluate", jobs["unpruned_eval"]
-    with caplog.at_level("INFO"):
+    with caplog.at_level("DEBUG"):
         again = run_recorded(job_config(results, "job=evaluate", *SUITE))
     assert again["status"] == "skipped" and again["run_id"] == first["run_id"] and "skipping" in caplog.text
     assert summary_line(again).startswith(f"job skipped: finished before as run {first['run_id']}")
