@@ -100,7 +100,7 @@ def test_generation_samples_equal_greedy_decoding_of_the_models(tmp_path):
 
     from replaceme_exp.models import load_model
 
-    cfg = job_config(tmp_path, "eval.samples.max_new_tokens=6")
+    cfg = job_config(tmp_path, "eval.samples.max_new_tokens=6", "save_model=full")
     row = run_recorded(cfg)
     assert row["status"] == "finished", row["error"]
     loaded = load_model(typed_config(cfg).model, str(CACHE))
