@@ -127,3 +127,10 @@ dashboard: setup
 .PHONY: self-generated-answers
 self-generated-answers: setup
 	$(OFFLINE) OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$$PY" -m replaceme_exp.pipeline.shipped_answers
+
+# The pruned checkpoint of a job that saved its transforms (save_model=transform, the default): the base model
+# reloaded, the job's cuts and transforms applied, saved under RESULTS/models/RUN (RUN: the row's config_hash).
+.PHONY: export
+export: setup
+	@test -n "$(RUN)" || { echo "make export RUN=<config_hash> [RESULTS=results]"; exit 2; }
+	$(OFFLINE) "$$PY" -m replaceme_exp.runtime.export "$(RUN)" --results-dir="$${RESULTS:-results}"

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from replaceme_exp.runtime import JobInterrupted, run_recorded
 from replaceme_exp.runtime.composition import one_line_composition_errors
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
+from replaceme_exp.runtime.log_files import prefix_console
 from replaceme_exp.runtime.sweep_summary import write_job_status
 from replaceme_exp.runtime.targets import guard_hydra_targets
 from replaceme_exp.runtime.threads import set_torch_threads
@@ -67,6 +68,8 @@ def main(cfg: DictConfig) -> float | None:
     if not multirun and (params := sweep_params(hc)):
         log.error("%s is a sweep (%s): launch it with -m", sweep_name(dict(hc.runtime.choices), False), params)
         sys.exit(2)
+    if multirun and "joblib" in str(hc.launcher.get("_target_", "")).lower():  # jobs share the console
+        prefix_console(f"[job {hc.job.num}] ")
     sweep_id = Path(hc.sweep.dir).name if multirun else Path(hc.run.dir).name
     # As typed: an override may hold an interpolation that does not resolve (the job refuses it in one line).
     task = OmegaConf.to_container(hc.overrides.task, resolve=False)
@@ -87,7 +90,7 @@ def main(cfg: DictConfig) -> float | None:
         log.error(summary_line(stopped.row))
         sys.exit(128 + (signal.SIGINT if "SIGINT" in str(stopped) else signal.SIGTERM))
     write_job_status(hc.runtime.output_dir, row, ",".join(overrides))
-    for line in [summary_line(row), *sample_lines(row)]:
+    for line in [summary_line(row), *(sample_lines(row) if row["status"] != "skipped" else [])]:
         (log.error if row["status"] == "failed" else log.info)(line)
     if row["status"] == "failed" and not multirun:
         sys.exit(1)

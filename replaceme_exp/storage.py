@@ -17,6 +17,7 @@ by :func:`remove_dead_temporaries`.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -295,3 +296,29 @@ def readable_by_others(directory: str | os.PathLike) -> None:
     root = Path(directory)
     for path in [root, *root.rglob("*")]:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` (created) across threads, processes and nodes sharing the
+    folder; ``on_wait()`` is called once when another holder makes this one wait. Yields whether the
+    lock is held: False on a filesystem without ``flock`` (Lustre noflock, some NFS/FUSE mounts),
+    where the caller goes on unlocked (said in one warning)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        locked = True
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as err:
+            log.warning("no lock on %s (%s): identical work started at once may run twice", path.parent, err)
+            locked = False
+        try:
+            yield locked
+        finally:
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)

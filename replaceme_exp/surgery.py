@@ -1,5 +1,7 @@
 """Surgery: fuse each transform into the down-projection before its cut, remove the cut blocks,
-re-index what remains, and save a standard checkpoint."""
+re-index what remains, and save a standard checkpoint, or the *recipe* of one (the base model's
+configuration and fingerprint, the cuts and each T: a few MB, from which :func:`apply_recipe` on
+the reloaded base model rebuilds the same checkpoint)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ import torch
 
 from replaceme_exp.models.adapters import DecoderAdapter, adapter_for
 from replaceme_exp.selection.cuts import fusion_blocks
-from replaceme_exp.storage import readable_by_others
+from replaceme_exp.storage import readable_by_others, write_text
 
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
 METADATA_FILE = "replaceme.json"  # what the pruning job wrote beside the weights (save_checkpoint)
+RECIPE_SUFFIX = ".recipe.json"  # beside transforms/<config_hash>.safetensors (write_recipe)
 MANIFEST_FILE = "replaceme_files.json"  # every file of a saved checkpoint and its size (checkpoint_problem)
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
@@ -259,3 +262,68 @@ def recover_checkpoint(target: str | os.PathLike) -> bool:
         for partial in target.parent.glob(f".save-{target.name}-*"):  # callers hold the config's lock
             shutil.rmtree(partial, ignore_errors=True)
     return restored
+
+
+def recipe_path(transforms_file: str | os.PathLike) -> Path:
+    """The recipe beside a transforms file: ``transforms/<config_hash>.recipe.json``."""
+    transforms_file = Path(transforms_file)
+    return transforms_file.with_name(transforms_file.name.removesuffix(".safetensors") + RECIPE_SUFFIX)
+
+
+def write_recipe(transforms_file: str | os.PathLike, recipe: dict) -> Path:
+    """Write the recipe of a pruned model beside its transforms file (written before): ``recipe``
+    (the job's ``config``, ``config_hash``, ``model_fingerprint``, ``cuts``, ``sequential``,
+    ``lt_placement``, ``dtypes`` of each T as fitted, the checkpoint's ``metadata``) plus the
+    transforms file's name and size, which :func:`recipe_problem` checks."""
+    transforms_file = Path(transforms_file)
+    target = recipe_path(transforms_file)
+    whole = {**recipe, "transforms_file": transforms_file.name, "transforms_bytes": transforms_file.stat().st_size}
+    write_text(target, json.dumps(whole, indent=2, default=str))
+    return target
+
+
+def read_recipe(transforms_file: str | os.PathLike) -> dict:
+    """The recipe beside ``transforms_file``; raises ``FileNotFoundError`` / ``ValueError`` naming
+    what is wrong (:func:`recipe_problem`)."""
+    if problem := recipe_problem(transforms_file):
+        error = FileNotFoundError if "missing" in problem else ValueError
+        raise error(problem)
+    return json.loads(recipe_path(transforms_file).read_text())
+
+
+def recipe_problem(transforms_file: str | os.PathLike) -> str | None:
+    """What makes a saved recipe incomplete (``... is missing``, ``... has 10 of 4096 bytes``, an
+    unreadable recipe), or None when the recipe and its transforms file are whole."""
+    transforms_file, recipe = Path(transforms_file), recipe_path(transforms_file)
+    if not recipe.is_file():
+        return f"{recipe} is missing"
+    try:
+        size = int(json.loads(recipe.read_text())["transforms_bytes"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"its recipe {recipe} is unreadable ({err})"
+    if not transforms_file.is_file():
+        return f"{transforms_file} is missing"
+    if (actual := transforms_file.stat().st_size) != size:
+        return f"{transforms_file} has {actual} of {size} bytes"
+    return None
+
+
+def apply_recipe(
+    adapter: DecoderAdapter,
+    cuts: list[Cut],
+    transforms: dict[Cut, torch.Tensor | None],
+    placement: str,
+    sequential: bool,
+) -> list[int]:
+    """Prune the unpruned model behind ``adapter`` as the job did: all cuts at once, or
+    (``sequential``, ``multi_lt=sequential``) one at a time in ascending order, each at its place in
+    the model the earlier ones left. ``transforms``: keyed by the unpruned model's cuts. Returns the
+    original indices of the kept blocks."""
+    if not sequential:
+        return prune(adapter, cuts, transforms, placement)
+    removed, num_layers = 0, adapter.num_layers
+    for cut in cuts:
+        shifted = (cut[0] - removed, cut[1] - removed)
+        prune(adapter, [shifted], {shifted: transforms.get(cut)}, placement)
+        removed += cut[1] - cut[0]
+    return kept_blocks(num_layers, cuts)

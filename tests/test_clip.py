@@ -276,7 +276,9 @@ def test_a_clip_job_prunes_the_vision_encoder_and_records_what_the_saved_model_s
     from replaceme_exp.evaluation.clip_benchmarks import evaluate_benchmark
     from replaceme_exp.runtime import run_recorded
 
-    row = run_recorded(compose_config([*CLIP_JOB, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]))
+    row = run_recorded(
+        compose_config([*CLIP_JOB, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", "save_model=full"])
+    )
     assert row["status"] == "finished" and row["num_layers"] == 8 and row["n_prune"] == 2
     assert row["vision_compression_ratio"] == 0.25 and row["calib_seq_len"] == POSITIONS
     assert row["n_calib_tokens"] == 48 * POSITIONS and len(row["candidate_distances"]) == 6

@@ -27,7 +27,8 @@ def jobs(tmp_path_factory):
     """A tiny pruning job that saves its model (results under ``prune/``), then evaluate jobs of the
     unpruned model and of that checkpoint (results under ``evaluate/``: no cache is shared)."""
     root = tmp_path_factory.mktemp("evaluate")
-    pruned = run_recorded(job_config(root / "prune", "cuts=[[2,4]]", *SUITE))  # real lm-eval, eval=offline
+    # real lm-eval, eval=offline
+    pruned = run_recorded(job_config(root / "prune", "cuts=[[2,4]]", "save_model=full", *SUITE))
     unpruned_eval = run_recorded(job_config(root / "evaluate", "job=evaluate", *SUITE))
     checkpoint = pruned["pruned_model_path"]
     checkpoint_eval = run_recorded(
@@ -98,7 +99,7 @@ def test_an_evaluate_row_has_the_pruned_models_score_and_suite_columns(jobs):
 @pytest.mark.slow
 def test_a_finished_evaluation_is_skipped_and_force_runs_it_again(jobs, caplog):
     results, first = jobs["root"] / "evaluate", jobs["unpruned_eval"]
-    with caplog.at_level("INFO"):
+    with caplog.at_level("DEBUG"):
         again = run_recorded(job_config(results, "job=evaluate", *SUITE))
     assert again["status"] == "skipped" and again["run_id"] == first["run_id"] and "skipping" in caplog.text
     assert summary_line(again).startswith(f"job skipped: finished before as run {first['run_id']}")
@@ -120,7 +121,9 @@ def test_a_checkpoint_with_separate_transforms_is_evaluated_with_them(tmp_path):
     from replaceme_exp.evaluation.perplexity import perplexity
     from replaceme_exp.models.loading import load_tokenizer
 
-    pruned = run_recorded(job_config(tmp_path / "prune", "cuts=[[2,4]]", "lt_placement=separate", "eval.samples=null"))
+    pruned = run_recorded(
+        job_config(tmp_path / "prune", "cuts=[[2,4]]", "lt_placement=separate", "eval.samples=null", "save_model=full")
+    )
     assert pruned["status"] == "finished", pruned["error"]
     assert pruned["plain_checkpoint"] is False
     path = pruned["pruned_model_path"]
@@ -150,7 +153,7 @@ def test_a_saved_clip_checkpoint_is_evaluated_on_the_image_benchmarks(tmp_path):
         "tracking.codecarbon.enabled=false",
         f"capture.cache_dir={tmp_path}/stats",
     ]
-    pruned = run_recorded(compose_config([*clip, f"results_dir={tmp_path}/prune"]))
+    pruned = run_recorded(compose_config([*clip, f"results_dir={tmp_path}/prune", "save_model=full"]))
     assert pruned["status"] == "finished", pruned["error"]
     evaluate = [*clip, f"results_dir={tmp_path}/evaluate", "job=evaluate"]
     row = run_recorded(compose_config([*evaluate, f"evaluate.checkpoint={pruned['pruned_model_path']}"]))

@@ -470,3 +470,56 @@ def test_the_golden_embedded_fingerprint_is_the_ggufs_digest_alone(tmp_path):
 
     found = weights_fingerprint(typed(["model=smollm2_135m"]).model, tmp_path)
     assert found == {"source": "embedded", "sha256": sha256(embedded.embedded_gguf_path())}
+
+
+def _compute_baseline_in_process(root: str, log: str, start_at: float) -> float:
+    """One job's request for a baseline: computing it appends a line to ``log`` (slowly, so that
+    the other process asks while it runs)."""
+    while time.time() < start_at:
+        time.sleep(0.005)
+
+    def compute() -> float:
+        with open(log, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        time.sleep(0.5)
+        return 21.21
+
+    return BaselineCache(root).get_or_compute({"model": "m", "metric": "ppl"}, compute)
+
+
+def test_parallel_jobs_compute_one_baseline_once(tmp_path):
+    """Two processes asking for the same unpruned baseline at the same instant: one computes it,
+    the other waits on its lock and reads the entry; a third key is computed on its own."""
+    import multiprocessing
+
+    log = tmp_path / "computed.log"
+    start_at = time.time() + 1.0
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        values = pool.starmap(_compute_baseline_in_process, [(str(tmp_path), str(log), start_at)] * 2)
+    assert values == [21.21, 21.21]
+    assert len(log.read_text().splitlines()) == 1
+    computed = []
+    other = BaselineCache(tmp_path).get_or_compute({"model": "m", "metric": "acc"}, lambda: computed.append(1) or 0.5)
+    assert other == 0.5 and computed == [1]
+
+
+def test_threads_asking_for_one_baseline_compute_it_once(tmp_path):
+    import threading
+
+    calls = []
+
+    def compute() -> float:
+        calls.append(threading.get_ident())
+        time.sleep(0.3)
+        return 1.5
+
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(BaselineCache(tmp_path).get_or_compute({"k": 1}, compute)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [1.5, 1.5, 1.5] and len(calls) == 1

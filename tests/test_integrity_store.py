@@ -33,7 +33,7 @@ from replaceme_exp.reporting.report import split_runs, write_report
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.runtime.callbacks import DirectoryCheck
-from replaceme_exp.surgery import MANIFEST_FILE, checkpoint_problem, save_checkpoint
+from replaceme_exp.surgery import MANIFEST_FILE, checkpoint_problem, recipe_path, save_checkpoint, write_recipe
 
 DEAD_PID = 2**22 + 1  # above Linux's largest pid_max: never a live process
 
@@ -175,11 +175,13 @@ def fake_job(monkeypatch, calls: list | None = None):
             target = paths.model_dir(row["config_hash"])
             saved(target)
             row["pruned_model_path"] = str(target)
-        if spec.config.save_transforms:
+        if spec.config.save_transforms or spec.model_save == "transform":
             target = paths.transforms_file(row["config_hash"])
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(b"T")
             row["transforms_path"] = str(target)
+        if spec.model_save == "transform":
+            write_recipe(paths.transforms_file(row["config_hash"]), {"config_hash": row["config_hash"]})
         row["status"] = "finished"
         return row
 
@@ -191,7 +193,7 @@ def fake_job(monkeypatch, calls: list | None = None):
 def test_a_finished_model_whose_weights_were_deleted_is_rebuilt_not_skipped(tmp_path, monkeypatch, caplog):
     calls = []
     fake_job(monkeypatch, calls)
-    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    cfg = job_config(tmp_path, "cuts=[[2,4]]", "save_model=full")
     first = run_recorded(cfg)
     assert run_recorded(cfg)["status"] == "skipped"
     shard = Path(first["pruned_model_path"]) / "model-00001-of-00002.safetensors"
@@ -202,6 +204,26 @@ def test_a_finished_model_whose_weights_were_deleted_is_rebuilt_not_skipped(tmp_
     assert f"{shard} is missing" in caplog.text and "running again" in caplog.text
     assert checkpoint_problem(first["pruned_model_path"]) is None
     assert run_recorded(cfg)["status"] == "skipped"
+
+
+@pytest.mark.unit
+def test_a_finished_run_that_saved_its_transforms_is_skipped_only_while_they_are_whole(tmp_path, monkeypatch, caplog):
+    """save_model=transform (the default): the skip checks the transforms file against the size
+    its recipe recorded, and the recipe itself."""
+    calls = []
+    fake_job(monkeypatch, calls)
+    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    first = run_recorded(cfg)
+    transforms = Path(first["transforms_path"])
+    assert run_recorded(cfg)["status"] == "skipped" and len(calls) == 1
+    transforms.write_bytes(b"")  # cut short
+    with caplog.at_level("WARNING"):
+        assert run_recorded(cfg)["status"] == "finished" and len(calls) == 2
+    assert f"{transforms} has 0 of 1 bytes" in caplog.text and "running again" in caplog.text
+    recipe_path(transforms).unlink()
+    assert run_recorded(cfg)["status"] == "finished" and len(calls) == 3
+    assert run_recorded(cfg)["status"] == "skipped"
+    assert not (tmp_path / "models").exists()
 
 
 @pytest.mark.unit
@@ -277,7 +299,7 @@ def test_a_read_only_folder_inside_the_results_is_refused_naming_it(tmp_path, re
 def test_a_read_only_folder_of_the_configuration_is_found_before_the_compute(tmp_path, monkeypatch, read_only, sub):
     calls = []
     fake_job(monkeypatch, calls)
-    cfg = job_config(tmp_path, "cuts=[[2,4]]", "force=true")
+    cfg = job_config(tmp_path, "cuts=[[2,4]]", "force=true", "save_model=full")
     folder = tmp_path / sub / run_recorded(cfg)["config_hash"]
     read_only(folder)
     row = run_recorded(cfg, raise_on_failure=False)

@@ -96,7 +96,7 @@ def test_config_hash_ignores_where_results_go():
 @pytest.mark.integration
 @pytest.mark.slow
 def test_tiny_job_writes_a_complete_row_and_a_loadable_model(tmp_path):
-    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    cfg = job_config(tmp_path, "cuts=[[2,4]]", "save_model=full")
     row = run_recorded(cfg, sweep_id="t")
     assert row["status"] == "finished", row["error"]
     table = ResultsStore(tmp_path).load()
@@ -123,7 +123,7 @@ def test_finished_jobs_are_skipped_and_failed_jobs_leave_a_row(tmp_path, caplog)
     ok = job_config(tmp_path, "save_model=false")
     first = run_recorded(ok)
     assert first["status"] == "finished"
-    with caplog.at_level("INFO"):
+    with caplog.at_level("DEBUG"):
         again = run_recorded(ok)
     assert again["status"] == "skipped" and "skipping" in caplog.text and again["run_id"] == first["run_id"]
     forced = run_recorded(job_config(tmp_path, "save_model=false", "force=true"))
@@ -187,7 +187,7 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     table = ResultsStore(tmp_path).load()
     # identity takes no alpha: alpha=0 and alpha=10 are one configuration, run once.
-    assert (first.stdout + first.stderr).count("skipping: a finished row exists") == 1
+    assert (first.stdout + first.stderr).count("job skipped: finished before as run") == 1
     assert len(table) == 3 and set(table["status"]) == {"finished"}
     assert sorted(zip(table["objective"], table["alpha"])) == [("identity", 0.0), ("ls", 0.0), ("ls", 10.0)]
     assert table["sweep_id"].nunique() == 1
@@ -208,7 +208,7 @@ def test_hydra_sweep_runs_four_jobs_then_skips_them(tmp_path):
 
     second, second_s = run_cli(sweep, tmp_path)
     assert second.returncode == 0
-    assert (second.stdout + second.stderr).count("skipping: a finished row exists") == 4
+    assert (second.stdout + second.stderr).count("job skipped: finished before as run") == 4
     assert len(ResultsStore(tmp_path).load()) == 3
     assert second_s < first_s
 
@@ -296,6 +296,7 @@ def test_separate_placement_is_evaluated_in_memory_and_flagged(tmp_path, objecti
         job_config(
             tmp_path,
             "lt_placement=separate",
+            "save_model=full",
             f"objective={objective}",
             "objective.epochs=1" if objective == "cosine" else "alpha=0",
         )
@@ -321,8 +322,8 @@ def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model
     from replaceme_exp.surgery import load_pruned, prune
 
     cuts = "cuts=[[1,2],[3,5]]"
-    sequential = run_recorded(job_config(tmp_path, cuts, "multi_lt=sequential"))
-    independent = run_recorded(job_config(tmp_path, cuts, "multi_lt=independent"))
+    sequential = run_recorded(job_config(tmp_path, cuts, "multi_lt=sequential", "save_model=full"))
+    independent = run_recorded(job_config(tmp_path, cuts, "multi_lt=independent", "save_model=full"))
     assert sequential["status"] == independent["status"] == "finished"
     assert sequential["multi_lt"] == "sequential" and sequential["kept_blocks"] == [0, 2, 5]
     assert sorted(sequential["cut_train_losses"]) == ["1-2", "3-5"]
@@ -345,15 +346,15 @@ def test_sequential_multi_lt_estimates_each_transform_on_the_partly_pruned_model
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_parallel_local_workers_lose_no_row(tmp_path):
+def test_parallel_local_workers_lose_no_row_and_prefix_their_console_lines(tmp_path):
+    sweep = ["seed=1,2,3,4", "objective=ls,identity"]
     proc, _ = run_cli(
         [
             "-m",
             "hydra/launcher=local_parallel",
             "hydra.launcher.n_jobs=2",
             *SMOKE,
-            "seed=1,2,3,4",
-            "objective=ls,identity",
+            *sweep,
         ],
         tmp_path,
     )
@@ -361,6 +362,19 @@ def test_parallel_local_workers_lose_no_row(tmp_path):
     table = ResultsStore(tmp_path).load()
     assert len(table) == 8 and set(table["status"]) == {"finished"} and table["config_hash"].nunique() == 8
     assert not list((tmp_path / "runs").rglob("*.tmp"))
+    # each job's console lines carry its number; its own run.log does not
+    console = (proc.stdout + proc.stderr).splitlines()
+    for job in range(8):
+        assert any(line.startswith(f"[job {job}] ") and "stage load" in line for line in console), job
+    logs = list((tmp_path / "hydra" / "multirun").glob("*/*/run.log"))
+    assert len(logs) == 8 and all("[job " not in log.read_text() and "stage load" in log.read_text() for log in logs)
+
+    again, _ = run_cli(["-m", "hydra/launcher=local_parallel", "hydra.launcher.n_jobs=2", *SMOKE, *sweep], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    console = (again.stdout + again.stderr).splitlines()
+    for job in range(8):  # a skipped job prints one line
+        (line,) = [line for line in console if line.startswith(f"[job {job}] ")]
+        assert "job skipped: finished before as run" in line
 
 
 @pytest.mark.unit
@@ -473,7 +487,7 @@ def test_save_transforms_writes_each_cuts_t_which_the_checkpoint_holds_fused(tmp
 
     from replaceme_exp.models import adapter_for, load_model
 
-    row = run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_transforms=true"))
+    row = run_recorded(job_config(tmp_path, "cuts=[[2,4]]", "save_transforms=true", "save_model=full"))
     assert row["status"] == "finished"
     saved = load_file(row["transforms_path"])
     assert set(saved) == {"2-4"} and saved["2-4"].dtype == torch.float64 and saved["2-4"].shape == (64, 64)

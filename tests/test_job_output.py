@@ -48,8 +48,8 @@ def default_tiny_job(tmp_path_factory):
     """The default job on the tiny model through run.py (W&B offline, the model saved), then the
     same job again."""
     tmp_path = tmp_path_factory.mktemp("tiny_job")
-    first = run_logged(DEFAULT_JOB, tmp_path, "first.log")
-    second = run_logged(DEFAULT_JOB, tmp_path, "second.log")
+    first = run_logged([*DEFAULT_JOB, "save_model=full"], tmp_path, "first.log")
+    second = run_logged([*DEFAULT_JOB, "save_model=full"], tmp_path, "second.log")
     return tmp_path, first, second
 
 
@@ -84,13 +84,12 @@ def test_a_job_ends_with_one_summary_line_and_its_samples(default_tiny_job):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_rerun_that_skips_prints_the_finished_jobs_summary(default_tiny_job):
+def test_a_rerun_that_skips_prints_one_line_the_finished_jobs_summary(default_tiny_job):
     tmp_path, (_, first), (code, second) = default_tiny_job
     (row,) = ResultsStore(tmp_path).load().to_dict("records")
     assert code == 0
-    assert f"job skipped: finished before as run {row['run_id']}" in second
-    assert f"{row['ppl_heldout']:.2f}" in second and "generation samples" in second
-    assert "stage load" not in second
+    (line,) = second.strip().splitlines()  # a skipped job prints one line: its finished row's summary
+    assert f"job skipped: finished before as run {row['run_id']}" in line and f"{row['ppl_heldout']:.2f}" in line
 
 
 @pytest.mark.integration
@@ -101,7 +100,7 @@ def test_generation_samples_equal_greedy_decoding_of_the_models(tmp_path):
 
     from replaceme_exp.models import load_model
 
-    cfg = job_config(tmp_path, "eval.samples.max_new_tokens=6")
+    cfg = job_config(tmp_path, "eval.samples.max_new_tokens=6", "save_model=full")
     row = run_recorded(cfg)
     assert row["status"] == "finished", row["error"]
     loaded = load_model(typed_config(cfg).model, str(CACHE))
@@ -240,3 +239,39 @@ def test_one_command_finds_every_offline_run_to_sync(default_tiny_job):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert "offline runs to sync: 1" in out and "Would sync 1 run(s)" in out
+
+
+@pytest.mark.unit
+def test_prefix_console_prefixes_each_console_line_not_the_log_file(tmp_path):
+    import io
+    import logging
+
+    from replaceme_exp.runtime.log_files import prefix_console
+
+    root, stream = logging.getLogger(), io.StringIO()
+    console, file = logging.StreamHandler(stream), logging.FileHandler(tmp_path / "run.log")
+    for handler in (console, file):
+        handler.setFormatter(logging.Formatter("[%(levelname)s] - %(message)s"))
+    saved = root.handlers[:], root.level
+    root.handlers[:] = [console, file]
+    root.setLevel(logging.INFO)
+    try:
+        prefix_console("[job 3] ")
+        prefix_console("[job 3] ")  # once only
+        logging.getLogger("replaceme_exp.job").info("stage load ...\nsecond line")
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+        file.close()
+    assert stream.getvalue().splitlines() == ["[job 3] [INFO] - stage load ...", "[job 3] second line"]
+    assert (tmp_path / "run.log").read_text().splitlines() == ["[INFO] - stage load ...", "second line"]
+
+
+@pytest.mark.unit
+def test_the_summary_of_a_job_that_saved_its_transforms_says_how_to_export_the_checkpoint():
+    row = {"run_id": "r1", "status": "finished", "config_hash": "abc", "cuts": [[2, 4]], "time_total_s": 3.0}
+    row.update(saved_model="transform", transforms_path="results/transforms/abc.safetensors", pruned_model_path=None)
+    line = summary_line(row)
+    assert line.endswith("transforms results/transforms/abc.safetensors (the checkpoint: make export RUN=abc)")
+    full = summary_line({**row, "saved_model": "full", "pruned_model_path": "results/models/abc"})
+    assert full.endswith("model results/models/abc") and "export" not in full

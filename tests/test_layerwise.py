@@ -140,7 +140,7 @@ def test_a_layerwise_job_selects_estimates_and_prunes_as_the_whole_model_job(tmp
     rows, weights = {}, {}
     for mode in ("whole", "layerwise"):
         out = tmp_path / mode
-        cfg = job_config(out, f"capture.mode={mode}", "capture.device=cpu", "eval.samples=null")
+        cfg = job_config(out, f"capture.mode={mode}", "capture.device=cpu", "eval.samples=null", "save_model=full")
         rows[mode] = run_recorded(cfg)
         weights[mode] = load_file(f"{rows[mode]['pruned_model_path']}/model.safetensors")
     whole, lw = rows["whole"], rows["layerwise"]

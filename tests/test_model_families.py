@@ -122,6 +122,7 @@ TINY = [
 @pytest.mark.slow
 def test_a_falcon_job_prunes_fuses_and_saves_a_model_that_reloads_to_the_same_perplexity(tmp_path):
     overrides = [o for o in TINY if not o.startswith("model=")] + [f"results_dir={tmp_path}", "model=tiny_falcon"]
+    overrides += ["save_model=full"]
     row = run_recorded(compose_config(overrides))
     assert row["status"] == "finished" and row["ppl_heldout"] != row["ppl_heldout_baseline"]
     reloaded = AutoModelForCausalLM.from_pretrained(row["pruned_model_path"])

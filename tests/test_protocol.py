@@ -194,7 +194,7 @@ def test_touching_cuts_compose_as_the_official_lstsq(tmp_path):
     unpruned model) maps the whole L_2 to L_4, and block 0's down-projection becomes T1^T T0^T W."""
     cfg = job_config(
         tmp_path, "cuts=[[1,3],[3,5]]", "merge_consecutive=false", "touching_cuts=compose",
-        "estimation=all", "save_transforms=true",
+        "estimation=all", "save_transforms=true", "save_model=full",
     )
     row = run_recorded(cfg)
     model, sequences = _calibration_sequences(cfg)
@@ -244,7 +244,9 @@ def test_touching_cuts_estimated_sequentially_fuse_into_the_kept_block(tmp_path)
 @pytest.mark.slow
 def test_a_float32_capture_copy_estimates_as_a_float32_model_and_prunes_the_bfloat16_one(tmp_path):
     common = ["cuts=[[2,4]]", "estimation=all", "save_transforms=true", "eval.samples=null"]
-    copy32 = run_recorded(job_config(tmp_path / "a", *common, "model.dtype=bfloat16", "model.capture_dtype=float32"))
+    copy32 = run_recorded(
+        job_config(tmp_path / "a", *common, "model.dtype=bfloat16", "model.capture_dtype=float32", "save_model=full")
+    )
     full32 = run_recorded(job_config(tmp_path / "b", *common, "model.dtype=float32", "save_model=false"))
     bf16 = run_recorded(job_config(tmp_path / "c", *common, "model.dtype=bfloat16", "save_model=false"))
     t_copy, t_full, t_bf16 = (load_file(r["transforms_path"])["2-4"] for r in (copy32, full32, bf16))

@@ -152,7 +152,7 @@ def test_identical_saves_at_once_do_not_fail_and_keep_one_model(tmp_path):
 
 @pytest.mark.integration
 def test_identical_jobs_at_once_run_once_and_models_are_readable_by_others(tmp_path):
-    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    cfg = job_config(tmp_path, "cuts=[[2,4]]", "save_model=full")
     rows = []
     threads = [threading.Thread(target=lambda: rows.append(run_recorded(cfg))) for _ in range(2)]
     for t in threads:
@@ -171,7 +171,7 @@ def test_identical_jobs_at_once_run_once_and_models_are_readable_by_others(tmp_p
 
 @pytest.mark.integration
 def test_a_model_moved_aside_by_a_killed_rerun_is_restored_not_skipped_away(tmp_path):
-    cfg = job_config(tmp_path, "cuts=[[2,4]]")
+    cfg = job_config(tmp_path, "cuts=[[2,4]]", "save_model=full")
     first = run_recorded(cfg)
     model_dir = first["pruned_model_path"]
     aside = tmp_path / "models" / f".old-{first['config_hash']}-killed"

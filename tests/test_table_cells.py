@@ -312,3 +312,15 @@ def test_the_cosine_approximation_table_shows_the_multi_a_rows_from_their_own_ru
     }
     assert list(shown)[-2:] == ["Llama 3 8B, Multi_A approx. loss", "Llama 3 8B, Multi_A orig. loss"]
     assert table_notes(table) == []
+
+
+def test_time_emissions_says_when_the_emissions_are_estimated(tmp_path, monkeypatch):
+    from replaceme_exp.reporting import paper_figures
+    from replaceme_exp.reporting.energy_marks import NOTE
+
+    footnotes = []
+    monkeypatch.setattr(paper_figures, "_save", lambda fig, path, footnote=None: footnotes.append(footnote))
+    cost = dict(cached_stages="[]", time_capture_s=10.0, time_estimate_s=2.0, co2_kg_capture=0.002, rp=0.9)
+    time_emissions(frame(llama2_cost(1, **cost, energy_estimated=True)), tmp_path / "estimated.png")
+    time_emissions(frame(llama2_cost(1, **cost, energy_estimated=False)), tmp_path / "measured.png")
+    assert NOTE in footnotes[0] and NOTE not in footnotes[1]

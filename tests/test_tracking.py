@@ -76,3 +76,81 @@ def test_each_job_of_a_sweep_is_its_own_wandb_run_in_its_hydra_job_dir(tmp_path)
     assert [r.parts[-3] for r in runs] == ["0", "1"]  # the Hydra job subdirectories
     names = [next(r.glob("run-*.wandb")).read_bytes() for r in runs]
     assert all(b"seed=1" in n or b"seed=2" in n for n in names)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_tracked_job_says_how_its_energy_was_obtained(tmp_path):
+    """The row of a tiny job with CodeCarbon on (offline): tracking mode, the grid, and per device
+    whether its power was measured or estimated (CodeCarbon never measures RAM: always estimated)."""
+    cfg = job_config(tmp_path, "tracking.codecarbon.enabled=true", "tracking.codecarbon.region=washington")
+    row = run_recorded(cfg, job_dir=tmp_path / "job")
+    assert row["status"] == "finished", row["error"]
+    assert row["energy_tracking_mode"] == "process" and row["energy_region"] == "washington"
+    assert row["energy_country_iso_code"] == "USA"
+    power = row["energy_power"]
+    assert {"cpu", "ram"} <= set(power) and all(v.startswith(("measured", "estimated")) for v in power.values())
+    assert power["ram"] == "estimated: from this process's resident memory"
+    assert row["energy_estimated"] is True and row["energy_kwh"] > 0
+    import pandas as pd
+
+    csv = pd.read_csv(tmp_path / "job" / "codecarbon" / "emissions.csv")
+    assert set(csv["tracking_mode"]) == {"process"} and set(csv["region"]) == {"washington"}
+
+
+@pytest.mark.unit
+def test_power_sources_name_measured_and_estimated_devices():
+    from replaceme_exp.tracking.emissions import power_sources
+
+    class CPU:
+        def __init__(self, mode, tdp=8):
+            self._mode, self._tdp = mode, tdp
+
+    class RAM:
+        _force_ram_power = None
+
+    class GPU:
+        pass
+
+    rapl = power_sources([CPU("intel_rapl"), RAM(), GPU()], "process")
+    assert rapl["cpu"] == "measured: RAPL (the whole package, not this process)"
+    assert rapl["gpu"].startswith("measured") and rapl["ram"].startswith("estimated")
+    load = power_sources([CPU("cpu_load", 45)], "machine")
+    assert load == {"cpu": "estimated: TDP 45 W x the machine's CPU load"}
+    assert power_sources([CPU("cpu_load", 45)], "process")["cpu"] == "estimated: TDP 45 W x this process's CPU time"
+    assert power_sources([CPU("constant", 85)], "machine")["cpu"] == "estimated: TDP 85 W constant"
+
+
+@pytest.mark.unit
+def test_an_unknown_region_is_refused_in_one_line():
+    from replaceme_exp.errors import ConfigError
+    from replaceme_exp.tracking.emissions import check_region
+
+    check_region("USA", "washington")
+    check_region("USA", None)
+    with pytest.raises(ConfigError, match="tracking.codecarbon.region.*nowhere.*not a region of USA"):
+        check_region("USA", "nowhere")
+    with pytest.raises(ConfigError, match="no regional grid data for FRA"):
+        check_region("FRA", "bretagne")
+
+
+@pytest.mark.unit
+def test_estimated_energy_is_marked_in_table_cells_and_report_rows():
+    import pandas as pd
+    from helpers.tables import run
+
+    from replaceme_exp.reporting.energy_marks import MARK
+    from replaceme_exp.reporting.paper_tables import Column, Row, TableSpec, build_table, to_markdown
+    from replaceme_exp.reporting.report import Group, runs_table
+
+    spec = TableSpec("cost", "Cost.", where={}, rows=[Row("ReplaceMe", {})], columns=[Column("CO2", "co2_kg")])
+    estimated = pd.DataFrame([run(1, co2_kg=0.12, energy_estimated=True), run(2, co2_kg=0.14, energy_estimated=False)])
+    table = build_table(spec, estimated.iloc[:1])
+    assert table["CO2"].iloc[0] == f"0.12 {MARK}"
+    assert "estimated by CodeCarbon" in to_markdown(spec, table)
+    measured = build_table(spec, estimated.iloc[1:])
+    assert measured["CO2"].iloc[0] == "0.14" and "estimated by" not in to_markdown(spec, measured)
+
+    shown = estimated.assign(energy_kwh=[0.5, 0.25])
+    lines = runs_table(Group("all", "all", 2, shown, shown.iloc[0:0]))
+    assert f"| 0.5 {MARK} | 0.12 {MARK} |" in lines[2] and lines[3].endswith("| 0.25 | 0.14 |")

@@ -67,6 +67,12 @@ def n_prune_value(v) -> str | None:
     return "must be a positive integer (blocks) or a fraction in (0, 1) of them"
 
 
+def save_model_value(v) -> str | None:
+    if v in ("transform", "full") or isinstance(v, bool):
+        return None
+    return "choose transform (the cuts and transforms), full (the checkpoint) or false (nothing)"
+
+
 def cuts_value(v) -> str | None:
     if not isinstance(v, list) or not v:
         return "give a non-empty list of [start, end) pairs, e.g. cuts='[[20,28]]'"
@@ -511,6 +517,12 @@ class StoreConfig:
 class CodeCarbonConfig:
     enabled: bool = key(True, doc="energy and CO2 per stage")
     country_iso_code: str = key("USA", doc="grid of the emissions estimate")
+    region: Optional[str] = key(
+        None, doc="a region of the country with its own grid data (USA, Canada: e.g. washington); null: the country's"
+    )
+    tracking_mode: Literal["process", "machine"] = key(
+        "process", doc="this job's share of CPU and RAM (parallel jobs), or the whole machine's"
+    )
 
 
 @Group
@@ -588,7 +600,12 @@ class JobConfig:
     )
     results_dir: str = key("results", doc="rows, baselines, pruned models")
     cache_dir: str = key("${oc.env:REPLACEME_CACHE,.cache}", doc="converted models, capture statistics")
-    save_model: bool = key(True, doc="save the pruned checkpoint")
+    save_model: Literal["transform", "full", False] = key(
+        "transform",
+        doc="transform: the cuts and each T (MB; make export RUN=<config_hash> builds the checkpoint); "
+        "full: the pruned checkpoint (true: the same); false: nothing",
+        check=save_model_value,
+    )
     save_transforms: bool = key(
         False, doc="also save each cut's estimated T as its own file (the official save_transform_only)"
     )

@@ -3,7 +3,10 @@ metric) and reused. ``BASELINE_VERSION`` is part of every key: bump it when the 
 baseline computes. Every entry carries its whole key and a checksum over key and value
 (:func:`~replaceme_exp.storage.write_keyed_json`): another entry copied over its file name, a
 corrupt one or one of an older version is reported, removed and recomputed, never used.
-``refresh=True`` (``force=true``) recomputes and overwrites."""
+``refresh=True`` (``force=true``) recomputes and overwrites.
+
+Parallel jobs asking for the same baseline compute it once: a miss takes a lock per key
+(``.<key>.lock`` beside the entry), and whoever waited on it reads the entry the first one wrote."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any, Callable
 
 from replaceme_exp.storage import (
     content_key,
+    file_lock,
     read_keyed_json,
     remove_dead_temporaries,
     write_keyed_json,
@@ -34,13 +38,21 @@ class BaselineCache:
         """The cached value for ``key`` (a float or a JSON-able dict of scores), computing and
         storing it (atomically) on a miss."""
         path, key = self._path(key)
-        if not self.refresh:
-            value = read_keyed_json(path, key, "baseline cache entry")
-            if value is not None:
-                self.hits.append(str(key.get("metric", "harness")))
+        if not self.refresh and (value := self._read(path, key)) is not None:
+            return value
+        waited = []
+        with file_lock(path.with_name(f".{path.stem}.lock"), lambda: waited.append(True)):
+            # another job computed it while this one waited (a forced job recomputes only once too)
+            if (not self.refresh or waited) and (value := self._read(path, key)) is not None:
                 return value
-        value = compute()
-        self._write(path, key, value)
+            value = compute()
+            self._write(path, key, value)
+        return value
+
+    def _read(self, path: Path, key: dict) -> Any:
+        value = read_keyed_json(path, key, "baseline cache entry")
+        if value is not None:
+            self.hits.append(str(key.get("metric", "harness")))
         return value
 
     def _path(self, key: dict) -> tuple[Path, dict]:

@@ -35,7 +35,7 @@ from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.selection.passes import Selection, select_and_capture
 from replaceme_exp.stages import stage
 from replaceme_exp.storage import atomic_path
-from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint
+from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint, write_recipe
 
 log = logging.getLogger("replaceme_exp.job")
 
@@ -336,19 +336,30 @@ class PruningJob:
         self.record(self.modality.evaluate_pruned(self.loaded, self.adapter, self.heldout))
 
     def save(self) -> None:
-        """The pruned model as a standard checkpoint under ``results_dir/models/<config_hash>``; with
-        ``save_transforms``, each cut's estimated T under ``results_dir/transforms/<config_hash>``."""
-        if self.config.save_transforms:
+        """What ``save_model`` asks for (:attr:`JobSpec.model_save`): ``full``, the pruned model as a
+        standard checkpoint under ``results_dir/models/<config_hash>``; ``transform``, each cut's T
+        and the recipe that rebuilds that checkpoint from the base model (``make export``) under
+        ``results_dir/transforms/``. With ``save_transforms``, the transforms file in either case."""
+        saved = self.spec.model_save
+        self.record({"saved_model": saved})
+        if self.config.save_transforms or saved == "transform":
             self.save_transforms()
-        if not self.config.save_model:
+        if saved == "transform":
+            self.save_recipe()
+        if saved != "full":
             return
+        if self.config.save_model == "transform":
+            log.info("healing moved the weights beyond the transforms: saving the full checkpoint")
         with stage("save"):
             target = self.paths.model_dir(self.row["config_hash"])
-            keys = ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")
-            metadata = {k: self.row[k] for k in keys}
-            save_checkpoint(self.loaded.model, self.loaded.tokenizer, target, metadata, self.loaded.processor)
+            loaded = self.loaded
+            save_checkpoint(loaded.model, loaded.tokenizer, target, self.checkpoint_metadata(), loaded.processor)
         self.record({"pruned_model_path": str(target)})
 
+    def checkpoint_metadata(self) -> dict:
+        """What a saved (or exported) checkpoint carries beside its weights (``replaceme.json``)."""
+        keys = ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")
+        return {k: self.row[k] for k in keys}
 
     def save_transforms(self) -> None:
         """One safetensors file: ``"<start>-<end>"`` (cuts of the unpruned model) -> T, float64,
@@ -359,6 +370,25 @@ class PruningJob:
         with stage("save", "save transforms"), atomic_path(target) as tmp:
             save_file(transforms, str(tmp), metadata={"run_id": self.row["run_id"], "model": self.row["model"]})
         self.record({"transforms_path": str(target)})
+
+    def save_recipe(self) -> None:
+        """Beside the transforms file, what rebuilds the pruned checkpoint from the base model: the
+        job's configuration, the base weights' fingerprint, the cuts, how they were applied and each
+        T's dtype as fitted (the file holds float64: cast back, the fused or attached T is the job's
+        bit for bit). A few kB."""
+        fitted = self.fit.transforms.items()
+        recipe = {
+            "config_hash": self.row["config_hash"],
+            "config": dataclasses.asdict(self.config),
+            "model_fingerprint": self.spec.weights,
+            "cuts": [list(cut) for cut in self.selection.cuts],
+            "sequential": self.sequential,
+            "lt_placement": self.config.lt_placement,
+            "dtypes": {label(cut): str(t.dtype).removeprefix("torch.") for cut, t in fitted if t is not None},
+            "metadata": self.checkpoint_metadata(),
+        }
+        with stage("save", "save recipe"):
+            write_recipe(self.paths.transforms_file(self.row["config_hash"]), recipe)
 
 
 @contextmanager

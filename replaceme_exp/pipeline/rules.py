@@ -57,14 +57,27 @@ def writable_directory(key: str, value, subfolders: Iterable[str] = ()) -> None:
             raise ConfigError(key, value, f"{existing} is not writable")
 
 
+def model_save(c: schema.JobConfig) -> str | None:
+    """What a finished job leaves of its pruned model: ``full`` (the checkpoint under
+    ``models/<config_hash>``), ``transform`` (the cuts and each T under ``transforms/``, from which
+    ``make export`` rebuilds the checkpoint) or None (``save_model=false``, an evaluate job). A
+    healed model's weights moved beyond its transforms: ``transform`` saves it ``full``."""
+    if c.job != "prune" or c.save_model is False:
+        return None
+    if c.save_model == "transform" and c.healing.name == "none":
+        return "transform"
+    return "full"
+
+
 def results_subfolders(c: schema.JobConfig, config_hash: str | None = None) -> list[str]:
     """The folders under ``results_dir`` a job writes to: its rows (``runs``; ``runs/<config_hash>``
     once the hash is known), the configurations' locks, cached baselines and, as configured, the
     saved model (``models``, ``models/<config_hash>``) and transforms."""
     folders = ["runs", "locks", "baselines"]
-    if c.job == "prune" and c.save_model:
+    saved = model_save(c)
+    if saved == "full":
         folders.append("models")
-    if c.job == "prune" and c.save_transforms:
+    if c.job == "prune" and (c.save_transforms or saved == "transform"):
         folders.append("transforms")
     if config_hash is not None:
         folders += [f"{folder}/{config_hash}" for folder in ("runs", "models") if folder in folders]

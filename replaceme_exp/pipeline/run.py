@@ -27,7 +27,14 @@ def run_job(
     gpu_ids = job_gpu_ids(c.model.device, c.model.device_map, torch.cuda.is_available(), torch.cuda.device_count())
     row["codecarbon_gpu_ids"] = gpu_ids
     tracking = c.tracking.codecarbon
-    emissions = StageEmissions(tracking.enabled, tracking.country_iso_code, paths.job_dir / "codecarbon", gpu_ids)
+    emissions = StageEmissions(
+        tracking.enabled,
+        tracking.country_iso_code,
+        paths.job_dir / "codecarbon",
+        gpu_ids,
+        region=tracking.region,
+        tracking_mode=tracking.tracking_mode,
+    )
     clock = StageClock(emissions, on_stage)
     job = (EvaluationJob if spec.job == "evaluate" else PruningJob)(spec, paths, row)
     try:

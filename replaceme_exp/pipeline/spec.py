@@ -55,7 +55,14 @@ from replaceme_exp.estimation.numerical import regularizer_warning
 from replaceme_exp.models.fingerprint import file_digest
 from replaceme_exp.models.loading import saved_dtype
 from replaceme_exp.pipeline.protocol import apply_protocol
-from replaceme_exp.pipeline.rules import check_checkpoint, check_evaluation, check_inputs, check_job, modality_of
+from replaceme_exp.pipeline.rules import (
+    check_checkpoint,
+    check_evaluation,
+    check_inputs,
+    check_job,
+    modality_of,
+    model_save,
+)
 from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.selection.passes import SelectionRequest
 from replaceme_exp.storage import content_key
@@ -144,9 +151,15 @@ class JobSpec:
         return self.config.job
 
     @property
+    def model_save(self) -> str | None:
+        """What a finished job leaves of its pruned model (:func:`~replaceme_exp.pipeline.rules.model_save`):
+        ``full``, ``transform`` or None."""
+        return model_save(self.config)
+
+    @property
     def saves_model(self) -> bool:
         """Whether a finished job left a model under ``results_dir/models/<config_hash>``."""
-        return self.job == "prune" and bool(self.config.save_model)
+        return self.model_save == "full"
 
     # ---- identity -------------------------------------------------------------------------------
 

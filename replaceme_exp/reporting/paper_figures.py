@@ -45,6 +45,8 @@ import pandas as pd
 from replaceme_exp.capture.similarity import MIN_TOKENS_PER_DIM
 from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import choose_setting, matches
+from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
+from replaceme_exp.reporting.energy_marks import any_estimated, marked
 from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
@@ -302,12 +304,13 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
         f"uncached runs only: excluded {n_cached} with cached selection/statistics, "
         f"{n_unknown} without a cached_stages record"
     )
-    stats = {}
+    stats, estimated = {}, False
     for label, method in methods.items():
         choice = choose_setting(uncached_runs(plotted.runs(runs, {**TIME_EMISSIONS_WHERE, **method}))[0])
         plotted.tally.show(choice.shown)
         if choice.shown is not None:
             chosen = choice.shown
+            estimated = estimated or any_estimated(chosen)
             cost = compression_cost(chosen)
             note = "; ".join(filter(None, ["uncached runs only", choice.note(label)]))
             stats[label] = {
@@ -329,7 +332,8 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
                 plotted.add(what, label, pd.DataFrame([point]))
             bars = left.bar(np.arange(2) + i * width, relative, width, label=label)
             left.bar_label(bars, fmt="%.3g", fontsize="x-small")
-        left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, ["Emissions", "Time"])
+        emissions = marked("Emissions", estimated)  # "Emissions (est.)": CodeCarbon estimated the power
+        left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, [emissions, "Time"])
         _legend(left)
     else:
         plotted.no_runs(left, "+paper=time_emissions (ReplaceMe LS is the reference)")
@@ -347,7 +351,7 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
     for series, count in (("cached", n_cached), ("unrecorded", n_unknown)):
         point = {"x": np.nan, "mean": np.nan, "std": np.nan, "n": count, "note": excluded}
         plotted.add("excluded", series, pd.DataFrame([point]))
-    footnote = excluded[0].upper() + excluded[1:] + "."
+    footnote = excluded[0].upper() + excluded[1:] + "." + (f" {ESTIMATED_NOTE}" if estimated else "")
     _save(fig, path, plotted.footnote(footnote, _settings_footnote(plotted)))
     return plotted.frame("time_emissions")
 

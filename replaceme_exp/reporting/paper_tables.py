@@ -42,6 +42,8 @@ from replaceme_exp.reporting.cells import (
     choose_setting,
     preference_rule,
 )
+from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
+from replaceme_exp.reporting.energy_marks import any_estimated, is_energy_metric, marked
 from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
@@ -480,7 +482,7 @@ def build_table(
     for column in spec.column_specs():
         metric, header = retarget.metric(column.metric)  # e.g. Lambada's perplexity -> the suite's
         columns.append(Column(header or column.header, metric, column.conditions))
-    out, notes = [], []
+    out, notes, estimated = [], [], False
     for row in spec.row_specs():
         prefer = spec.preferences(row)
         cells = {"Setting": row.label, **{t: row.text.get(t, "") for t in spec.text_columns}}
@@ -511,6 +513,9 @@ def build_table(
             in_cell = shown[_condition_key(column.conditions)]
             metric = column.metric
             cells[column.header] = format_cell(in_cell[metric]) if metric in in_cell.columns else MISSING
+            if is_energy_metric(metric) and any_estimated(in_cell):
+                cells[column.header] = marked(cells[column.header], True)
+                estimated = True
         out.append(cells)
     has_quoted = spec.quoted_at is not None and quoted and spec.name in quoted
     if has_quoted and not retarget.active:
@@ -530,7 +535,7 @@ def build_table(
     retargeted = retarget.caption()
     if retargeted and has_quoted:
         retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
-    table.attrs.update(notes=notes, retargeted=retargeted, counts=tally.line(spec.name))
+    table.attrs.update(notes=notes, retargeted=retargeted, counts=tally.line(spec.name), estimated=estimated)
     return table
 
 
@@ -553,6 +558,8 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
     retargeted = table is not None and table.attrs.get("retargeted")
     if spec.quoted_at is not None and quoted and spec.name in quoted and not retargeted:
         lines.append(f"Rows marked quoted are not measured here; source: {quoted[spec.name]['source']}.")
+    if table is not None and table.attrs.get("estimated"):
+        lines.append(ESTIMATED_NOTE)
     notes = table_notes(table) if table is not None else []
     if notes:
         lines.append(preference_rule({**PREFERRED_SETTINGS, **spec.prefer}))

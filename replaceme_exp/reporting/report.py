@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from replaceme_exp.reporting.cells import SETTING_COLUMNS
+from replaceme_exp.reporting.energy_marks import any_estimated, is_energy_metric, marked
 from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.results.store import ResultsStore, latest_of_each_config, started_text
 
@@ -195,7 +196,7 @@ def runs_table(group: Group) -> list[str]:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for _, run in frame.iterrows():
         cells = [str(run["run_id"])] + [_cell(run.get(c)) for c in varying] + [_cuts(run.get("cuts"))]
-        cells += [_cell(run.get(c)) for c in metrics]
+        cells += [marked(_cell(run.get(c)), is_energy_metric(c) and any_estimated(run)) for c in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

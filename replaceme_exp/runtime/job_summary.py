@@ -56,6 +56,8 @@ def summary_line(row: dict) -> str:
         parts.append(f"row {row['row_path']}")
     if row.get("pruned_model_path"):
         parts.append(f"model {row['pruned_model_path']}")
+    elif row.get("saved_model") == "transform" and row.get("transforms_path"):
+        parts.append(f"transforms {row['transforms_path']} (the checkpoint: make export RUN={row.get('config_hash')})")
     return ", ".join(parts)
 
 

@@ -40,7 +40,7 @@ from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only, 
 from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
 from replaceme_exp.samples import samples_listener
 from replaceme_exp.stages import observed_by
-from replaceme_exp.surgery import checkpoint_problem, recover_checkpoint
+from replaceme_exp.surgery import checkpoint_problem, recipe_problem, recover_checkpoint
 from replaceme_exp.tracking import WandbRun
 
 log = logging.getLogger("replaceme_exp.job")
@@ -85,7 +85,8 @@ def run_recorded(
             log.warning("finished run %s: %s: running again", done["run_id"], problem)
             done = None
         if done is not None:
-            log.info("skipping: a finished row exists for config_hash=%s", chash)
+            # said once, by the job's summary line ("job skipped: finished before as run ...")
+            log.debug("skipping: a finished row exists for config_hash=%s", chash)
             done["status"] = "skipped"
             done["row_path"] = str(store.row_path(done))
             return done
@@ -106,11 +107,14 @@ def run_recorded(
 
 def missing_output(spec: JobSpec, results_dir: Path) -> str | None:
     """What a finished run of ``spec``'s configuration was to leave and is not there whole (its
-    model, checked against the list of files its save wrote; its transforms file), or None."""
+    model, checked against the list of files its save wrote; its transforms file and the recipe
+    that lists its size), or None."""
     chash = spec.config_hash
     if spec.saves_model and (problem := checkpoint_problem(results_dir / "models" / chash)):
         return f"its model is not whole ({problem})"
     transforms = results_dir / "transforms" / f"{chash}.safetensors"
+    if spec.model_save == "transform" and (problem := recipe_problem(transforms)):
+        return f"its saved transforms are not whole ({problem})"
     if spec.job == "prune" and spec.config.save_transforms and not transforms.is_file():
         return f"its transforms file {transforms} is missing"
     return None

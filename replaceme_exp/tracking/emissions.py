@@ -1,5 +1,13 @@
 """Energy (kWh) and CO2 (kg) of each stage of a job, from one offline CodeCarbon tracker with one
-task per stage (no network; without RAPL or a GPU it estimates from the CPU's TDP and time)."""
+task per stage (no network), and how each number was obtained.
+
+CodeCarbon measures a device where it can read a counter (RAPL or the Windows energy interface for
+the CPU, NVML / AMD SMI for GPUs, powermetrics on Apple silicon) and otherwise *estimates* it: the
+CPU from its TDP (or a generic one) times the load, the RAM from its size. With
+``tracking_mode="process"`` an estimate is this process's share (its CPU time, its resident memory)
+instead of the whole machine's, so parallel jobs on one machine do not each book all of it; a
+measured counter (RAPL, NVML) still covers its whole device. :meth:`StageEmissions.columns` says
+which, per device (``energy_power``), and whether any part is estimated (``energy_estimated``)."""
 
 from __future__ import annotations
 
@@ -8,6 +16,8 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+from replaceme_exp.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +79,67 @@ def _start_hardware_setup(tracker) -> _HardwareSetup | None:
     return thread
 
 
+# CodeCarbon's CPU modes that read an energy counter, and what reads it.
+MEASURED_CPU_MODES = {
+    "intel_rapl": "RAPL",
+    "windows_emi": "Windows energy meter (RAPL)",
+    "intel_power_gadget": "Intel Power Gadget",
+    "apple_powermetrics": "powermetrics",
+}
+
+
+def power_sources(hardware: list, tracking_mode: str) -> dict[str, str]:
+    """``{device: how its power is obtained}`` for CodeCarbon's detected ``hardware`` (``cpu``,
+    ``ram``, ``gpu``), each starting with ``measured`` or ``estimated``: e.g. ``{"cpu":
+    "estimated: TDP 8 W x this process's CPU time", "ram": "estimated: from this process's
+    resident memory"}``."""
+    share = tracking_mode == "process"
+    out: dict[str, str] = {}
+    for device in hardware:
+        kind = type(device).__name__
+        chip = str(getattr(device, "chip_part", "")).lower()
+        if kind == "CPU":
+            mode = getattr(device, "_mode", None)
+            if mode in MEASURED_CPU_MODES:
+                whole = " (the whole package, not this process)" if share else ""
+                out["cpu"] = f"measured: {MEASURED_CPU_MODES[mode]}{whole}"
+            else:
+                tdp = getattr(device, "_tdp", None)
+                generic = " (generic)" if getattr(device, "_is_generic_tdp", False) else ""
+                load = "this process's CPU time" if share and mode == "cpu_load" else "the machine's CPU load"
+                rule = f"x {load}" if mode == "cpu_load" else "constant"
+                out["cpu"] = f"estimated: TDP {tdp} W{generic} {rule}"
+        elif kind == "RAM":
+            given = getattr(device, "_force_ram_power", None)
+            memory = "this process's resident memory" if share else "the machine's memory size"
+            out["ram"] = f"estimated: {given} W given" if given is not None else f"estimated: from {memory}"
+        elif kind == "GPU":
+            out["gpu"] = "measured: NVML / AMD SMI (whole GPUs of codecarbon_gpu_ids)"
+        elif kind in ("AppleSiliconChip", "Raspberry"):
+            out[chip or kind.lower()] = f"measured: {'powermetrics' if kind == 'AppleSiliconChip' else 'PMIC'}"
+    return out
+
+
+def check_region(country_iso_code: str, region: str | None) -> None:
+    """Refuse a ``region`` CodeCarbon has no grid data for in ``country_iso_code`` (it would log an
+    error at every stage and silently use the country's average)."""
+    if region is None:
+        return
+    from codecarbon.core.emissions import DataSourceException
+    from codecarbon.input import DataSource
+
+    try:
+        regions = DataSource().get_country_emissions_data(country_iso_code.lower())
+    except (DataSourceException, OSError, KeyError):
+        raise ConfigError(
+            "tracking.codecarbon.region", region, f"CodeCarbon has no regional grid data for {country_iso_code}"
+        ) from None
+    if region.lower() not in regions:
+        known = ", ".join(sorted(regions)[:6])
+        reason = f"not a region of {country_iso_code} (e.g. {known}, ...)"
+        raise ConfigError("tracking.codecarbon.region", region, reason)
+
+
 class StageEmissions:
     def __init__(
         self,
@@ -76,8 +147,11 @@ class StageEmissions:
         country_iso_code: str = "USA",
         output_dir: str | os.PathLike = ".",
         gpu_ids: list | None = None,
+        region: str | None = None,
+        tracking_mode: str = "process",
     ):
         self.gpu_ids = gpu_ids
+        self.country_iso_code, self.region, self.tracking_mode = country_iso_code, region, tracking_mode
         self.energy_kwh: dict[str, float] = {}
         self.co2_kg: dict[str, float] = {}
         self.tracker = None
@@ -86,10 +160,13 @@ class StageEmissions:
             return
         from codecarbon import OfflineEmissionsTracker
 
+        check_region(country_iso_code, region)
         logging.getLogger("codecarbon").setLevel(logging.ERROR)
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         self.tracker = OfflineEmissionsTracker(
             country_iso_code=country_iso_code,
+            tracking_mode=tracking_mode,
+            **({"region": region.lower()} if region is not None else {}),
             output_dir=str(output_dir),
             project_name="replaceme-exp",
             log_level="error",
@@ -120,14 +197,26 @@ class StageEmissions:
                 self.energy_kwh[name] = self.energy_kwh.get(name, 0.0) + float(data.energy_consumed)
                 self.co2_kg[name] = self.co2_kg.get(name, 0.0) + float(data.emissions)
 
-    def columns(self) -> dict[str, float]:
-        """``energy_kwh_<stage>``, ``co2_kg_<stage>`` and the totals ``energy_kwh``, ``co2_kg``
-        (empty when tracking is off: a missing measurement stays missing)."""
+    def columns(self) -> dict:
+        """``energy_kwh_<stage>``, ``co2_kg_<stage>``, the totals ``energy_kwh``, ``co2_kg``, and how
+        they were obtained: ``energy_tracking_mode`` (``process``: this job's share; ``machine``),
+        ``energy_power`` (per device, :func:`power_sources`), ``energy_estimated`` (True when any
+        device's power is estimated, not measured; None when CodeCarbon never set up its
+        hardware), ``energy_country_iso_code`` and ``energy_region`` (the grid of the CO2). Empty
+        when tracking is off: a missing measurement stays missing."""
         if self.tracker is None:
             return {}
         out = {f"energy_kwh_{k}": v for k, v in self.energy_kwh.items()}
         out.update({f"co2_kg_{k}": v for k, v in self.co2_kg.items()})
         out.update(energy_kwh=sum(self.energy_kwh.values()), co2_kg=sum(self.co2_kg.values()))
+        sources = power_sources(getattr(self.tracker, "_hardware", None) or [], self.tracking_mode)
+        out.update(
+            energy_tracking_mode=self.tracking_mode,
+            energy_power=sources or None,
+            energy_estimated=any(v.startswith("estimated") for v in sources.values()) if sources else None,
+            energy_country_iso_code=self.country_iso_code,
+            energy_region=self.region,
+        )
         return out
 
     def close(self) -> None:
