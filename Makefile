@@ -13,7 +13,7 @@
 # through the environment, quoted there ("$$MODEL"), never pasted into a recipe: no value runs as
 # a command. Each is kept as given ($(value ...): make does not expand it either). VENV, PY and
 # TORCH keep the values below unless set on the command line (not from the environment).
-USER_VARIABLES := MODEL CALIBRATION EVAL PROTOCOL RESULTS SWEEP ARGS TEST_WORKERS PYTHON
+USER_VARIABLES := MODEL CALIBRATION EVAL PROTOCOL RESULTS SWEEP RUN ARGS TEST_WORKERS PYTHON
 MAKEFILE_VARIABLES := VENV PY TORCH
 # Defaults before the export below: `export X` defines an undefined X (empty), which `?=` would keep.
 PYTHON ?= python3
@@ -132,5 +132,5 @@ self-generated-answers: setup
 # reloaded, the job's cuts and transforms applied, saved under RESULTS/models/RUN (RUN: the row's config_hash).
 .PHONY: export
 export: setup
-	@test -n "$(RUN)" || { echo "make export RUN=<config_hash> [RESULTS=results]"; exit 2; }
-	$(OFFLINE) "$$PY" -m replaceme_exp.runtime.export "$(RUN)" --results-dir="$${RESULTS:-results}"
+	@test -n "$$RUN" || { echo "make export RUN=<config_hash> [RESULTS=results]"; exit 2; }
+	$(OFFLINE) "$$PY" -m replaceme_exp.runtime.export "$$RUN" --results-dir="$${RESULTS:-results}"

@@ -538,6 +538,22 @@ def test_make_splits_args_like_a_shell_and_runs_none_of_them(makefile_dir, targe
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(
+    "target, variable, expected",
+    [
+        ("export", "RUN", ["-m", "replaceme_exp.runtime.export", INJECTED, "--results-dir=results"]),
+        ("wandb-dashboard", "SWEEP", ["-m", "replaceme_exp.reporting.wandb_dashboard", "--results=results", f"--sweep={INJECTED}"]),
+        ("dashboard", "RESULTS", ["-m", "replaceme_exp.reporting.dashboard", f"--results={INJECTED}"]),
+    ],
+)
+def test_make_targets_of_this_issue_pass_values_as_arguments(makefile_dir, target, variable, expected):
+    proc, logged = make(makefile_dir, target, f"{variable}={INJECTED}")
+    assert proc.returncode == 0, proc.stderr
+    assert not list(makefile_dir.glob("PWNED*"))
+    assert logged == [expected]
+
+
+@pytest.mark.unit
 def test_make_defaults_reach_the_recipes(makefile_dir):
     """PYTHON (what creates the venv on a fresh machine) and TEST_WORKERS keep their defaults
     when not given: exporting an undefined variable must not leave them empty."""
