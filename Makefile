@@ -3,7 +3,8 @@
 # make test-fast : the inner loop: every test not marked slow, on 2 processes (about 2 minutes)
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
 # make battery : the adversarial battery (bad inputs, injected faults, security probes; figures and results/battery.json)
-# make report : tables and figures of any results (RESULTS=dir) under RESULTS/report
+# make report : tables and figures of any results (RESULTS=dir) under RESULTS/report (SHOW_FAILED=1: with the failed runs)
+# make clean-failed RESULTS=dir : list the failed runs' rows and leftovers; CONFIRM=1 removes them
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 
@@ -75,7 +76,7 @@ docs-reference: setup
 
 # Any results (RESULTS=dir): per sweep and for all runs, tables of the runs, failures and figures under RESULTS/report.
 report: setup
-	"$$PY" -m replaceme_exp.reporting.report --results="$${RESULTS:-results}"
+	"$$PY" -m replaceme_exp.reporting.report --results="$${RESULTS:-results}" $${SHOW_FAILED:+--show-failed}
 
 # Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online.
 wandb-sync: setup
@@ -100,3 +101,9 @@ clean-cache:
 		-exec rm -f -- {} + 2>/dev/null; \
 	find "$${TMPDIR:-/tmp}" -maxdepth 1 -name 'token-store-*' -exec rm -rf -- {} + 2>/dev/null; \
 	true
+
+# The failed runs of a results store (RESULTS=dir): listed (a dry run), removed with CONFIRM=1: their rows, job
+# folders, and what configurations that never finished left. Never a finished row or anything it points to.
+.PHONY: clean-failed
+clean-failed: setup
+	"$$PY" -m replaceme_exp.results.cleaning --results="$${RESULTS:-results}" $${CONFIRM:+--confirm}

@@ -21,19 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from replaceme_exp.runtime import JobInterrupted, run_recorded
 from replaceme_exp.runtime.composition import one_line_composition_errors
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
+from replaceme_exp.runtime.sweep_name import sweep_name, sweep_overrides
 from replaceme_exp.runtime.sweep_summary import write_job_status
 from replaceme_exp.runtime.targets import guard_hydra_targets
 
 log = logging.getLogger("replaceme_exp")
-
-
-def sweep_name(choices: dict, multirun: bool) -> str:
-    """What the job belongs to, for W&B's group and the row: the template (``paper/<name>``,
-    ``study/<name>``), else the method preset (``experiment/<name>``), else ``sweep`` / ``single``."""
-    for group in ("paper", "study", "experiment"):
-        if choices.get(group):
-            return f"{group}/{choices[group]}"
-    return "sweep" if multirun else "single"
 
 
 def sweep_params(hc) -> str:
@@ -60,14 +52,17 @@ def main(cfg: DictConfig) -> float | None:
             raise_on_failure=False,
             job_dir=hc.runtime.output_dir,
             run_name=",".join(overrides) or "default",
-            sweep_name=sweep_name(dict(hc.runtime.choices), multirun),
+            sweep_name=sweep_name(
+                dict(hc.runtime.choices), multirun, sweep_overrides(hc.sweep.dir) if multirun else None
+            ),
             overrides=task,
         )
     except JobInterrupted as stopped:  # SIGTERM / SIGINT: the row is written; the sweep stops here
         write_job_status(hc.runtime.output_dir, stopped.row, ",".join(overrides))
         log.error(summary_line(stopped.row))
         sys.exit(128 + (signal.SIGINT if "SIGINT" in str(stopped) else signal.SIGTERM))
-    write_job_status(hc.runtime.output_dir, row, ",".join(overrides))
+    given_alpha = OmegaConf.select(cfg, "alpha", default=None, throw_on_resolution_failure=False)
+    write_job_status(hc.runtime.output_dir, row, ",".join(overrides), given_alpha)
     for line in [summary_line(row), *sample_lines(row)]:
         (log.error if row["status"] == "failed" else log.info)(line)
     if row["status"] == "failed" and not multirun:
