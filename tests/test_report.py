@@ -128,7 +128,8 @@ def test_categorical_settings_are_grouped_bars(tmp_path):
     ax = draw(panels, tmp_path / "bars.png").axes[0]
     bars = [c for c in ax.containers if isinstance(c, BarContainer)]
     assert len(bars) == 2 and all(len(b) == 2 for b in bars)  # 2 calibrations x 2 methods, side by side
-    assert bars[0][0].get_x() != bars[1][0].get_x() and not [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert bars[0][0].get_x() != bars[1][0].get_x()
+    assert not [line for line in ax.get_lines() if line.get_marker() == "o"]  # no line joins the categories
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ReplaceMe LS", "UIDL"]
 
 
@@ -152,7 +153,8 @@ def test_failed_runs_are_hidden_unless_asked_for_and_a_typo_sweep_is_left_out(tm
     for row in (finished_row(1), finished_row(2, alpha=10.0, regularizer="l2")):
         store.write(row)
     store.write(dict(run_id="f1", config_hash="h9", sweep_id="s1", status="failed", error="JobInterrupted: SIGTERM"))
-    store.write(dict(run_id="t1", config_hash="invalid-1", sweep_id="typo", status="failed", error="ConfigError: alpah"))
+    typo = dict(run_id="t1", config_hash="invalid-1", sweep_id="typo", status="failed", error="ConfigError: alpah")
+    store.write(typo)
     lines = write_report(tmp_path)
     page = (tmp_path / "report" / "sweeps" / "s1.md").read_text()
     assert "1 failed run hidden" in page and "f1" not in page and "make clean-failed" in page
