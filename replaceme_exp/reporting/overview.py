@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import pandas as pd
 from replaceme_exp.reporting.cells import SETTING_COLUMNS
 from replaceme_exp.reporting.paper_settings import baseline_columns
 from replaceme_exp.reporting.precision import format_number
-from replaceme_exp.results.row import cuts_of, decode_cell, format_cuts
+from replaceme_exp.results.row import decode_cell, format_cuts
 
 # Axes first in this order (the name a reader knows: the method rather than the objective behind it);
 # then the other setting columns.
@@ -258,7 +259,14 @@ def _order(values: list, numeric: bool) -> list:
     unique = list(dict.fromkeys(values))
     if numeric:
         return sorted(unique, key=lambda v: (v is None, v if v is not None else 0))
-    return sorted(unique, key=lambda v: (v == SELECTED, str(cuts_of(v) if isinstance(v, str) and "[" in v else v)))
+
+    def key(value) -> tuple:
+        text = str(value)
+        if text.startswith("["):  # cuts: by their blocks, [2,4) before [12,20)
+            return (1, [int(n) for n in re.findall(r"\d+", text)], "")
+        return (2 if value == SELECTED else 0, [], text)
+
+    return sorted(unique, key=key)
 
 
 def metric_panels(
@@ -286,7 +294,7 @@ def metric_panels(
     )
     data = data[data["y"].notna()]
     numeric_x = x_axis is not None and x_axis != "cuts" and is_numeric(list(data["x"]))
-    all_series = sorted({s for s in data["series"] if isinstance(s, str)})
+    all_series = _order([s for s in data["series"] if isinstance(s, str)], False)
     out = []
     for _, rows in data.groupby(data["panel"].map(_key), sort=True):
         points = []
@@ -371,9 +379,13 @@ def _draw_panel(ax, panel: Panel) -> None:
     base = panel.baseline
     if not base.empty:
         first = base.iloc[0]
-        text = f"unpruned ({format_number(first['y'])})" if first["x"] is None else "unpruned"
+        text = "unpruned"
         if first["x"] is None:
             ax.axhline(first["y"], label=text, **BASELINE_STYLE)
+            ax.annotate(
+                format_number(first["y"]), (1, first["y"]), xycoords=("axes fraction", "data"), xytext=(-2, 2),
+                textcoords="offset points", ha="right", va="bottom", fontsize="small", color=BASELINE_STYLE["color"],
+            )  # fmt: skip
         elif panel.numeric_x:
             ordered = base.sort_values("x")
             ax.plot(ordered["x"], ordered["y"], marker="_", markersize=14, label=text, **BASELINE_STYLE)
@@ -384,7 +396,7 @@ def _draw_panel(ax, panel: Panel) -> None:
                     ax.hlines(row.y, pos - 0.45, pos + 0.45, label=text if k == 0 else None, **BASELINE_STYLE)
     if not panel.numeric_x:
         labels = [value_label(x) for x in panel.x_order]
-        long = max(map(len, labels)) > 10
+        long = sum(map(len, labels)) > 36  # would run into each other: slanted
         ax.set_xticks(range(len(labels)), labels, rotation=20 if long else 0, ha="right" if long else "center")
     elif len(panel.x_order) <= 8:
         ax.set_xticks(panel.x_order)
@@ -397,9 +409,6 @@ def _draw_panel(ax, panel: Panel) -> None:
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3, axis="y" if not panel.numeric_x else "both")
-    handles, labels = ax.get_legend_handles_labels()
-    if len(labels) > 1 or (labels and labels[0].startswith("unpruned")):
-        ax.legend(fontsize="small", title=panel.series_label, title_fontsize="small")
 
 
 def _spans_decades(values: list) -> bool:
@@ -419,12 +428,19 @@ def draw(panels: list[Panel], path: Path, note: str = "") -> object:
         _draw_panel(ax, panel)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
+    legend: dict = {}  # one legend for the figure: the series have one colour in every panel
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    if len(legend) > 1 or (legend and panels[0].series_label):
+        title = panels[0].series_label
+        fig.legend(legend.values(), legend.keys(), title=title, loc="upper left", bbox_to_anchor=(1.0, 0.95))
     if note:
         fig.tight_layout(rect=(0, 0.05 if rows == 1 else 0.03, 1, 1))
         fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize="small", color="dimgray", wrap=True)
     else:
         fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return fig
