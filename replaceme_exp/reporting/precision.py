@@ -51,4 +51,6 @@ def format_number(value, significant: int = SIGNIFICANT_WITHOUT_ERROR) -> str:
         return "—"
     if float(value).is_integer() and abs(value) < 10**significant:
         return str(int(value))
+    if abs(value) >= 10**significant:  # 50342.7 -> 50343, not 5.034e+04
+        return f"{float(value):.0f}"
     return f"{float(value):.{significant}g}"
