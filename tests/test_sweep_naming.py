@@ -51,8 +51,11 @@ def status(objective, given, acted, **values) -> dict:
 def test_the_summary_says_where_alpha_does_nothing():
     statuses = [
         status("ls", 0, 0.0, alpha_scale="token_sum"),
-        status("ls", 10, 10.0, alpha_scale="token_sum", alpha_effect={"4-6": 0.3}),
-        status("ls", 0.01, 0.01, alpha_effect={"4-6": 2e-9}, gram_mean_eigenvalue={"4-6": 3e4}),
+        status("ls", 10, 10.0, alpha_scale="token_sum", alpha_effect={"4-6": 0.3}, dtype="float32"),
+        status("ls", 0.01, 0.01, alpha_effect={"4-6": 2e-9}, gram_mean_eigenvalue={"4-6": 3e4}, dtype="float32"),
+        # SmolLM2, pydoc calibration, cut [12,16): alpha=0.01 moved T by 2.7e-06, above float32's resolution
+        status("ls", 0.02, 0.02, alpha_effect={"12-16": 2.7e-6}, dtype="float32"),
+        status("ls", 0.03, 0.03, alpha_effect={"12-16": 2.7e-6}, dtype="bfloat16"),
         status("identity", 10, 0.0, alpha_scale=None),
         {**status("identity", 100, 0.0, alpha_scale=None), "status": "skipped"},
     ]
@@ -61,9 +64,14 @@ def test_the_summary_says_where_alpha_does_nothing():
         "alpha does nothing for objective=identity takes no alpha: its jobs at alpha=10,100 are its alpha=0 "
         "configuration"
     )
-    assert notes[1].startswith("alpha=0.01 does nothing for objective=ls: it moved T by 2.0e-09 relative to alpha=0")
-    assert "mean eigenvalue of M^T M: 3e+04" in notes[1] and len(notes) == 2  # alpha=10 acts: no note
-    assert alpha_notes([status("ls", 10, 10.0, alpha_scale="token_sum", alpha_effect={"1-2": 0.3})]) == []
+    assert notes[1].startswith(
+        "alpha=0.01 does nothing for objective=ls: it moved T by 2.0e-09 relative to alpha=0 (measured), below the "
+        "resolution of float32 weights (1.2e-07)"
+    )
+    assert "mean eigenvalue of M^T M: 3e+04" in notes[1]
+    assert notes[2] == "alpha=0.02 moved objective=ls's T by 2.7e-06 relative to alpha=0 (measured)"
+    assert notes[3].startswith("alpha=0.03 does nothing for objective=ls") and "bfloat16 weights (7.8e-03)" in notes[3]
+    assert notes[4] == "alpha=10 moved objective=ls's T by 3.0e-01 relative to alpha=0 (measured)" and len(notes) == 5
 
 
 def test_alpha_effect_is_measured_against_an_independent_solve():
@@ -79,5 +87,5 @@ def test_alpha_effect_is_measured_against_an_independent_solve():
         measured = alpha_effect(estimator, stats, estimator.estimate(stats, alpha), "generic")
         assert measured == pytest.approx(expected, rel=1e-6, abs=1e-14)
     small = alpha_effect(estimator, stats, estimator.estimate(stats, 0.01), "generic")
-    assert small < ALPHA_TOLERANCE  # alpha=0.01 on token sums: numerically nothing
+    assert small < ALPHA_TOLERANCE["float32"]  # alpha=0.01 on token sums of 400 tokens: numerically nothing
     assert alpha_effect(estimator, stats, estimator.estimate(stats, 1e5), "generic") > 0.01

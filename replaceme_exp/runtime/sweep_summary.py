@@ -43,10 +43,11 @@ STATUS_KEYS = (
     "alpha_scale",
     "alpha_effect",
     "gram_mean_eigenvalue",
+    "dtype",
 )
-# A closed-form T that alpha moved by less than this (relative, Frobenius) is alpha=0's: a few float32
-# roundings (2^-23 = 1.2e-7 each) of the fused weights move it as much.
-ALPHA_TOLERANCE = 1e-6
+# A closed-form T that alpha moved by less than the resolution (machine epsilon) of the weights it is
+# fused into (relative, Frobenius) is alpha=0's: rounding the fused weights moves it as much.
+ALPHA_TOLERANCE = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def write_job_status(job_dir: str | Path, row: dict, overrides: str, given_alpha: float | None = None) -> None:
@@ -109,13 +110,14 @@ def _float(value) -> float | None:
 
 
 def alpha_notes(statuses: list[dict]) -> list[str]:
-    """One line per objective whose alpha did nothing in this sweep: jobs whose given alpha > 0 ran
-    as alpha 0 (an objective that takes no alpha, such as identity: T = I; or ``regularizer=none``),
-    and closed forms whose T the alpha moved by less than :data:`ALPHA_TOLERANCE` (measured by the
-    job: ``alpha_effect``, ``||T(alpha) - T(0)||_F / ||T(0)||_F``)."""
+    """What the sweep's alphas did, per objective: jobs whose given alpha > 0 ran as alpha 0 (an
+    objective that takes no alpha, such as identity: T = I; or ``regularizer=none``); and for closed
+    forms, how far each alpha moved T from alpha 0's (``alpha_effect``, measured by the job:
+    ``||T(alpha) - T(0)||_F / ||T(0)||_F``), called nothing when below the resolution of the weights
+    T is fused into (:data:`ALPHA_TOLERANCE` of the model's dtype)."""
     lines = []
     ignored: dict[str, set] = {}
-    negligible: dict[tuple[str, float], tuple[float, float | None]] = {}
+    measured: dict[tuple[str, float], tuple[float, float | None, str]] = {}
     for s in statuses:
         if s.get("status") not in ("finished", "skipped"):
             continue
@@ -124,19 +126,26 @@ def alpha_notes(statuses: list[dict]) -> list[str]:
             reason = "takes no alpha" if s.get("alpha_scale") is None else "has regularizer=none"
             ignored.setdefault(f"objective={objective} {reason}", set()).add(given)
         effects = [v for v in (s.get("alpha_effect") or {}).values() if _float(v) is not None]
-        if acted and effects and max(effects) < ALPHA_TOLERANCE:
+        if acted and effects:
             scales = [_float(v) for v in (s.get("gram_mean_eigenvalue") or {}).values() if _float(v) is not None]
-            negligible[(str(objective), acted)] = (max(effects), min(scales) if scales else None)
+            measured[(str(objective), acted)] = (max(effects), min(scales) if scales else None, str(s.get("dtype")))
     for what, alphas in ignored.items():
         values = ",".join(f"{a:g}" for a in sorted(alphas))
         lines.append(f"alpha does nothing for {what}: its jobs at alpha={values} are its alpha=0 configuration")
-    for (objective, alpha), (effect, scale) in sorted(negligible.items()):
-        against = f" (mean eigenvalue of M^T M: {scale:.3g})" if scale is not None else ""
-        lines.append(
-            f"alpha={alpha:g} does nothing for objective={objective}: it moved T by {effect:.1e} relative to "
-            f"alpha=0 (measured; below {ALPHA_TOLERANCE:g}): alpha is added to M^T M summed over the "
-            f"calibration tokens{against}, so this alpha is numerically 0"
-        )
+    for (objective, alpha), (effect, scale, dtype) in sorted(measured.items()):
+        against = f"; mean eigenvalue of M^T M: {scale:.3g}" if scale is not None else ""
+        tolerance = ALPHA_TOLERANCE.get(dtype, ALPHA_TOLERANCE["float32"])
+        if effect < tolerance:
+            lines.append(
+                f"alpha={alpha:g} does nothing for objective={objective}: it moved T by {effect:.1e} relative to "
+                f"alpha=0 (measured), below the resolution of {dtype} weights ({tolerance:.1e}): alpha is added to "
+                f"M^T M summed over the calibration tokens{against}"
+            )
+        else:
+            lines.append(
+                f"alpha={alpha:g} moved objective={objective}'s T by {effect:.1e} relative to alpha=0 "
+                f"(measured{against})"
+            )
     return lines
 
 
