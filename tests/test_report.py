@@ -239,7 +239,7 @@ def test_a_sweep_of_two_presets_is_one_sweep_named_for_both_with_one_overview(ti
     # the sweep's summary says that UIDL ignores alpha
     assert "alpha does nothing for objective=identity takes no alpha: its jobs at alpha=100" in sweep_log
     sweep_id = swept["sweep_id"].iloc[0]
-    assert f"Sweep {sweep_id} (experiment=replaceme_ls,uidl_baseline): read 3 rows, showing 3 finished runs" in out
+    assert f"experiment=replaceme_ls,uidl_baseline (sweep {sweep_id}): read 3 rows, showing 3 finished runs" in out
     page = (results / "report" / "sweeps" / f"{sweep_id}.md").read_text()
     assert "Swept: method (ReplaceMe LS, UIDL); alpha (0, 100)." in page
     assert "![ppl_heldout](" in page and (results / "report" / "sweeps" / sweep_id / "ppl_heldout.png").is_file()
@@ -288,4 +288,10 @@ def test_varying_settings_and_groups_by_sweep():
     groups = build_groups(rows)
     assert [g.name for g in groups] == ["all", "no_sweep", "s1"]
     assert [len(g.shown) for g in groups] == [3, 1, 2]
+    assert [g.title for g in groups] == ["All runs", "Sweep no_sweep", "Sweep s1"]  # only seeds vary in s1
+    by_alpha = rows.assign(sweep_id="s3", sweep_name="sweep")
+    assert build_groups(by_alpha)[1].title == "alpha (sweep s3)"  # a sweep of no preset: titled by what varies
+    # a store from before sweeps were named as a whole: each job named for its own preset
+    old = rows.assign(sweep_id="s2", sweep_name=["experiment/replaceme_ls", "experiment/uidl_baseline", None])
+    assert build_groups(old)[1].title == "experiment=replaceme_ls,uidl_baseline (sweep s2)"
     assert json.dumps(sweep_axes(rows)) == '["alpha"]'  # objective follows alpha here: one direction, not two

@@ -371,10 +371,30 @@ def build_groups(table: pd.DataFrame) -> list[Group]:
     names = table["sweep_name"] if "sweep_name" in table.columns else pd.Series(None, index=table.index)
     for sweep in sorted(sweeps.unique(), key=str):
         rows = table[sweeps == sweep]
-        label = next((str(n) for n in names[rows.index] if isinstance(n, str)), None)
-        title = f"Sweep {sweep}" + (f" ({label})" if label else "")
-        groups.append(split_runs(rows, str(sweep), title))
+        group = split_runs(rows, str(sweep), "")
+        label = sweep_label([n for n in names[rows.index] if isinstance(n, str)], sweep_axes(group.shown))
+        group.title = f"{label} (sweep {sweep})" if label else f"Sweep {sweep}"
+        groups.append(group)
     return groups
+
+
+GENERIC_NAMES = ("sweep", "single")
+
+
+def sweep_label(names: list[str], axes: list[str]) -> str | None:
+    """What a sweep compares, for its title: its ``sweep_name`` (``experiment=replaceme_ls,uidl_baseline``);
+    rows written before sweeps were named as a whole name each job's preset (``experiment/replaceme_ls``,
+    ``experiment/uidl_baseline``): joined into ``experiment=replaceme_ls,uidl_baseline``; a sweep of no
+    preset (``sweep``) by its swept settings (``alpha, n_prune``); None when nothing says more."""
+    distinct = [n for n in dict.fromkeys(names) if n not in GENERIC_NAMES]
+    if len(distinct) == 1:
+        return distinct[0]
+    groups = {n.partition("/")[0] for n in distinct}
+    if len(distinct) > 1 and len(groups) == 1 and all("/" in n for n in distinct):
+        return f"{groups.pop()}=" + ",".join(n.partition("/")[2] for n in distinct)
+    if distinct:
+        return " + ".join(distinct)
+    return ", ".join(axes) or None
 
 
 def write_report(results_dir: str | Path, out_dir: str | Path | None = None, show_failed: bool = False) -> list[str]:
