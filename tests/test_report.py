@@ -58,9 +58,15 @@ def method_alpha_sweep(tmp_path) -> pd.DataFrame:
             uidl = method == "UIDL"
             rows.append(
                 finished_row(
-                    i, method=method, alpha=alpha, seed=seed, objective="identity" if uidl else "ls",
-                    selection_metric="angular_last" if uidl else "cosine", regularizer="l2" if alpha else "none",
-                    alpha_scale=None if uidl else "token_sum", avg_acc=0.4 + 0.01 * i,
+                    i,
+                    method=method,
+                    alpha=alpha,
+                    seed=seed,
+                    objective="identity" if uidl else "ls",
+                    selection_metric="angular_last" if uidl else "cosine",
+                    regularizer="l2" if alpha else "none",
+                    alpha_scale=None if uidl else "token_sum",
+                    avg_acc=0.4 + 0.01 * i,
                 )  # fmt: skip
             )
     return stored(tmp_path, *rows)

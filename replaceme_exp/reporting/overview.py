@@ -163,7 +163,7 @@ def stderr_column(metric: str) -> str | None:
     ``ppl_stderr_lambada``; None for a metric without one."""
     for stem in ("acc_norm", "acc", "score", "ppl"):
         if metric.startswith(stem + "_") and not metric.startswith(stem + "_stderr_"):
-            return f"{stem}_stderr_{metric[len(stem) + 1:]}"
+            return f"{stem}_stderr_{metric[len(stem) + 1 :]}"
     return None
 
 
