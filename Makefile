@@ -3,7 +3,8 @@
 # make test-fast : the inner loop: every test not marked slow, on 2 processes (about 2 minutes)
 # make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
 # make battery : the adversarial battery (bad inputs, injected faults, security probes; figures and results/battery.json)
-# make report : tables and figures of any results (RESULTS=dir) under RESULTS/report
+# make report : tables and figures of any results (RESULTS=dir) under RESULTS/report (SHOW_FAILED=1: with the failed runs)
+# make clean-failed RESULTS=dir : list the failed runs' rows and leftovers; CONFIRM=1 removes them
 # make wandb-sync SWEEP=dir : upload a sweep's offline W&B runs
 # make wandb-dashboard SWEEP=id : a W&B workspace of a sweep; make dashboard : one HTML page of RESULTS
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
@@ -13,7 +14,7 @@
 # through the environment, quoted there ("$$MODEL"), never pasted into a recipe: no value runs as
 # a command. Each is kept as given ($(value ...): make does not expand it either). VENV, PY and
 # TORCH keep the values below unless set on the command line (not from the environment).
-USER_VARIABLES := MODEL CALIBRATION EVAL PROTOCOL RESULTS SWEEP RUN ARGS TEST_WORKERS PYTHON
+USER_VARIABLES := MODEL CALIBRATION EVAL PROTOCOL RESULTS SWEEP RUN SHOW_FAILED CONFIRM WANDB_ENTITY ARGS TEST_WORKERS PYTHON
 MAKEFILE_VARIABLES := VENV PY TORCH
 # Defaults before the export below: `export X` defines an undefined X (empty), which `?=` would keep.
 PYTHON ?= python3
@@ -79,7 +80,7 @@ docs-reference: setup
 
 # Any results (RESULTS=dir): per sweep and for all runs, tables of the runs, failures and figures under RESULTS/report.
 report: setup
-	"$$PY" -m replaceme_exp.reporting.report --results="$${RESULTS:-results}"
+	"$$PY" -m replaceme_exp.reporting.report --results="$${RESULTS:-results}" $${SHOW_FAILED:+--show-failed}
 
 # Upload every offline W&B run under SWEEP (a sweep's folder, or all of RESULTS' Hydra runs) once you are online:
 # one line and exit 1 when the W&B server does not answer in WANDB_SYNC_TIMEOUT s (20); writes nothing here.
@@ -134,3 +135,9 @@ self-generated-answers: setup
 export: setup
 	@test -n "$$RUN" || { echo "make export RUN=<config_hash> [RESULTS=results]"; exit 2; }
 	$(OFFLINE) "$$PY" -m replaceme_exp.runtime.export "$$RUN" --results-dir="$${RESULTS:-results}"
+
+# The failed runs of a results store (RESULTS=dir): listed (a dry run), removed with CONFIRM=1: their rows, job
+# folders, and what configurations that never finished left. Never a finished row or anything it points to.
+.PHONY: clean-failed
+clean-failed: setup
+	"$$PY" -m replaceme_exp.results.cleaning --results="$${RESULTS:-results}" $${CONFIRM:+--confirm}

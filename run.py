@@ -15,7 +15,6 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,36 +22,12 @@ from replaceme_exp.runtime import JobInterrupted, run_recorded
 from replaceme_exp.runtime.composition import one_line_composition_errors
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
 from replaceme_exp.runtime.log_files import prefix_console
+from replaceme_exp.runtime.sweep_name import sweep_name, sweep_overrides
 from replaceme_exp.runtime.sweep_summary import write_job_status
 from replaceme_exp.runtime.targets import guard_hydra_targets
 from replaceme_exp.runtime.threads import set_torch_threads
 
 log = logging.getLogger("replaceme_exp")
-
-
-def sweep_name(choices: dict, multirun: bool, swept: set[str] | frozenset = frozenset()) -> str:
-    """What the job belongs to, for W&B's group and the row, the same for every job of a sweep: the
-    template (``paper/<name>``, ``study/<name>``), else the method preset (``experiment/<name>``)
-    unless the sweep varies it (``swept``: ``experiment=replaceme_ls,uidl_baseline`` is one sweep),
-    else ``sweep`` / ``single``."""
-    for group in ("paper", "study", "experiment"):
-        if choices.get(group) and group not in swept:
-            return f"{group}/{choices[group]}"
-    return "sweep" if multirun else "single"
-
-
-def swept_keys(hc) -> set[str]:
-    """The keys a sweep varies: its template's (``hydra.sweeper.params``) and its command line's
-    (the sweep overrides Hydra saved in ``<sweep dir>/multirun.yaml`` before the first job)."""
-    keys = set(OmegaConf.to_container(hc.sweeper, resolve=False).get("params") or {})
-    saved = Path(hc.sweep.dir) / "multirun.yaml"
-    try:
-        task = OmegaConf.to_container(OmegaConf.load(saved).hydra.overrides.task, resolve=False)
-        overrides = OverridesParser.create().parse_overrides(list(task))
-    except Exception:  # noqa: BLE001 - no saved sweep (another sweeper): the template's keys only
-        return {k.lstrip("+~") for k in keys}
-    keys |= {o.key_or_group for o in overrides if o.is_sweep_override()}
-    return {k.lstrip("+~") for k in keys}
 
 
 def sweep_params(hc) -> str:
@@ -82,14 +57,17 @@ def main(cfg: DictConfig) -> float | None:
             raise_on_failure=False,
             job_dir=hc.runtime.output_dir,
             run_name=",".join(overrides) or "default",
-            sweep_name=sweep_name(dict(hc.runtime.choices), multirun, swept_keys(hc) if multirun else frozenset()),
+            sweep_name=sweep_name(
+                dict(hc.runtime.choices), multirun, sweep_overrides(hc.sweep.dir) if multirun else None
+            ),
             overrides=task,
         )
     except JobInterrupted as stopped:  # SIGTERM / SIGINT: the row is written; the sweep stops here
         write_job_status(hc.runtime.output_dir, stopped.row, ",".join(overrides))
         log.error(summary_line(stopped.row))
         sys.exit(128 + (signal.SIGINT if "SIGINT" in str(stopped) else signal.SIGTERM))
-    write_job_status(hc.runtime.output_dir, row, ",".join(overrides))
+    given_alpha = OmegaConf.select(cfg, "alpha", default=None, throw_on_resolution_failure=False)
+    write_job_status(hc.runtime.output_dir, row, ",".join(overrides), given_alpha)
     for line in [summary_line(row), *(sample_lines(row) if row["status"] != "skipped" else [])]:
         (log.error if row["status"] == "failed" else log.info)(line)
     if row["status"] == "failed" and not multirun:

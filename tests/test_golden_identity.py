@@ -9,7 +9,9 @@ than as it acts (:func:`as_now_described`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from golden.compositions import (
@@ -24,6 +26,7 @@ from golden.compositions import (
     expected_hashes,
     key,
 )
+from omegaconf import ListConfig
 
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.pipeline.spec import JobSpec
@@ -49,7 +52,16 @@ def as_now_described(pinned: dict, cfg) -> dict:
       ill-posed (None elsewhere);
     - the protocol axis: ``protocol``, ``calibration_batch_order``, ``calibration_drop_last``,
       ``capture_dtype``, ``padded_positions``, ``touching_cuts``;
-    - ``job`` says which job wrote the row: ``prune`` (``evaluate`` rows come from ``job=evaluate``).
+    - ``job`` says which job wrote the row: ``prune`` (``evaluate`` rows come from ``job=evaluate``);
+
+    and in issue 24 (rows that explain their numbers):
+
+    - ``method`` names the method (``ReplaceMe LS``, ``UIDL``, ...; :func:`described_method`), ``modality``
+      the kind of model (``text``, ``vision``);
+    - the held-out text a perplexity is measured on: ``eval_text``, ``eval_seq_len``, ``eval_max_windows``
+      (None for a vision encoder), ``eval_text_path`` / ``eval_text_sha256``;
+    - the local files of the calibration and healing text: ``calibration_path`` / ``calibration_sha256``,
+      ``healing_data_path`` / ``healing_data_sha256`` (None without one: no pinned composition names one).
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -92,7 +104,43 @@ def as_now_described(pinned: dict, cfg) -> dict:
         if out.get(column, "<absent>") == "<absent>":
             out[column] = value
     out["job"] = "prune"
+    vision = cfg.model.source == "hub_clip_vision" or (cfg.model.get("config") or {}).get("model_type") == "clip"
+    text_file = not vision and cfg.eval.get("text") == "text_file" and cfg.eval.get("path")
+    out.update(
+        method=described_method(cfg),
+        modality="vision" if vision else "text",
+        eval_text=None if vision else cfg.eval.text,
+        eval_seq_len=None if vision else cfg.eval.seq_len,
+        eval_max_windows=None if vision else cfg.eval.max_windows,
+        eval_text_path=str(Path(cfg.eval.path).absolute()) if text_file else None,
+        eval_text_sha256=hashlib.sha256(Path(cfg.eval.path).read_bytes()).hexdigest() if text_file else None,
+    )
+    healing_data = cfg.healing.data if cfg.healing.name != "none" else {}
+    for prefix, section in (("calibration", cfg.calibration), ("healing_data", healing_data)):
+        fields = [section.get(k) for k in ("path", "prompts_path", "prompts_data_files")]
+        fields += [part.get("path") for part in (section.get("parts") or {}).values()]
+        named = [f for field in fields for f in (field if isinstance(field, (list, ListConfig)) else [field]) if f]
+        files = [Path(f).expanduser() for f in named]
+        digests = [hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files]
+        paths = [str(f.absolute()) for f in files]
+        out[f"{prefix}_path"] = (paths[0] if len(paths) == 1 else paths) or None
+        out[f"{prefix}_sha256"] = (digests[0] if len(digests) == 1 else digests) or None
     return out
+
+
+def described_method(cfg) -> str:
+    """The ``method`` of a pinned composition, by hand: ReplaceMe and the objective (a numerical one by its
+    loss), or the blocks removed with nothing fused: UIDL where the last tokens' angular distance chose
+    the cut; then the healing."""
+    objective = cfg.objective.get("loss") or cfg.objective.name
+    names = {"ls": "LS", "cosine_exact": "cosine (exact)", "mse": "MSE", "elasticnet": "elastic net"}
+    if cfg.objective.name != "identity":
+        method = "ReplaceMe " + names.get(objective, objective)
+    else:
+        uidl = cfg.cuts is None and cfg.selection.metric == "angular" and cfg.selection.tokens == "last"
+        method = "UIDL" if uidl else "block removal"
+    healing = {"lt_only": "LT healing", "full_model": "full healing", "lora": "LoRA healing"}
+    return method + (f" + {healing[cfg.healing.name]}" if cfg.healing.name != "none" else "")
 
 
 @pytest.fixture(scope="module")

@@ -544,10 +544,13 @@ def test_make_splits_args_like_a_shell_and_runs_none_of_them(makefile_dir, targe
         ("export", "RUN", ["-m", "replaceme_exp.runtime.export", INJECTED, "--results-dir=results"]),
         ("wandb-dashboard", "SWEEP", ["-m", "replaceme_exp.reporting.wandb_dashboard", "--results=results", f"--sweep={INJECTED}"]),
         ("dashboard", "RESULTS", ["-m", "replaceme_exp.reporting.dashboard", f"--results={INJECTED}"]),
+        ("report", "SHOW_FAILED", ["-m", "replaceme_exp.reporting.report", "--results=results", "--show-failed"]),
+        ("clean-failed", "CONFIRM", ["-m", "replaceme_exp.results.cleaning", "--results=results", "--confirm"]),
     ],
 )
 def test_make_targets_of_this_issue_pass_values_as_arguments(makefile_dir, target, variable, expected):
-    proc, logged = make(makefile_dir, target, f"{variable}={INJECTED}")
+    value = "$(shell touch PWNED_MAKE)" if variable in ("CONFIRM", "SHOW_FAILED") else INJECTED
+    proc, logged = make(makefile_dir, target, f"{variable}={value}")
     assert proc.returncode == 0, proc.stderr
     assert not list(makefile_dir.glob("PWNED*"))
     assert logged == [expected]

@@ -609,3 +609,20 @@ def test_block_selection_takes_cka_cca_pwcca_from_the_calibration_tokens_where_r
     assert pw["x"].tolist() == [0.5, 0.7] and pw["mean"].tolist() == [0.4, 0.6]
     profile = plotted[plotted.panel == "profile_mean_cca_calibration"].sort_values("x")
     assert profile["x"].tolist() == [1.0, 20.0] and profile["mean"].tolist() == pytest.approx([0.7, 0.6])
+
+
+@pytest.mark.unit
+def test_a_table_reads_only_runs_of_its_modality_whatever_model_it_is_retargeted_to():
+    """``make paper-tables MODEL=smollm2_135m`` once put two text-model runs into the CLIP table."""
+    uidl = dict(objective="identity", selection_metric="angular_last", n_prune=1)
+    text_runs = [tiny(1, modality="text", **uidl), tiny(2, modality="text", n_prune=1)]
+    old_vision_row = tiny(3, n_prune=1, eval_benchmarks='["bundled_objects"]', acc1_cifar10=0.5)  # no modality column
+    runs = frame(*text_runs, old_vision_row)
+    target = resolve_target(runs, model="tiny_llama", eval="quick")
+    clip = build_table(SPECS["clip"], runs, target=target)
+    measured = clip[clip["Runs"].map(lambda v: isinstance(v, int))]
+    assert measured["Runs"].sum() == 1  # the vision row (inferred from eval_benchmarks), not the text runs
+    assert "1 run found" in clip.attrs["counts"]
+    vision_ls = {**old_vision_row, "objective": "ls"}
+    structured = build_table(SPECS["structured_lts"], frame(*text_runs, vision_ls), target=target)
+    assert "2 runs found" in structured.attrs["counts"]  # the two text runs; never the vision row

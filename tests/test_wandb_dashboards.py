@@ -4,7 +4,6 @@ is run, and a workspace definition built without a server."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,34 +16,28 @@ from helpers.jobs import SMOKE
 from omegaconf import OmegaConf
 
 from replaceme_exp.runtime import run_recorded
+from replaceme_exp.runtime.sweep_name import sweep_name, sweep_overrides
 from replaceme_exp.samples import publish, samples_listener
 from replaceme_exp.tracking.wandb_offline import read_offline_run, record_bytes
 
 
-def run_module():
-    """run.py as a module (its ``sweep_name`` and ``swept_keys``)."""
-    spec = importlib.util.spec_from_file_location("run_entry", ROOT / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.unit
 def test_a_sweep_over_presets_is_one_group(tmp_path):
-    run = run_module()
+    """Every job of a sweep over two presets has one sweep name, so one W&B group (the row's
+    ``sweep_group``); a preset the sweep does not vary still names it; a template names it first."""
     (tmp_path / "multirun.yaml").write_text(
         OmegaConf.to_yaml({"hydra": {"overrides": {"task": ["experiment=replaceme_ls,uidl_baseline", "seed=1"]}}})
     )
-    hc = OmegaConf.create({"sweeper": {"params": None}, "sweep": {"dir": str(tmp_path)}})
-    swept = run.swept_keys(hc)
-    assert swept == {"experiment"}
-    names = {run.sweep_name({"experiment": preset}, True, swept) for preset in ("replaceme_ls", "uidl_baseline")}
-    assert names == {"sweep"}
-    # a preset the sweep does not vary still names it; a template names it first
-    assert run.sweep_name({"experiment": "uidl_baseline"}, True, {"seed"}) == "experiment/uidl_baseline"
-    assert run.sweep_name({"paper": "table1", "experiment": "x"}, True, {"experiment"}) == "paper/table1"
-    template = OmegaConf.create({"sweeper": {"params": {"+experiment": "a,b"}}, "sweep": {"dir": str(tmp_path / "no")}})
-    assert run.swept_keys(template) == {"experiment"}
+    swept = sweep_overrides(tmp_path)
+    names = {sweep_name({"experiment": preset}, True, swept) for preset in ("replaceme_ls", "uidl_baseline")}
+    assert names == {"experiment=replaceme_ls,uidl_baseline"}
+    assert sweep_name({"experiment": "uidl_baseline"}, True, ["seed=1,2"]) == "experiment/uidl_baseline"
+    assert sweep_name({"paper": "table1", "experiment": "x"}, True, ["experiment=a,b"]) == "paper/table1"
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "multirun.yaml").write_text(
+        OmegaConf.to_yaml({"hydra": {"overrides": {"task": []}, "sweeper": {"params": {"+experiment": "a,b"}}}})
+    )
+    assert sweep_name({"experiment": "a"}, True, sweep_overrides(tmp_path / "t")) == "experiment=a,b"
 
 
 @pytest.mark.integration

@@ -56,11 +56,17 @@ class Fit:
     loss_curves: dict[str, list[float]] = field(default_factory=dict)
     solver_steps: dict[str, int] = field(default_factory=dict)
     store_location: str | None = None
+    alpha_effect: dict[str, float | None] = field(default_factory=dict)
+    gram_mean_eigenvalue: dict[str, float] = field(default_factory=dict)
 
     def columns(self) -> dict:
         """``transform_rms``: each cut's ``||T||_F / sqrt(d)`` (1 for T = I; how a penalty or a
-        scale-free loss left T's scale)."""
+        scale-free loss left T's scale); for a closed form fitted with ``alpha > 0``,
+        ``alpha_effect`` (:func:`alpha_effect`) and ``gram_mean_eigenvalue`` (``trace(M^T M) / d``,
+        the scale a token-sum alpha acts against)."""
         out: dict = {"fit_tokens": self.fit_tokens}
+        if self.alpha_effect:
+            out.update(alpha_effect=self.alpha_effect, gram_mean_eigenvalue=self.gram_mean_eigenvalue)
         rms = {label(c): float(t.norm() / t.shape[0] ** 0.5) for c, t in self.transforms.items() if t is not None}
         if rms:
             out["transform_rms"] = rms
@@ -90,6 +96,8 @@ class Fit:
             move(self.loss_curves),
             move(self.solver_steps),
             self.store_location,
+            move(self.alpha_effect),
+            move(self.gram_mean_eigenvalue),
         )
 
     def merged(self, other: "Fit") -> "Fit":
@@ -100,6 +108,8 @@ class Fit:
             {**self.loss_curves, **other.loss_curves},
             {**self.solver_steps, **other.solver_steps},
             other.store_location or self.store_location,
+            {**self.alpha_effect, **other.alpha_effect},
+            {**self.gram_mean_eigenvalue, **other.gram_mean_eigenvalue},
         )
 
 
@@ -189,7 +199,26 @@ def fit_transforms(
         fitted = {cut: t for cut, t in fit.transforms.items() if t is not None and cut in stats}
         # closed form: the training loss is the mean squared residual per token
         fit.cut_train_losses = {label(c): residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()}
+        if request.alpha > 0 and request.structure != "orthonormal":
+            for cut, transform in fitted.items():
+                fit.alpha_effect[label(cut)] = alpha_effect(estimator, stats[cut], transform, request.structure)
+                fit.gram_mean_eigenvalue[label(cut)] = float(stats[cut].mtm.diagonal().double().mean())
     for cut, transform in fit.transforms.items():
         if transform is not None and not torch.isfinite(transform).all():
             raise NonFiniteError("estimate", f"the transform of cut {list(cut)} is")
     return fit
+
+
+def alpha_effect(estimator: Estimator, stats: LinearStats, transform: torch.Tensor, structure: str) -> float | None:
+    """How much ``alpha`` moved a closed-form T, measured: ``||T(alpha) - T(0)||_F / ||T(0)||_F``
+    with ``T(0)`` solved again without it (None where ``T(0)`` does not exist: a singular system,
+    which only alpha makes solvable). A token-sum alpha is added to ``M^T M`` summed over every
+    calibration token, so an alpha far below its mean eigenvalue changes nothing a float32 weight
+    can hold (``runtime.sweep_summary`` says so)."""
+    try:
+        unregularised = estimator.estimate(stats, 0.0, structure)
+    except ConfigError:
+        return None
+    unregularised = unregularised.to(torch.float64)
+    norm = float(unregularised.norm())
+    return float((transform.to(torch.float64) - unregularised).norm()) / norm if norm > 0 else None

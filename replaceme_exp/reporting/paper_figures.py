@@ -142,11 +142,11 @@ class Plotted:
     def runs(self, runs: pd.DataFrame, conditions: dict, keep=None, kept: str = "") -> pd.DataFrame:
         """The finished runs matching the paper's ``conditions`` retargeted (then ``keep``, see
         :meth:`paper_settings.Tally.cell`), counted as found and matched."""
-        return self.tally.cell(finished_runs(runs), self.retarget.conditions(conditions), keep, kept)
+        return self.tally.cell(finished_runs(runs, "text"), self.retarget.conditions(conditions), keep, kept)
 
     def select(self, runs: pd.DataFrame, conditions: dict) -> pd.DataFrame:
         """Like :meth:`runs`, not counted (for the unpruned model's values)."""
-        return select_cell(finished_runs(runs), self.retarget.conditions(conditions))
+        return select_cell(finished_runs(runs, "text"), self.retarget.conditions(conditions))
 
     def add(self, panel: str, series: str, points: pd.DataFrame) -> None:
         for p in points.to_dict("records"):

@@ -121,13 +121,36 @@ def select_cell(frame: pd.DataFrame, conditions: dict) -> pd.DataFrame:
     return frame[matches(frame, conditions)]
 
 
-def finished_runs(runs: pd.DataFrame) -> pd.DataFrame:
+def finished_runs(runs: pd.DataFrame, modality: str | None = None) -> pd.DataFrame:
     """The finished pruning runs (an evaluate job's row, ``job=evaluate``, prunes nothing: the
-    pruning row of its checkpoint already holds its numbers)."""
+    pruning row of its checkpoint already holds its numbers); with ``modality``, only those of
+    that kind of model (:func:`row_modalities`): a table of text models never reads a CLIP run,
+    nor the CLIP table a text model's, whatever ``MODEL=`` retargets it to."""
     if runs.empty or "status" not in runs.columns:
         return runs.iloc[0:0]
     pruning = runs["job"] != "evaluate" if "job" in runs.columns else True
-    return runs[(runs["status"] == "finished") & pruning]
+    kept = (runs["status"] == "finished") & pruning
+    if modality is not None:
+        kept &= row_modalities(runs) == modality
+    return runs[kept]
+
+
+# Columns only a vision encoder's run records (pipeline/vision.py): a row from before the
+# ``modality`` column is a vision run when it has one of them.
+VISION_ONLY_COLUMNS = ("eval_benchmarks", "vision_compression_ratio")
+
+
+def row_modalities(runs: pd.DataFrame) -> pd.Series:
+    """Each run's kind of model, ``text`` or ``vision``: its ``modality`` column, else (a row written
+    before the column existed) ``vision`` where it records a vision-only column, else ``text``."""
+    vision = pd.Series(False, index=runs.index)
+    for column in VISION_ONLY_COLUMNS:
+        if column in runs.columns:
+            vision |= runs[column].notna()
+    inferred = vision.map({True: "vision", False: "text"})
+    if "modality" not in runs.columns:
+        return inferred
+    return runs["modality"].where(runs["modality"].notna(), inferred)
 
 
 def read_config(group: str, name: str, conf: Path = CONF, _seen: tuple = ()) -> dict:

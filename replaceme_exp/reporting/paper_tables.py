@@ -97,6 +97,7 @@ class TableSpec:
     transpose: bool = False  # settings as columns, metrics as rows (the paper's layout)
     prefer: dict = field(default_factory=dict)  # preferred settings, over PREFERRED_SETTINGS
     sweeps: tuple[Sweep, ...] = ()  # the multirun templates that fill it, and their job counts
+    modality: str = "text"  # the kind of model whose runs it reads (text, vision): paper_settings.row_modalities
 
     def preferences(self, row: Row) -> dict:
         """The settings a cell of ``row`` prefers when its runs hold several (see selection.py)."""
@@ -272,6 +273,7 @@ TABLES = [
         text_columns=["Compression ratio"],
         prefer={"dtype": "float32"},  # conf/model/clip_vit_l14.yaml
         sweeps=(Sweep("paper/clip", 4),),
+        modality="vision",
     ),
     TableSpec(
         "healing",
@@ -476,7 +478,7 @@ def build_table(
     and were left out (rendered under the table); ``retargeted`` what was rendered instead of the
     paper's settings (None when nothing); ``counts`` the line saying how many runs were found,
     matched and shown (:class:`paper_settings.Tally`)."""
-    finished = with_derived_columns(finished_runs(runs))
+    finished = with_derived_columns(finished_runs(runs, spec.modality))
     retarget, tally = Retargeting(target), Tally()
     columns = []
     for column in spec.column_specs():

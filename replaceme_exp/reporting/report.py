@@ -1,14 +1,21 @@
 """Reports for any results store: ``make report`` (``RESULTS=dir``, default ``results``).
 
-Writes under ``<results>/report/``: ``index.md`` (every group with its counts), ``all.md`` (all
-runs together) and ``sweeps/<sweep_id>.md`` (one per sweep), each with the settings fixed in the
-group, a table of its finished runs (the settings that vary, then cuts, perplexity before and
-after, accuracies, rp, distances, times, energy), its failed runs with their errors, and figures
-(``<group>/<metric>__vs__<setting>.png``) of each key metric against each swept setting. Every
-group says how many rows it read, showed and skipped, and why. Unlike the paper's tables nothing
-is averaged: one line per run, and a missing number stays ``—``.
+Writes under ``<results>/report/``: ``index.md`` (one line per sweep, with its counts), ``all.md`` (every
+finished run in one table: no figure) and, per sweep, ``sweeps/<sweep_id>.md``: one overview that
+answers what the sweep asked. It names the swept settings (:func:`~.overview.sweep_axes`: what varies,
+derived columns folded into the setting they follow, explicit cuts included) and the fixed ones, shows a
+handful of figures (held-out perplexity, average accuracy, the tasks' scores, the cosine distance after
+T, CLIP's benchmarks; :mod:`.overview`) with the swept settings as axes, the unpruned model as a dashed
+line and standard errors as bars, and a table of its runs with an ``unpruned`` row first, each number
+rounded to the digits its standard error supports (:mod:`.precision`). Unlike the paper's tables nothing
+is averaged in the tables: one line per run, a missing number stays ``—``.
 
-    python -m replaceme_exp.reporting.report --results results [--out results/report]
+Failed runs (killed, stopped, refused: a typo) are out of the way: counted, listed only with
+``--show-failed`` (``make report SHOW_FAILED=1``); a sweep with no finished run is listed in the index
+only then. ``make clean-failed RESULTS=dir`` removes them from the store
+(:mod:`replaceme_exp.results.cleaning`).
+
+    python -m replaceme_exp.reporting.report --results results [--out results/report] [--show-failed]
 """
 
 from __future__ import annotations
@@ -23,20 +30,19 @@ import pandas as pd
 
 from replaceme_exp.reporting.cells import SETTING_COLUMNS
 from replaceme_exp.reporting.energy_marks import any_estimated, is_energy_metric, marked
+from replaceme_exp.reporting.overview import (
+    axis_values,
+    baselines,
+    draw,
+    is_numeric,
+    metric_panels,
+    stderrs,
+    sweep_axes,
+    value_label,
+)
 from replaceme_exp.reporting.paths import file_name
+from replaceme_exp.reporting.precision import format_measure
 from replaceme_exp.results.store import ResultsStore, latest_of_each_config, started_text
-
-
-def _pyplot():
-    """matplotlib's pyplot (Agg backend), imported when the first figure is drawn: the tables, and
-    whatever imports this module, do without it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
 
 MISSING = "—"
 # Settings that can vary within a group (pruning or evaluate job and what it evaluated, the setting
@@ -67,9 +73,6 @@ TABLE_METRICS = (
 ACCURACY_PREFIXES = ("acc_", "acc_norm_")
 # The CLIP benchmarks' columns (replaceme_exp/pipeline/vision.py), pruned model only.
 CLIP_PREFIXES = ("acc1_", "acc5_", "mean_avg_p_", "text_recall5_", "vision_recall5_")
-# Metrics drawn against each swept setting, where recorded.
-PLOTTED_METRICS = ("ppl_heldout", "avg_acc", "rp", "cos_dist_after", "time_total_s", "energy_kwh")
-MAX_SERIES = 8
 
 
 @dataclass
@@ -155,13 +158,20 @@ def fixed_settings(frame: pd.DataFrame) -> dict:
 
 
 def metric_columns(frame: pd.DataFrame) -> list[str]:
-    """The key metrics ``frame`` records (at least one number), table order; then accuracies."""
+    """The key metrics ``frame`` records (at least one number), table order; then each task's score
+    (``score_<task>``, the suite's declared metric; else the accuracies) and CLIP's benchmarks."""
+
     def recorded(c: str) -> bool:
         return c in frame.columns and pd.to_numeric(frame[c], errors="coerce").notna().any()
 
-    accuracy = sorted(c for c in frame.columns if c.startswith(ACCURACY_PREFIXES) and "stderr" not in c)
+    scores = score_columns(frame)
+    accuracy = scores or sorted(c for c in frame.columns if c.startswith(ACCURACY_PREFIXES) and "stderr" not in c)
     clip = sorted(c for c in frame.columns if c.startswith(CLIP_PREFIXES))
     return [c for c in TABLE_METRICS if recorded(c)] + [c for c in accuracy + clip if recorded(c)]
+
+
+# Shown as recorded (4 significant digits), not through the precision of a standard error.
+AS_RECORDED = ("energy_kwh", "co2_kg")
 
 
 def _cell(value) -> str:
@@ -184,21 +194,65 @@ def _cuts(value) -> str:
     return " ".join(f"[{s},{e})" for s, e in value)
 
 
+def _measure_cells(frame: pd.DataFrame, metric: str) -> pd.Series:
+    """Each run's ``metric`` rounded to its standard error where it has one (:func:`format_measure`)."""
+    if metric in AS_RECORDED:
+        return frame[metric].map(_cell)
+    values = pd.to_numeric(frame[metric], errors="coerce")
+    errors = stderrs(frame, metric)
+    return pd.Series([format_measure(v, e) for v, e in zip(values, errors)], index=frame.index, dtype=object)
+
+
+BASELINE_CONSTANTS = {"rp": 1.0}
+IN_UNPRUNED_ROW = ("ppl_heldout_baseline", "avg_acc_baseline")  # the runs table's first row shows them
+
+
+def baseline_cell(frame: pd.DataFrame, metric: str) -> str:
+    """The unpruned model's ``metric`` over ``frame``'s runs: its value when they share one,
+    ``varies`` when they do not (another eval setting), ``—`` when none is recorded."""
+    if metric in BASELINE_CONSTANTS:
+        return format_measure(BASELINE_CONSTANTS[metric])
+    values = baselines(frame, metric)
+    errors = stderrs(frame, metric, "baseline_")
+    present = values.dropna()
+    if present.empty:
+        return MISSING
+    if present.round(12).nunique() > 1:
+        return "varies"
+    return format_measure(present.iloc[0], errors.loc[present.index[0]])
+
+
 def runs_table(group: Group) -> list[str]:
-    """Markdown lines: one row per shown run, sorted by the varying settings."""
+    """Markdown lines: the unpruned model, then one row per shown run sorted by the swept settings
+    (:func:`~.overview.sweep_axes`), each metric rounded to its precision; the run id last."""
     frame = group.shown
-    varying = varying_settings(frame)
-    metrics = metric_columns(frame)
-    headers = ["run_id", *varying, "cuts", *metrics]
-    if varying:
-        order = frame[varying].map(lambda v: json.dumps(_plain(v), default=str))
-        frame = frame.loc[order.sort_values(varying, kind="mergesort").index]
+    axes = sweep_axes(frame)
+    metrics = [m for m in metric_columns(frame) if m not in IN_UNPRUNED_ROW]
+    settings = axes + ([] if "cuts" in axes else ["cuts"])
+    headers = [*settings, *metrics, "run_id"]
+    if axes:
+        keys = pd.DataFrame({a: sort_keys(frame, a) for a in axes}, index=frame.index)
+        frame = frame.loc[keys.sort_values(axes, kind="mergesort").index]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for _, run in frame.iterrows():
-        cells = [str(run["run_id"])] + [_cell(run.get(c)) for c in varying] + [_cuts(run.get("cuts"))]
-        cells += [marked(_cell(run.get(c)), is_energy_metric(c) and any_estimated(run)) for c in metrics]
+    if any(baseline_cell(frame, m) != MISSING for m in metrics if m not in BASELINE_CONSTANTS):
+        cells = ["unpruned"] + [""] * (len(settings) - 1) + [baseline_cell(frame, m) for m in metrics] + [""]
         lines.append("| " + " | ".join(cells) + " |")
+    columns = {m: _measure_cells(frame, m) for m in metrics}
+    shown = {a: axis_values(frame, a).map(value_label) for a in axes}
+    for index, run in frame.iterrows():
+        cells = [shown[a][index] if a in shown else _cuts(run.get(a)) for a in settings]
+        cells += [marked(columns[m][index], is_energy_metric(m) and any_estimated(run)) for m in metrics]
+        cells += [str(run["run_id"])]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return lines
+
+
+def sort_keys(frame: pd.DataFrame, axis: str) -> pd.Series:
+    """Sortable text of ``axis``' values: numbers by value, the rest by text."""
+    values = axis_values(frame, axis)
+    if axis != "cuts" and is_numeric(list(values)):
+        return values.map(lambda v: f"{float(v):+024.10f}" if v is not None else "~")
+    return values.map(lambda v: str(v))
 
 
 def failed_lines(group: Group) -> list[str]:
@@ -215,86 +269,99 @@ def failed_lines(group: Group) -> list[str]:
     return lines
 
 
-def _series_key(frame: pd.DataFrame, others: list[str]) -> pd.Series:
-    if not others:
-        return pd.Series("all runs", index=frame.index)
-    return frame[others].apply(lambda r: ", ".join(f"{c}={_cell(r[c])}" for c in others), axis=1)
+# The overview's figures: (file stem, metrics, title, caption). A metric list with "score_*" /
+# "clip" expands to every such column the sweep records (one panel each).
+ERROR_NOTE = (
+    "Error bars: ±1 standard error (lm-eval's for a run; between the runs where several seeds share a point); "
+    "dashed: the unpruned model."
+)
+CLIP_PREFIXES_PLOTTED = CLIP_PREFIXES
 
 
-def draw_metric(frame: pd.DataFrame, setting: str, metric: str, others: list[str], path: Path) -> str:
-    """One PNG of ``metric`` against ``setting``: every run a point, the mean per value a line,
-    one series per combination of the ``others`` settings (up to :data:`MAX_SERIES`); a footnote
-    says how many runs lack the metric. Returns that footnote ("" when none lack it)."""
-    ys = pd.to_numeric(frame[metric], errors="coerce")
-    xs_raw = frame[setting].map(_plain)
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs_raw.dropna())
-    if numeric:
-        xs = pd.to_numeric(xs_raw, errors="coerce")
-        ticks = None
-    else:
-        labels = sorted({_cell(v) for v in xs_raw}, key=str)
-        xs = xs_raw.map(lambda v: labels.index(_cell(v))).astype(float)
-        ticks = labels
-    series = _series_key(frame, others)
-    if series.nunique() > MAX_SERIES:
-        series = pd.Series(f"all runs ({series.nunique()} settings)", index=frame.index)
-    fig, ax = _pyplot().subplots(figsize=(6.4, 4.0))
-    for name in sorted(series.unique()):
-        mask = (series == name) & ys.notna() & xs.notna()
-        if not mask.any():
-            continue
-        points = pd.DataFrame({"x": xs[mask], "y": ys[mask]})
-        scatter = ax.scatter(points["x"], points["y"], s=18, alpha=0.6)
-        mean = points.groupby("x")["y"].mean().sort_index()
-        ax.plot(mean.index, mean.values, marker="o", color=scatter.get_facecolor()[0], label=name)
-    if ticks is not None:
-        ax.set_xticks(range(len(ticks)), ticks, rotation=20, ha="right", fontsize="small")
-    ax.set(xlabel=setting, ylabel=metric, title=f"{metric} vs. {setting}")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0] and (len(series.unique()) > 1 or others):
-        ax.legend(fontsize="x-small")
-    lacking = int(ys.isna().sum())
-    footnote = f"{lacking} of {len(frame)} runs record no {metric} (not plotted)" if lacking else ""
-    if footnote:
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
-        fig.text(0.5, 0.01, footnote, ha="center", va="bottom", fontsize="x-small", color="dimgray")
-    else:
-        fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
-    return footnote
+def score_columns(frame: pd.DataFrame) -> list[str]:
+    """The suite's per-task scores (``score_<task>``, the declared metric of each task) the runs record."""
+    return sorted(
+        c
+        for c in frame.columns
+        if c.startswith("score_") and "stderr" not in c and pd.to_numeric(frame[c], errors="coerce").notna().any()
+    )
 
 
-def figures(group: Group, folder: Path) -> list[tuple[Path, str]]:
-    """(PNG, footnote) for each plotted metric the group records against each swept setting."""
-    frame = group.shown
-    varying = [c for c in varying_settings(frame) if c != "seed"]
+def clip_columns(frame: pd.DataFrame) -> list[str]:
+    return sorted(
+        c
+        for c in frame.columns
+        if c.startswith(CLIP_PREFIXES) and pd.to_numeric(frame[c], errors="coerce").notna().any()
+    )
+
+
+def overview_figures(frame: pd.DataFrame, folder: Path) -> list[tuple[Path, str]]:
+    """Draw the sweep's overview figures into ``folder``; returns (PNG, caption) of each drawn."""
+    axes = sweep_axes(frame)
+    plans = [
+        ("ppl_heldout", ["ppl_heldout"], True, "Held-out perplexity (no standard error is computed for it)."),
+        ("avg_acc", ["avg_acc"], True, "Average accuracy over the suite's tasks (its standard error from the tasks')."),
+        ("tasks", score_columns(frame) if len(score_columns(frame)) > 1 else [], False, "Each task's score."),
+        ("cos_dist", ["cos_dist_after"], True, "Mean cosine distance across each cut on held-out text, with T."),
+        ("clip", clip_columns(frame), False, "CLIP benchmarks."),
+    ]
     out = []
-    for setting in varying:
-        others = [c for c in varying if c != setting]
-        for metric in PLOTTED_METRICS:
-            if metric in frame.columns and pd.to_numeric(frame[metric], errors="coerce").notna().any():
-                path = folder / f"{file_name(f'{metric}__vs__{setting}')}.png"
-                out.append((path, draw_metric(frame, setting, metric, others, path)))
+    for stem, metrics, split, caption in plans:
+        panels = [p for metric in metrics for p in metric_panels(frame, metric, axes, split=split or len(metrics) == 1)]
+        if not panels:
+            continue
+        path = folder / f"{stem}.png"
+        draw(panels, path, ERROR_NOTE)
+        out.append((path, caption))
     return out
 
 
-def group_markdown(group: Group, images: list[tuple[Path, str]], relative_to: Path) -> str:
+def group_markdown(
+    group: Group, images: list[tuple[Path, str]], relative_to: Path, show_failed: bool = False, results: str = ""
+) -> str:
+    """A sweep's page: counts, swept and fixed settings, figures, runs (unpruned first), failures."""
     lines = [f"# {group.title}", "", group.counts() + ".", ""]
-    fixed = fixed_settings(pd.concat([group.shown, group.failed]) if not group.failed.empty else group.shown)
+    shown = group.shown
+    axes = sweep_axes(shown)
+    if axes:
+        swept = [
+            f"{a} ({', '.join(value_label(v) for v in dict.fromkeys(sorted_values(shown, a)))})" for a in axes
+        ]
+        lines += ["Swept: " + "; ".join(swept) + ".", ""]
+    elif not shown.empty:
+        lines += ["No setting varies among the finished runs.", ""]
+    fixed = fixed_settings(shown if not shown.empty else group.failed)
     if fixed:
-        lines += ["Fixed settings: " + ", ".join(f"{k}={_cell(v)}" for k, v in fixed.items()) + ".", ""]
-    lines += [f"## Finished runs ({len(group.shown)})", ""]
-    lines += runs_table(group) if not group.shown.empty else ["No finished runs."]
-    lines += ["", f"## Failed runs ({len(group.failed)})", "", *failed_lines(group), "", "## Figures", ""]
-    if not images:
-        lines.append("No figure: no setting varies among the finished runs." if not group.shown.empty else "No figure.")
-    for path, footnote in images:
-        rel = path.relative_to(relative_to)
-        lines.append(f"![{path.stem}]({rel})" + (f"  \n*{footnote}*" if footnote else ""))
+        lines += ["Fixed: " + ", ".join(f"{k}={_cell(v)}" for k, v in fixed.items()) + ".", ""]
+    if images:
+        lines += ["## Figures", ""]
+        for path, caption in images:
+            lines += [f"![{path.stem}]({path.relative_to(relative_to)})", "", f"*{caption}*", ""]
+    lines += [f"## Runs ({len(shown)})", ""]
+    lines += runs_table(group) if not shown.empty else ["No finished runs."]
+    lines += ["", *failed_section(group, show_failed, results)]
     return "\n".join(lines) + "\n"
 
+
+def sorted_values(frame: pd.DataFrame, axis: str) -> list:
+    values = list(axis_values(frame, axis))
+    numeric = axis != "cuts" and is_numeric(values)
+    return sorted(values, key=lambda v: (v is None, v if numeric and v is not None else str(v)))
+
+
+def failed_section(group: Group, show_failed: bool, results: str = "") -> list[str]:
+    """The failed runs: listed with ``show_failed``, else one line counting them."""
+    n = len(group.failed)
+    if not n:
+        return []
+    if show_failed:
+        return [f"## Failed runs ({n})", "", *failed_lines(group), ""]
+    where = f" RESULTS={results}" if results else ""
+    return [
+        f"{n} failed run{'s' if n != 1 else ''} hidden (`make report{where} SHOW_FAILED=1` lists them, "
+        f"`make clean-failed{where}` removes them from the store).",
+        "",
+    ]
 
 def build_groups(table: pd.DataFrame) -> list[Group]:
     """One group for all runs, then one per sweep (by ``sweep_id``; rows without one form the
@@ -306,13 +373,33 @@ def build_groups(table: pd.DataFrame) -> list[Group]:
     names = table["sweep_name"] if "sweep_name" in table.columns else pd.Series(None, index=table.index)
     for sweep in sorted(sweeps.unique(), key=str):
         rows = table[sweeps == sweep]
-        label = next((str(n) for n in names[rows.index] if isinstance(n, str)), None)
-        title = f"Sweep {sweep}" + (f" ({label})" if label else "")
-        groups.append(split_runs(rows, str(sweep), title))
+        group = split_runs(rows, str(sweep), "")
+        label = sweep_label([n for n in names[rows.index] if isinstance(n, str)], sweep_axes(group.shown))
+        group.title = f"{label} (sweep {sweep})" if label else f"Sweep {sweep}"
+        groups.append(group)
     return groups
 
 
-def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> list[str]:
+GENERIC_NAMES = ("sweep", "single")
+
+
+def sweep_label(names: list[str], axes: list[str]) -> str | None:
+    """What a sweep compares, for its title: its ``sweep_name`` (``experiment=replaceme_ls,uidl_baseline``);
+    rows written before sweeps were named as a whole name each job's preset (``experiment/replaceme_ls``,
+    ``experiment/uidl_baseline``): joined into ``experiment=replaceme_ls,uidl_baseline``; a sweep of no
+    preset (``sweep``) by its swept settings (``alpha, n_prune``); None when nothing says more."""
+    distinct = [n for n in dict.fromkeys(names) if n not in GENERIC_NAMES]
+    if len(distinct) == 1:
+        return distinct[0]
+    groups = {n.partition("/")[0] for n in distinct}
+    if len(distinct) > 1 and len(groups) == 1 and all("/" in n for n in distinct):
+        return f"{groups.pop()}=" + ",".join(n.partition("/")[2] for n in distinct)
+    if distinct:
+        return " + ".join(distinct)
+    return ", ".join(axes) or None
+
+
+def write_report(results_dir: str | Path, out_dir: str | Path | None = None, show_failed: bool = False) -> list[str]:
     """Write the report; returns the lines to print (counts per group, then the files)."""
     store = ResultsStore(results_dir)
     table = store.load()
@@ -322,20 +409,29 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     lines = [f"read {len(table)} rows from {n_files} row files under {store.runs}"]
     if unreadable > 0:
         lines[0] += f"; {unreadable} unreadable file(s) skipped (named in the warnings above)"
-    index = ["# Report", "", lines[0] + ".", "", "| group | read | finished shown | failed | skipped |"]
-    index.append("|---|---|---|---|---|")
+    index = ["# Report", "", lines[0] + ".", "", "| sweep | read | finished shown | failed | skipped | swept |"]
+    index.append("|---|---|---|---|---|---|")
+    hidden = 0
     for group in build_groups(table):
         if group.name == "all":
-            markdown, folder = out / "all.md", out / "all"
+            markdown, folder = out / "all.md", None
         else:
             markdown, folder = out / "sweeps" / f"{file_name(group.name)}.md", out / "sweeps" / file_name(group.name)
-        images = figures(group, folder) if not group.shown.empty else []
+        if group.name != "all" and group.shown.empty and not show_failed:
+            hidden += 1
+            lines.append(f"{group.title}: {group.counts()} (no finished run: hidden; --show-failed shows it)")
+            continue
+        images = overview_figures(group.shown, folder) if folder is not None and not group.shown.empty else []
         markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(group_markdown(group, images, markdown.parent))
+        markdown.write_text(group_markdown(group, images, markdown.parent, show_failed, str(results_dir)))
         link = markdown.relative_to(out)
         counts = f"{group.n_read} | {len(group.shown)} | {len(group.failed)} | {group.n_skipped}"
-        index.append(f"| [{group.title}]({link}) | {counts} |")
+        swept = ", ".join(sweep_axes(group.shown)) or "—"
+        index.append(f"| [{group.title}]({link}) | {counts} | {swept} |")
         lines.append(f"{group.title}: {group.counts()} -> {markdown} ({len(images)} figures)")
+    if hidden:
+        index += ["", f"{hidden} sweep(s) without a finished run are hidden (--show-failed lists them)."]
+    out.mkdir(parents=True, exist_ok=True)
     (out / "index.md").write_text("\n".join(index) + "\n")
     lines.append(f"index: {out / 'index.md'}")
     return lines
@@ -345,8 +441,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results")
     parser.add_argument("--out", default=None, help="default: <results>/report")
+    parser.add_argument("--show-failed", action="store_true", help="list failed runs and sweeps without a finished run")
     args = parser.parse_args()
-    for line in write_report(args.results, args.out):
+    for line in write_report(args.results, args.out, args.show_failed):
         print(line)
 
 

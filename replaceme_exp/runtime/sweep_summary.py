@@ -1,5 +1,6 @@
 """The end of a sweep: one table of its jobs (finished / skipped / failed, each failure's one-line
-error) and a non-zero exit when any job failed, after all of them ran.
+error), what its alphas did (:func:`alpha_notes`), and a non-zero exit when any job failed, after all
+of them ran.
 
 Each job leaves ``replaceme_status.json`` in its Hydra job directory (:func:`write_job_status`);
 the callback reads them from the sweep directory, so it works with every launcher (local, joblib
@@ -37,12 +38,22 @@ STATUS_KEYS = (
     "avg_acc",
     "rp",
     "time_total_s",
+    "objective",
+    "alpha",  # as it acted (0 where it cannot act)
+    "alpha_scale",
+    "alpha_effect",
+    "gram_mean_eigenvalue",
+    "dtype",
 )
+# A closed-form T that alpha moved by less than the resolution (machine epsilon) of the weights it is
+# fused into (relative, Frobenius) is alpha=0's: rounding the fused weights moves it as much.
+ALPHA_TOLERANCE = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
-def write_job_status(job_dir: str | Path, row: dict, overrides: str) -> None:
-    """What the sweep summary needs of one job."""
-    status = {"overrides": overrides, **{k: row.get(k) for k in STATUS_KEYS}}
+def write_job_status(job_dir: str | Path, row: dict, overrides: str, given_alpha: float | None = None) -> None:
+    """What the sweep summary needs of one job (``given_alpha``: the ``alpha`` its configuration
+    gave, before the job spec decided whether it acts)."""
+    status = {"overrides": overrides, "given_alpha": given_alpha, **{k: row.get(k) for k in STATUS_KEYS}}
     write_json(Path(job_dir) / STATUS_FILE, status)
 
 
@@ -91,6 +102,50 @@ def summary_lines(statuses: list[dict], n_jobs: int | None = None) -> list[str]:
             f"{_number(s.get('avg_acc'), '.3f'):>7s} "
             f"{_number(s.get('rp'), '.3f'):>6s} {time_s + ' s' if time_s != '—' else '—':>7s}  {job}"
         )
+    return lines + alpha_notes(statuses)
+
+
+def _float(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def alpha_notes(statuses: list[dict]) -> list[str]:
+    """What the sweep's alphas did, per objective: jobs whose given alpha > 0 ran as alpha 0 (an
+    objective that takes no alpha, such as identity: T = I; or ``regularizer=none``); and for closed
+    forms, how far each alpha moved T from alpha 0's (``alpha_effect``, measured by the job:
+    ``||T(alpha) - T(0)||_F / ||T(0)||_F``), called nothing when below the resolution of the weights
+    T is fused into (:data:`ALPHA_TOLERANCE` of the model's dtype)."""
+    lines = []
+    ignored: dict[str, set] = {}
+    measured: dict[tuple[str, float], tuple[float, float | None, str]] = {}
+    for s in statuses:
+        if s.get("status") not in ("finished", "skipped"):
+            continue
+        objective, given, acted = s.get("objective"), _float(s.get("given_alpha")), _float(s.get("alpha"))
+        if given and acted == 0:
+            reason = "takes no alpha" if s.get("alpha_scale") is None else "has regularizer=none"
+            ignored.setdefault(f"objective={objective} {reason}", set()).add(given)
+        effects = [v for v in (s.get("alpha_effect") or {}).values() if _float(v) is not None]
+        if acted and effects:
+            scales = [_float(v) for v in (s.get("gram_mean_eigenvalue") or {}).values() if _float(v) is not None]
+            measured[(str(objective), acted)] = (max(effects), min(scales) if scales else None, str(s.get("dtype")))
+    for what, alphas in ignored.items():
+        values = ",".join(f"{a:g}" for a in sorted(alphas))
+        lines.append(f"alpha does nothing for {what}: its jobs at alpha={values} are its alpha=0 configuration")
+    for (objective, alpha), (effect, scale, dtype) in sorted(measured.items()):
+        against = f"; mean eigenvalue of M^T M: {scale:.3g}" if scale is not None else ""
+        tolerance = ALPHA_TOLERANCE.get(dtype, ALPHA_TOLERANCE["float32"])
+        if effect < tolerance:
+            lines.append(
+                f"alpha={alpha:g} does nothing for objective={objective}: it moved T by {effect:.1e} relative to "
+                f"alpha=0 (measured), below the resolution of {dtype} weights ({tolerance:.1e}): alpha is added to "
+                f"M^T M summed over the calibration tokens{against}"
+            )
+        else:
+            lines.append(
+                f"alpha={alpha:g} moved objective={objective}'s T by {effect:.1e} relative to alpha=0 "
+                f"(measured{against})"
+            )
     return lines
 
 
