@@ -542,7 +542,11 @@ def test_make_splits_args_like_a_shell_and_runs_none_of_them(makefile_dir, targe
     "target, variable, expected",
     [
         ("export", "RUN", ["-m", "replaceme_exp.runtime.export", INJECTED, "--results-dir=results"]),
-        ("wandb-dashboard", "SWEEP", ["-m", "replaceme_exp.reporting.wandb_dashboard", "--results=results", f"--sweep={INJECTED}"]),
+        (
+            "wandb-dashboard",
+            "SWEEP",
+            ["-m", "replaceme_exp.reporting.wandb_dashboard", "--results=results", f"--sweep={INJECTED}"],
+        ),
         ("dashboard", "RESULTS", ["-m", "replaceme_exp.reporting.dashboard", f"--results={INJECTED}"]),
         ("report", "SHOW_FAILED", ["-m", "replaceme_exp.reporting.report", "--results=results", "--show-failed"]),
         ("clean-failed", "CONFIRM", ["-m", "replaceme_exp.results.cleaning", "--results=results", "--confirm"]),

@@ -19,7 +19,9 @@ SMALL = ["calibration=pydoc", "n_prune=8", "calibration.n_samples=48", "eval.max
 
 def test_least_squares_beats_plain_removal_on_the_same_cut(tmp_path):
     common = [*SMALL, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", "eval.samples=null"]
-    ls = run_recorded(compose_config([*common, "objective=ls", "eval=offline", "eval.max_windows=8"]))
+    ls = run_recorded(
+        compose_config([*common, "objective=ls", "eval=offline", "eval.max_windows=8", "save_model=full"])
+    )
     assert ls["status"] == "finished"
     cuts = ls["cuts"]
     assert len(cuts) == 1 and cuts[0][1] - cuts[0][0] == 8 and ls["num_layers"] == 30

@@ -153,4 +153,6 @@ def test_estimated_energy_is_marked_in_table_cells_and_report_rows():
 
     shown = estimated.assign(energy_kwh=[0.5, 0.25])
     lines = runs_table(Group("all", "all", 2, shown, shown.iloc[0:0]))
-    assert f"| 0.5 {MARK} | 0.12 {MARK} |" in lines[2] and lines[3].endswith("| 0.25 | 0.14 |")
+    by_run = {line.rsplit("|", 2)[-2].strip(): line for line in lines[2:]}  # the run id is the last cell
+    assert f"| 0.5 {MARK} | 0.12 {MARK} |" in by_run["r1"] and "| 0.25 | 0.14 |" in by_run["r2"]
+    assert MARK not in by_run["r2"]

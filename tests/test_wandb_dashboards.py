@@ -142,11 +142,20 @@ def sweep_rows() -> pd.DataFrame:
     base = {"sweep_id": "2026-01-01_10-00-00", "sweep_group": "sweep 2026-01-01_10-00-00", "model": "tiny"}
     return pd.DataFrame(
         [
-            {**base, "experiment": e, "objective": o, "alpha": a, "ppl_heldout": p, "ppl_heldout_baseline": 20.0,
-             "status": status}
-            for e, o, a, p, status in [("replaceme_ls", "ls", 0.0, 30.0, "finished"),
-                                       ("uidl_baseline", "identity", 0.0, 40.0, "finished"),
-                                       ("uidl_baseline", "identity", None, None, "failed")]  # fmt: skip
+            {
+                **base,
+                "experiment": e,
+                "objective": o,
+                "alpha": a,
+                "ppl_heldout": p,
+                "ppl_heldout_baseline": 20.0,
+                "status": status,
+            }
+            for e, o, a, p, status in [
+                ("replaceme_ls", "ls", 0.0, 30.0, "finished"),
+                ("uidl_baseline", "identity", 0.0, 40.0, "finished"),
+                ("uidl_baseline", "identity", None, None, "failed"),
+            ]  # fmt: skip
         ]
     )
 
@@ -221,6 +230,10 @@ def test_a_sweep_over_two_method_presets_is_one_wandb_group(tmp_path):
     proc, _ = run_cli(["-m", *SMOKE, "experiment=replaceme_ls,uidl_baseline", "tracking.wandb.mode=offline"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = ResultsStore(tmp_path).load()
-    assert len(rows) == 2 and rows["sweep_group"].nunique() == 1 and rows["sweep_name"].iloc[0] == "sweep"
+    assert (
+        len(rows) == 2
+        and rows["sweep_group"].nunique() == 1
+        and rows["sweep_name"].iloc[0] == "experiment=replaceme_ls,uidl_baseline"
+    )
     groups = {read_offline_run(d).group for d in (tmp_path / "hydra" / "multirun").glob("*/*/wandb/offline-run-*")}
     assert groups == {rows["sweep_group"].iloc[0]}

@@ -36,7 +36,8 @@ IDENTITY_COLUMNS: dict[str, str] = {
     "candidate_distances": "JSON `[[start, end, distance], ...]` over every candidate cut of the selection.",
     "layer_distances": "JSON (num_layers x num_layers) mean cosine distances between every pair of blocks' "
     "outputs over the calibration tokens, with `record_layer_distances=true`.",
-    "pruned_model_path": "The saved pruned model (`results_dir/models/<config_hash>`); None without a save.",
+    "pruned_model_path": "The saved pruned model (`results_dir/models/<config_hash>`); None unless "
+    "`save_model=full` (or exported later).",
     "job": "`prune` (a pruning job) or `evaluate` (`job=evaluate`: the eval suite of one model).",
     "model": "The model's name (`model.name`; an evaluate job's checkpoint: the model it was pruned from).",
     "objective": "The objective (`objective.name`: `ls`, `cosine`, `identity`, ...).",
@@ -79,6 +80,23 @@ SETTING_COLUMNS: dict[str, str] = {
     "multi_lt": "How several transforms are estimated: `independent` or `sequential` (None for one cut).",
     "merge_consecutive": "Whether touching cuts merge into one (None for a single selected cut).",
     "touching_cuts": "Unmerged touching cuts: `apart` or `compose` (the official code's); None where none can touch.",
+    "method": "The method as its settings act (one place: `pipeline/spec.method_of`): `ReplaceMe LS`, "
+    "`ReplaceMe cosine`, ... (a fitted T by its objective), `UIDL` (removal on the angular-distance cut), "
+    "`block removal` (removal on another cut), then ` + LoRA healing` / ` + LT healing` / ` + full healing`; "
+    "`evaluation` for `job=evaluate`.",
+    "modality": "`text` or `vision`: which paper tables may take the row.",
+    "calibration_path": "The local calibration file(s) (`text_file`, `jsonl`, an image folder), absolute; "
+    "a list for several; None for hub and shipped data.",
+    "calibration_sha256": "The content hash of each calibration file (what the config hash keys on); "
+    "None for a folder.",
+    "eval_text": "The held-out text of the perplexity (`eval.text`); None for a vision model.",
+    "eval_seq_len": "Tokens per held-out perplexity window; None for a vision model.",
+    "eval_max_windows": "At most this many held-out windows (null: all); moves the perplexity. "
+    "None for a vision model.",
+    "eval_text_path": "A local held-out text file, absolute; None for the shipped text.",
+    "eval_text_sha256": "The content hash of `eval_text_path`.",
+    "healing_data_path": "A local healing text file, absolute; None otherwise.",
+    "healing_data_sha256": "The content hash of `healing_data_path`.",
     "seed": "The job's seed.",
     "num_lts": "Number of transforms (cuts) selected.",
     "n_prune": "Number of blocks removed.",
@@ -114,7 +132,8 @@ MEASURED_COLUMNS: dict[str, str] = {
     "loss_curves": "JSON: per cut, the solver's loss curve.",
     "cut_train_losses": "JSON: per cut, the final training loss.",
     "transform_rms": "Per cut, `||T||_F / sqrt(d)` (1 for T = I).",
-    "transforms_path": "With `save_transforms=true`: the file holding each cut's estimated T.",
+    "transforms_path": "The file holding each cut's estimated T (`save_model=transform`, the default, or "
+    "`save_transforms=true`).",
     "cos_dist_before": "Held-out mean cosine distance between `L_{end-1}` and `L_{start-1}` (without T).",
     "cos_dist_after": "Held-out mean cosine distance between `L_{end-1}` and `Y_{start-1} + M_{start-1} T`.",
     "cos_dist_<before|after>_<sink|rest>": "The same split into attention-sink tokens and the others.",
@@ -140,13 +159,25 @@ MEASURED_COLUMNS: dict[str, str] = {
     "step), first / last loss, loss curve, and for `lt_only` how far each T moved.",
     "time_<stage>_s": "Seconds spent in a stage (`capture`, `estimate`, `eval`, `heal`, ...); `time_total_s`: the job.",
     "stage_seconds": "JSON: seconds per announced stage.",
+    "alpha_effect": "Per cut, with a closed-form fit and alpha > 0: `||T(alpha) - T(0)||_F / ||T(0)||_F` "
+    "(below the dtype's resolution: alpha did nothing; the sweep summary says so).",
+    "gram_mean_eigenvalue": "Per cut: `trace(M^T M) / d` of the fit's statistics (the scale alpha competes with).",
+    "energy_tracking_mode": "CodeCarbon's tracking mode: `process` (this job's share of CPU and RAM) or `machine`.",
+    "energy_power": "Per device (cpu, gpu, ram), how its power was obtained: measured (RAPL, NVML; the whole "
+    "device) or estimated (TDP, constant).",
+    "energy_estimated": "True when any part of `energy_kwh` is estimated (reports and tables mark it `(est.)`).",
+    "energy_country_iso_code": "The country whose grid carbon intensity gave `co2_kg`.",
+    "energy_region": "The region within it (`tracking.codecarbon.region`); None: the country's mean.",
+    "saved_model": "What the job saved: `transform` (cuts, each T and the recipe; `make export RUN=<config_hash>` "
+    "builds the checkpoint), `full` (the checkpoint), or None (`save_model=false`).",
     "energy_kwh": "Energy of the job (CodeCarbon), kWh.",
     "co2_kg": "CO2-equivalent emissions of the job (CodeCarbon), kg.",
     "<energy_kwh|co2_kg>_<stage>": "The same per stage.",
     "codecarbon_gpu_ids": "The GPUs CodeCarbon measured (the job's own).",
     "peak_mem_gb": "Peak CUDA memory on a GPU; the process's peak resident memory on a CPU.",
     "device": "The device the model ran on.",
-    "sweep_name": "The sweep's name (`paper/<template>`, `experiment/<preset>`, `sweep`, `single`).",
+    "sweep_name": "The sweep's name: the presets it sweeps (`experiment=replaceme_ls,uidl_baseline`), else "
+    "`paper/<template>`, `experiment/<preset>`, `sweep`, `single`.",
     "sweep_group": "The sweep's W&B group: its name and id.",
     "job_dir": "The Hydra job directory (log, config, W&B and CodeCarbon files).",
     "row_path": "This row's file.",

@@ -54,15 +54,16 @@ _decided: list[str] = []
 
 def set_torch_threads() -> int:
     """Set torch's threads as :func:`chosen_threads` says, once per process (the later jobs of a
-    sweep would count the load of the earlier ones), and log it; returns the number in use."""
+    sweep would count the load of the earlier ones), and log it (at debug level: a skipped job prints
+    one line; the row's ``device`` column records the threads a job computed with); returns the number in use."""
     import torch
 
     if _decided:
-        log.info("torch threads: %d (%s)", torch.get_num_threads(), _decided[0])
+        log.debug("torch threads: %d (%s)", torch.get_num_threads(), _decided[0])
         return torch.get_num_threads()
     threads, why = chosen_threads()
     _decided.append(why)
     if threads is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    log.info("torch threads: %d (%s)", torch.get_num_threads(), why)
+    log.debug("torch threads: %d (%s)", torch.get_num_threads(), why)
     return torch.get_num_threads()
