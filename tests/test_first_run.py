@@ -234,6 +234,21 @@ def test_the_quick_preset_is_the_real_model_small_and_unsaved():
 
 
 @pytest.mark.unit
+def test_busy_cores_are_measured_now_not_from_the_lagging_load_average(tmp_path):
+    """Two snapshots of /proc/stat's cpu line 0.25 s apart: 2 cores, one of them busy between them
+    (user + system jiffies grew by as much as idle + iowait) is 1.0 busy core, whatever the load average."""
+    from replaceme_exp.runtime.threads import busy_cores, cpu_times
+
+    stat = tmp_path / "stat"
+    snapshots = iter(["cpu  100 0 50 800 50 0 0 0 0 0\n", "cpu  130 0 70 840 60 0 0 0 0 0\n"])
+    stat.write_text(next(snapshots))
+    assert cpu_times(str(stat)) == (150.0, 1000.0)
+    busy = busy_cores(2, stat=str(stat), sleep=lambda _: stat.write_text(next(snapshots)))
+    assert busy == pytest.approx(2 * 50 / 100)
+    assert busy_cores(2, stat=str(tmp_path / "missing"), sleep=lambda _: None) is None
+
+
+@pytest.mark.unit
 def test_torch_threads_are_the_idle_cores_unless_chosen():
     from replaceme_exp.runtime.threads import chosen_threads
 

@@ -5,14 +5,17 @@ than fewer threads: its threads wait for each other at every operation, and one 
 a core another process holds. Measured on a 2-core machine (docs/guides/first-run.md, "Threads"):
 with the other core busy, generating calibration answers took 8x longer on 2 threads than on 1;
 on an idle machine 2 threads are faster. So the default is the cores that are idle at the job's
-start (the cores minus the 1-minute load average, at least 1; decided at the first job of a
-process); ``REPLACEME_THREADS=n`` chooses n,
+start (the cores minus the cores busy over a short look at ``/proc/stat``, at least 1; decided at
+the first job of a process). Not the 1-minute load average: it lags by minutes, so a job started
+just after another finished took 1 thread on an idle 2-core machine (163 s of capture where 2
+threads take about half). ``REPLACEME_THREADS=n`` chooses n,
 and an ``OMP_NUM_THREADS`` of the environment is left to torch, which follows it."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +23,29 @@ log = logging.getLogger(__name__)
 def idle_cores(cores: int, load: float) -> int:
     """The cores of ``cores`` that ``load`` (a load average) leaves idle, at least 1."""
     return max(1, min(cores, cores - round(load)))
+
+
+def cpu_times(stat: str = "/proc/stat") -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs since boot, from ``/proc/stat``'s ``cpu`` line; None without it."""
+    try:
+        with open(stat) as file:
+            fields = [float(v) for v in file.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+def busy_cores(cores: int, seconds: float = 0.25, stat: str = "/proc/stat", sleep=time.sleep) -> float | None:
+    """How many of ``cores`` other processes keep busy now: the busy share of all CPU time over
+    ``seconds``, times ``cores``; None where ``/proc/stat`` cannot be read."""
+    before = cpu_times(stat)
+    sleep(seconds)
+    after = cpu_times(stat)
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return cores * (after[0] - before[0]) / (after[1] - before[1])
 
 
 def chosen_threads(environ=os.environ, cores: int | None = None, load: float | None = None) -> tuple[int | None, str]:
@@ -42,11 +68,14 @@ def chosen_threads(environ=os.environ, cores: int | None = None, load: float | N
         if hasattr(os, "sched_getaffinity")
         else os.cpu_count() or 1
     )
-    try:
-        load = load if load is not None else os.getloadavg()[0]
-    except OSError:  # no load average on this system
-        return None, "torch's default"
-    return idle_cores(cores, load), f"{cores} cores, load {load:.1f}; REPLACEME_THREADS=n to choose"
+    if load is None:
+        load = busy_cores(cores)
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # neither /proc/stat nor a load average on this system
+            return None, "torch's default"
+    return idle_cores(cores, load), f"{cores} cores, {load:.1f} busy; REPLACEME_THREADS=n to choose"
 
 
 _decided: list[str] = []
