@@ -128,9 +128,12 @@ def test_a_job_calibrates_on_self_generated_chats(tmp_path):
     row = run_recorded(job_config(tmp_path, *overrides, "save_model=false"))
     assert row["status"] == "finished", row["error"]
     assert row["calibration"] == "self_generated" and row["n_calib_tokens"] > 8 * 8
-    prompts = chosen_prompts(load_prompts(None), 8, 42)
+    # 8 samples are the first 8 prompts of the first generation batch (16, the batch size): the
+    # whole batch is answered and cached, whatever n_samples takes of it
+    batch = chosen_prompts(load_prompts(None), 16, 42)
+    assert batch[:8] == chosen_prompts(load_prompts(None), 8, 42)
     cached = [json.loads(f.read_text()).get("value") or {} for f in (CACHE / "generated").glob("*.json")]
-    assert any(c.get("prompts") == prompts and len(c.get("answers", [])) == 8 for c in cached)
+    assert any(c.get("prompts") == batch and len(c.get("answers", [])) == 16 for c in cached)
 
 
 @pytest.mark.unit
