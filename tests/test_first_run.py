@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 from helpers.config import CACHE, ROOT, compose_config, config_hash, typed
+from helpers.generation import answering_tiny_model, generation_option
 
 from replaceme_exp import progress
-from replaceme_exp.config.validate import build_option
 from replaceme_exp.data import generated
 from replaceme_exp.data.generated import (
     SHIPPED_ANSWERS,
@@ -35,20 +35,11 @@ DEFAULT_JOB_HASH = "4ca25a03c0774d77"
 
 @pytest.fixture(scope="module")
 def tiny():
-    """tiny_llama with larger weights than its init, so that greedy answers differ by prompt."""
-    loaded = load_model(typed(["model=tiny_llama"]).model, str(CACHE))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in loaded.model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3 if "embed" in name else 0.15)
-    return loaded
+    return answering_tiny_model()
 
 
 def generation_config(**overrides):
-    base = {"n_samples": 6, "max_new_tokens": 5, "generation_batch_size": 2, "temperature": 0.0, "seed": 0}
-    shape = {"name": "generated", "source": "generated", "seq_len": 256, "batch_size": 8}
-    return build_option("calibration", {**shape, **base, **overrides}, "calibration")
+    return generation_option(**{"n_samples": 6, "generation_batch_size": 2, **overrides})
 
 
 @pytest.fixture

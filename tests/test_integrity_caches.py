@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.generation import generation_option
 
 from replaceme_exp import storage
 from replaceme_exp.capture.cache import StatisticsCache
@@ -219,9 +220,7 @@ def test_another_models_baseline_copied_over_is_recomputed(tmp_path, caplog):
 
 def generation_config(n_samples: int = 8):
     """One generation batch of ``n_samples`` (one cache entry)."""
-    base = {"n_samples": n_samples, "max_new_tokens": 5, "generation_batch_size": n_samples, "temperature": 0.0, "seed": 0}
-    shape = {"name": "generated", "source": "generated", "seq_len": 256, "batch_size": 8}
-    return build_option("calibration", {**shape, **base}, "calibration")
+    return generation_option(n_samples, n_samples)
 
 
 @pytest.fixture

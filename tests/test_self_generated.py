@@ -7,36 +7,24 @@ import dataclasses
 import json
 
 import pytest
-import torch
 from helpers.config import CACHE, compose_config, typed
+from helpers.generation import answering_tiny_model, generation_option
 from helpers.jobs import job_config
 
-from replaceme_exp.config.validate import build_option
 from replaceme_exp.data.calibration import CALIBRATION_SOURCES
 from replaceme_exp.data.generated import SHIPPED_PROMPTS, chosen_prompts, load_prompts, self_generated_documents
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.models import load_model
 from replaceme_exp.runtime import run_recorded
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    """tiny_llama with larger weights than its init, so that greedy answers differ by prompt."""
-    cfg = typed(["model=tiny_llama"])
-    loaded = load_model(cfg.model, str(CACHE))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in loaded.model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3 if "embed" in name else 0.15)
-    return loaded
+    return answering_tiny_model()
 
 
 def generation_config(**overrides):
     """A typed ``source: generated`` calibration option with these generation settings."""
-    base = {"n_samples": 3, "max_new_tokens": 5, "generation_batch_size": 1, "temperature": 0.0, "seed": 0}
-    shape = {"name": "generated", "source": "generated", "seq_len": 256, "batch_size": 8}
-    return build_option("calibration", {**shape, **base, **overrides}, "calibration")
+    return generation_option(**{"n_samples": 3, "generation_batch_size": 1, **overrides})
 
 
 @pytest.mark.unit
