@@ -16,6 +16,7 @@ import torch
 
 from replaceme_exp.models.adapters import DecoderAdapter, adapter_for
 from replaceme_exp.selection.cuts import fusion_blocks
+from replaceme_exp.selection.search import BlockStates
 from replaceme_exp.storage import readable_by_others, write_text
 
 Cut = tuple[int, int]
@@ -40,6 +41,44 @@ def fuse_transform(adapter: DecoderAdapter, block: int, transform: torch.Tensor)
         linear.bias.copy_((t.T @ linear.bias.double()).to(linear.bias.dtype))
 
 
+@torch.no_grad()
+def load_block_states(adapter: DecoderAdapter, states: BlockStates) -> None:
+    """Give blocks new parameter values: ``{block index: {parameter name inside the block: value}}``
+    (a merge's result, LaCo), each cast to the parameter's dtype and device. Raises ``ValueError``
+    naming a parameter the block lacks or a value of the wrong shape."""
+    for index, state in sorted(states.items()):
+        parameters = dict(adapter.layers[index].named_parameters())
+        for name, value in state.items():
+            if name not in parameters:
+                raise ValueError(f"block {index} has no parameter {name}")
+            target = parameters[name]
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"block {index}'s {name} is {tuple(target.shape)}, the new value {tuple(value.shape)}")
+            target.copy_(value.to(device=target.device, dtype=target.dtype))
+
+
+BLOCK_STATE_PREFIX = "block."  # a new block weight in a transforms file: block.<index>.<parameter name>
+
+
+def block_state_tensors(states: BlockStates) -> dict[str, torch.Tensor]:
+    """``states`` as flat named tensors for a safetensors file (``block.<index>.<parameter>``)."""
+    return {
+        f"{BLOCK_STATE_PREFIX}{index}.{name}": value.detach().cpu().contiguous()
+        for index, state in states.items()
+        for name, value in state.items()
+    }
+
+
+def block_states_from_tensors(tensors: dict[str, torch.Tensor]) -> BlockStates:
+    """The inverse of :func:`block_state_tensors` over a file's tensors (others are ignored)."""
+    states: BlockStates = {}
+    for key, value in tensors.items():
+        if key.startswith(BLOCK_STATE_PREFIX):
+            index, name = key[len(BLOCK_STATE_PREFIX) :].split(".", 1)
+            states.setdefault(int(index), {})[name] = value
+    return states
+
+
 def kept_blocks(num_layers: int, cuts: list[Cut]) -> list[int]:
     removed = {i for start, end in cuts for i in range(start, end)}
     return [i for i in range(num_layers) if i not in removed]
@@ -50,8 +89,10 @@ def prune(
     cuts: list[Cut],
     transforms: dict[Cut, torch.Tensor | None],
     placement: str = "fused",
+    block_states: BlockStates | None = None,
 ) -> list[int]:
-    """Apply all cuts in place. Fusion happens in original indices before any block is removed,
+    """Apply all cuts in place. ``block_states``: new weights of kept blocks (original indices,
+    :func:`load_block_states`), loaded first. Fusion happens in original indices before any block is removed,
     so several cuts need no index bookkeeping. With ``placement="separate"`` each T instead
     multiplies the full output of block ``start-1`` (see :func:`attach_separate_transforms`).
     A cut that touches an earlier one (``touching_cuts=compose``) has its T applied after the
@@ -59,6 +100,8 @@ def prune(
     (:func:`~replaceme_exp.selection.cuts.fusion_blocks`). Returns the original indices of the
     kept blocks."""
     blocks = fusion_blocks(cuts)
+    if block_states:
+        load_block_states(adapter, block_states)
     if placement == "fused":
         for cut in sorted(cuts):
             transform = transforms.get(cut)
@@ -314,13 +357,17 @@ def apply_recipe(
     transforms: dict[Cut, torch.Tensor | None],
     placement: str,
     sequential: bool,
+    block_states: BlockStates | None = None,
 ) -> list[int]:
-    """Prune the unpruned model behind ``adapter`` as the job did: all cuts at once, or
+    """Prune the unpruned model behind ``adapter`` as the job did (``block_states``: new weights of
+    kept blocks, a search's merges): all cuts at once, or
     (``sequential``, ``multi_lt=sequential``) one at a time in ascending order, each at its place in
     the model the earlier ones left. ``transforms``: keyed by the unpruned model's cuts. Returns the
     original indices of the kept blocks."""
     if not sequential:
-        return prune(adapter, cuts, transforms, placement)
+        return prune(adapter, cuts, transforms, placement, block_states)
+    if block_states:
+        raise ValueError("a sequential recipe with new block weights: no job writes one")
     removed, num_layers = 0, adapter.num_layers
     for cut in cuts:
         shifted = (cut[0] - removed, cut[1] - removed)

@@ -8,7 +8,8 @@ attribute names.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from contextlib import contextmanager
+from typing import ClassVar, Iterator
 
 import torch
 from torch import nn
@@ -117,6 +118,30 @@ class DecoderAdapter:
             if isinstance(threshold, int):
                 setattr(config, field, sum(1 for i in kept if i < threshold))
         config.num_hidden_layers = len(kept)
+
+    @contextmanager
+    def without_blocks(self, removed: set[int] | list[int]) -> Iterator[None]:
+        """The model with the blocks ``removed`` (current indices) taken out inside the block, as
+        :meth:`keep_layers` leaves it, and exactly as before afterwards (the same block modules, their
+        indices and every depth-dependent config field): a search that tries removals (SLEB) runs
+        the model without them, nothing copied."""
+        removed = set(removed)
+        layers, config = self.layers, self.config
+        saved = {
+            f: getattr(config, f, None) for f in (*self.per_layer_config_fields, *self.layer_threshold_config_fields)
+        }
+        num_hidden_layers = config.num_hidden_layers
+        self.keep_layers([i for i in range(len(layers)) if i not in removed])
+        try:
+            yield
+        finally:
+            self.replace_layers(layers)
+            for index, layer in enumerate(layers):
+                self.reindex_layer(layer, index)
+            for field, value in saved.items():
+                if value is not None:
+                    setattr(config, field, value)
+            config.num_hidden_layers = num_hidden_layers
 
 
 ADAPTERS: Registry[type[DecoderAdapter]] = Registry("model.config.model_type", "model family")

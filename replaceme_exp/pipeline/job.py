@@ -35,7 +35,7 @@ from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.selection.passes import Selection, select_and_capture
 from replaceme_exp.stages import stage
 from replaceme_exp.storage import atomic_path
-from replaceme_exp.surgery import kept_blocks, prune, save_checkpoint, write_recipe
+from replaceme_exp.surgery import block_state_tensors, kept_blocks, prune, save_checkpoint, write_recipe
 
 log = logging.getLogger("replaceme_exp.job")
 
@@ -167,6 +167,7 @@ class PruningJob:
         )
         cuts, distances = self.selection.cuts, self.selection.distances
         self.record({"cuts": [list(cut) for cut in cuts], "num_lts": len(cuts), "n_prune": sum(e - s for s, e in cuts)})
+        self.record(self.selection.columns)
         if distances is not None:
             check_finite("selection", "the candidate distances are", distances.values())
             chosen = [distances[cut] for cut in cuts if cut in distances]
@@ -244,7 +245,7 @@ class PruningJob:
         if self.sequential:
             self.prune_sequentially()
         else:
-            if self.heldout is not None:
+            if self.heldout is not None and self.replaces_linearly:
                 with stage("eval", "held-out distances"):
                     key = {
                         "model": self.loaded.identity_hash,
@@ -263,7 +264,8 @@ class PruningJob:
                     )
                 self.record(distances.columns())
             with stage("surgery"):
-                self.kept = prune(self.adapter, self.selection.cuts, self.fit.transforms, c.lt_placement)
+                cuts, transforms, states = self.selection.cuts, self.fit.transforms, self.selection.block_states
+                self.kept = prune(self.adapter, cuts, transforms, c.lt_placement, states)
         caches = (self.cache, self.stats_cache, self.baselines)
         self.record({"cached_stages": sorted({CACHED_STAGE_NAMES.get(k, k) for cache in caches for k in cache.hits})})
         params_after = count_parameters(self.loaded.model)
@@ -271,6 +273,14 @@ class PruningJob:
         self.record({"compression_ratio": 1.0 - params_after / self.row["params_before"]})
         self.record(self.modality.pruned_columns(self.row))
         self.record(self.modality.quality(self.loaded, self.heldout))
+
+    @property
+    def replaces_linearly(self) -> bool:
+        """Whether each cut is replaced by its T alone (or nothing), the blocks before it unchanged,
+        so the held-out distances between ``L_{start-1}`` and ``L_{end-1}`` describe the pruned model:
+        not after a search that merged weights into kept blocks, nor for a cut from block 0 (no
+        ``L_{-1}`` is captured)."""
+        return not self.selection.block_states and all(start >= 1 for start, _ in self.selection.cuts)
 
     def prune_sequentially(self) -> None:
         """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
@@ -305,8 +315,12 @@ class PruningJob:
     def stage_statistics(self, shifted, cut) -> dict:
         request = self.spec.fit_request()
         accumulator = LinearStatistics(
-            [shifted], self.adapter.hidden_size, input_device(self.adapter),
-            request.placement, request.rule, request.precision,
+            [shifted],
+            self.adapter.hidden_size,
+            input_device(self.adapter),
+            request.placement,
+            request.rule,
+            request.precision,
         )
         with stage("capture", f"capture (stage {list(cut)})"):
             run_capture(self.adapter, self.calibration.estimation, [accumulator], desc=f"capture (stage {list(cut)})")
@@ -363,9 +377,12 @@ class PruningJob:
 
     def save_transforms(self) -> None:
         """One safetensors file: ``"<start>-<end>"`` (cuts of the unpruned model) -> T, float64,
-        (hidden, hidden), as estimated (before any healing); cuts without a T (identity) are left out."""
+        (hidden, hidden), as estimated (before any healing); cuts without a T (identity) are left out.
+        New weights of kept blocks (a search's merges) go in as ``"block.<index>.<parameter>"``, as
+        computed."""
         fitted = self.fit.transforms.items()
         transforms = {label(cut): t.detach().double().cpu().contiguous() for cut, t in fitted if t is not None}
+        transforms.update(block_state_tensors(self.selection.block_states))
         target = self.paths.transforms_file(self.row["config_hash"])
         with stage("save", "save transforms"), atomic_path(target) as tmp:
             save_file(transforms, str(tmp), metadata={"run_id": self.row["run_id"], "model": self.row["model"]})
@@ -384,6 +401,7 @@ class PruningJob:
             "cuts": [list(cut) for cut in self.selection.cuts],
             "sequential": self.sequential,
             "lt_placement": self.config.lt_placement,
+            "block_states": sorted(self.selection.block_states),
             "dtypes": {label(cut): str(t.dtype).removeprefix("torch.") for cut, t in fitted if t is not None},
             "metadata": self.checkpoint_metadata(),
         }

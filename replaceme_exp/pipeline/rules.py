@@ -29,7 +29,7 @@ from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets, benchma
 from replaceme_exp.evaluation.task_datasets import suite_datasets
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.models.shape import ModelShape
-from replaceme_exp.selection.cuts import cut_length, validate_cuts
+from replaceme_exp.selection.cuts import blocks_to_prune, cut_length, validate_cuts
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
@@ -100,7 +100,7 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     for key, value in (("checkpoint", c.evaluate.checkpoint), ("dtype", c.evaluate.dtype)):
         if value is not None:
             raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")
-    check_selection(c)
+    check_selection(c, needs)
     check_method(c, needs)
     check_official_settings(c, needs)
     check_data(c)
@@ -145,6 +145,11 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
     if c.job == "prune":
         if c.cuts is not None:
             validate_cuts(c.cuts, shape.num_layers, c.merge_consecutive, c.touching_cuts)
+        elif METRICS.get(c.selection.metric).searches:  # the search decides the cuts: any removed blocks
+            removed = blocks_to_prune(c.n_prune, shape.num_layers)
+            if removed > shape.num_layers - 1:
+                reason = f"the model has {shape.num_layers} blocks; at most {shape.num_layers - 1} can be removed"
+                raise ConfigError("n_prune", c.n_prune, reason)
         else:
             cut_length(c.n_prune, c.num_lts, shape.num_layers)
     if shape.max_positions is None:
@@ -210,8 +215,10 @@ def check_eval_kind(c: schema.JobConfig) -> None:
         )
 
 
-def check_selection(c: schema.JobConfig) -> None:
+def check_selection(c: schema.JobConfig, needs: Requirements) -> None:
     metric = METRICS.get(c.selection.metric)
+    if metric.searches and c.cuts is None:
+        check_search(c, metric.name, needs)
     if metric.whole_sequence and c.selection.tokens != "all":
         raise ConfigError(
             "selection.tokens", c.selection.tokens, f"selection.metric={metric.name} is computed over all tokens"
@@ -221,6 +228,20 @@ def check_selection(c: schema.JobConfig) -> None:
         raise ConfigError(
             "estimation.first", c.estimation.first, f"leaves no token of sequences of calibration.seq_len={seq_len}"
         )
+
+
+def check_search(c: schema.JobConfig, name: str, needs: Requirements) -> None:
+    """A selection by search removes (or merges) blocks itself: no transform, one set of removed
+    blocks (``num_lts`` does not act), run on the model in its own dtype."""
+    if needs.fits_transform or needs.fits:
+        reason = f"selection.metric={name} removes the blocks it finds, nothing is fitted: use objective=identity"
+        raise ConfigError("objective", c.objective.name, reason)
+    if c.num_lts != 1:
+        raise ConfigError(
+            "num_lts", c.num_lts, f"selection.metric={name} decides the removed blocks itself (drop num_lts)"
+        )
+    if c.model.capture_4bit:
+        raise ConfigError("model.capture_4bit", True, f"not with selection.metric={name} (it runs the model it prunes)")
 
 
 def check_method(c: schema.JobConfig, needs: Requirements) -> None:

@@ -72,7 +72,15 @@ from replaceme_exp.surgery import SEPARATE_TRANSFORMS_FILE, checkpoint_metadata
 SEMANTICS_VERSION = 3
 # Where and how a job runs, not what it computes.
 NON_SEMANTIC_KEYS = (
-    "results_dir", "cache_dir", "save_model", "save_transforms", "force", "capture", "store", "tracking", "progress"
+    "results_dir",
+    "cache_dir",
+    "save_model",
+    "save_transforms",
+    "force",
+    "capture",
+    "store",
+    "tracking",
+    "progress",
 )
 NON_SEMANTIC_MODEL_KEYS = ("device", "device_map")
 NON_SEMANTIC_HEALING_KEYS = ("log_every", "gradient_checkpointing")
@@ -190,6 +198,8 @@ class JobSpec:
         if c.cuts is not None:
             for key in ("selection", "n_prune", "num_lts"):
                 data.pop(key)
+        elif METRICS.get(c.selection.metric).searches:  # the search decides how many cuts
+            data.pop("num_lts")
         if e.merge_consecutive is None:
             data.pop("merge_consecutive")
         if e.touching_cuts in (None, "apart"):
@@ -417,6 +427,8 @@ class JobSpec:
             stats_bytes=stats_bytes,
             touching_cuts=e.touching_cuts or "apart",
             sequential=e.multi_lt == "sequential",
+            settings=c.selection,
+            seed=int(c.seed),
         )
 
     def fit_request(self) -> FitRequest:
@@ -535,7 +547,7 @@ def resolve(config: schema.JobConfig, requirements: Requirements) -> EffectiveSe
     estimation_tokens = c.estimation.tokens if fitted else "all"
     precision = resolve_precision(c.capture.precision, compute_device(c.capture))
     takes_products = r.fits or (selects and metric.takes_products) or c.record_calibration_similarity
-    single_cut = selects and c.num_lts == 1
+    single_cut = selects and c.num_lts == 1 or selects and metric.searches  # a search's cuts: as it finds them
     return EffectiveSettings(
         selection_metric=metric.column_name(c.selection.tokens) if selects else None,
         selects_by_ls=selects_by_ls,

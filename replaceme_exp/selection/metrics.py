@@ -9,7 +9,12 @@ Each metric is registered under its config name with what it is computed from:
   chosen (distance ``1 - similarity``); over all tokens only;
 - ``statistics``: a score per cut from the LS statistics of every candidate (the least-squares
   residual after the cut's own ridge transform, registered by :mod:`replaceme_exp.estimation`,
-  which solves it); over all tokens only.
+  which solves it); over all tokens only;
+- ``search``: a search that decides the removed blocks itself by running the model with
+  candidate removals or merges (SLEB, LaCo): ``search`` (a
+  :class:`~replaceme_exp.selection.search.SearchContext` -> a
+  :class:`~replaceme_exp.selection.search.SearchResult`); its cuts need not be of one length and
+  may start at block 0, and it may leave new weights for kept blocks (a merge).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class SelectionMetric:
     token_distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     similarity: Callable | None = None
     from_statistics: Callable | None = None
+    search: Callable | None = None
     criterion: str = ""
 
     @property
@@ -48,7 +54,12 @@ class SelectionMetric:
     @property
     def takes_products(self) -> bool:
         """Computed from products of activations (their precision can move it)."""
-        return self.kind != "distance"
+        return self.kind in ("similarity", "statistics")
+
+    @property
+    def searches(self) -> bool:
+        """Decides the removed blocks by a search of its own (``num_lts`` does not act)."""
+        return self.kind == "search"
 
     @property
     def uses_statistics(self) -> bool:

@@ -5,7 +5,8 @@ few passes over the calibration data as the statistics budget allows."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
@@ -18,6 +19,7 @@ from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.selection.cuts import (
     Cut,
+    blocks_to_prune,
     candidate_cuts,
     composed_cuts,
     cut_length,
@@ -25,6 +27,7 @@ from replaceme_exp.selection.cuts import (
     validate_cuts,
 )
 from replaceme_exp.selection.metrics import SelectionMetric
+from replaceme_exp.selection.search import BlockStates, SearchContext
 from replaceme_exp.stages import stage
 
 log = logging.getLogger(__name__)
@@ -39,7 +42,9 @@ class SelectionRequest:
     that touch (:func:`~replaceme_exp.selection.cuts.select_cuts`); ``sequential``: transforms
     estimated on the partly pruned model; ``rule``, ``placement``, ``precision``: how the LS
     statistics are taken; ``alpha``: the ridge of an ``ls_residual`` selection; ``passes`` and ``max_stats_gb``:
-    ``capture.passes`` and ``capture.max_stats_gb``; ``stats_bytes``: the plan's statistics budget."""
+    ``capture.passes`` and ``capture.max_stats_gb``; ``stats_bytes``: the plan's statistics budget;
+    ``settings`` and ``seed``: the ``selection`` option's typed config and the job's seed (what a
+    search reads)."""
 
     cuts: list[Cut] | None
     n_prune: int | float
@@ -56,6 +61,8 @@ class SelectionRequest:
     stats_bytes: float | None = None
     touching_cuts: str = "apart"
     sequential: bool = False  # transforms estimated one after another on the partly pruned model
+    settings: Any = None
+    seed: int = 0
 
 
 @dataclass
@@ -63,12 +70,15 @@ class Selection:
     """The cuts a job removes, every candidate's distance (None with explicit cuts) and the LS
     statistics of the chosen cuts found or gathered (by cut). ``composed``: the cuts whose T
     composes onto a touching earlier cut's (their statistics map the whole block output,
-    :func:`~replaceme_exp.selection.cuts.composed_cuts`)."""
+    :func:`~replaceme_exp.selection.cuts.composed_cuts`). A selection by search: ``block_states``
+    (new weights of kept blocks, by original index) and ``columns`` (what the row records of it)."""
 
     cuts: list[Cut]
     distances: dict[Cut, float] | None
     stats: dict[Cut, LinearStats]
     composed: frozenset[Cut] = frozenset()
+    block_states: BlockStates = field(default_factory=dict)
+    columns: dict[str, Any] = field(default_factory=dict)
 
     def placement_of(self, cut: Cut, placement: str) -> str:
         """The placement of ``cut``'s statistics in a job of ``placement``."""
@@ -163,6 +173,8 @@ def select_and_capture(
     stats_batches = calibration if stats_batches is None else stats_batches
     stats_cache = cache if stats_cache is None else stats_cache
     rule, precision, placement = request.rule, request.precision, request.placement
+    if request.cuts is None and request.metric.searches:
+        return searched(request, adapter, calibration)
     if request.cuts is not None:
         cuts = validate_cuts(
             [list(c) for c in request.cuts], num_layers, request.merge_consecutive, request.touching_cuts
@@ -210,6 +222,23 @@ def select_and_capture(
                 found[cut] = s
     selection.stats = found
     return selection
+
+
+def searched(request: SelectionRequest, adapter, calibration: TokenBatches) -> Selection:
+    """The selection a search metric makes (SLEB, LaCo): it runs the model itself, in the
+    selection; nothing else is captured for it (its blocks are removed or merged, no
+    transform is fitted)."""
+    metric, num_layers = request.metric, adapter.num_layers
+    n_blocks = blocks_to_prune(request.n_prune, num_layers)
+    if n_blocks > num_layers - 1:
+        reason = f"the model has {num_layers} blocks; at most {num_layers - 1} can be removed"
+        raise ConfigError("n_prune", request.n_prune, reason)
+    context = SearchContext(adapter, calibration, n_blocks, request.settings, request.seed)
+    with stage("capture", f"selection search ({metric.name})"):  # compression cost, like a capture
+        result = metric.search(context)
+    result.check(num_layers)
+    log.info("%s removes blocks %s", metric.name, sorted(result.removed))
+    return Selection(result.cuts, None, {}, frozenset(), result.block_states, result.columns)
 
 
 def stats_budget(request: SelectionRequest) -> float:
