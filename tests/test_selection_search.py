@@ -44,7 +44,7 @@ def toy_search(context: SearchContext) -> SearchResult:
 
 @pytest.fixture
 def toy_metric():
-    METRICS.register("toy_search", SelectionMetric("toy_search", "search", search=toy_search))
+    METRICS.register("toy_search", SelectionMetric("toy_search", "search", search=toy_search, method="Toy"))
     yield "toy_search"
     METRICS._entries.pop("toy_search")
 
@@ -87,7 +87,7 @@ def test_a_search_removes_its_blocks_loads_its_weights_and_exports_the_same_chec
     full = run_recorded(job_config(tmp_path / "full", *overrides, "save_model=full"))
     assert light["status"] == full["status"] == "finished", (light.get("error"), full.get("error"))
     assert light["cuts"] == [[0, 1], [4, 6]] and light["kept_blocks"] == [1, 2, 3] and light["n_prune"] == 3
-    assert light["toy_depth_inside"] == 3 and light["selection_metric"] == "toy_search"
+    assert light["toy_depth_inside"] == 3 and light["selection_metric"] == "toy_search" and light["method"] == "Toy"
     assert light["num_lts"] == 2 and light.get("dist_after") is None  # no L_{-1}: no held-out distances
 
     # the checkpoint against a hand-pruned copy of the same random model

@@ -32,7 +32,8 @@ class Requirements:
     "token_mean": added to the mean per-token loss, the paper's cosine alphas); ``regularizers`` and
     ``structures``: what it can apply (``structures_without_alpha``: those whose solution ``alpha``
     does not change); ``solver`` / ``solver_schedule``: the solver and the schedule
-    it really runs (None for closed forms)."""
+    it really runs (None for closed forms); ``method``: the pruning method it makes, by name, when
+    it is not ReplaceMe with a transform of its objective (``LinearPatch``; the row's ``method``)."""
 
     statistics: bool
     tokens: bool = False
@@ -44,6 +45,7 @@ class Requirements:
     structures_without_alpha: tuple[str, ...] = ()
     solver: str | None = None
     solver_schedule: str | None = None
+    method: str | None = None
 
     @property
     def fits(self) -> bool:

@@ -468,11 +468,18 @@ def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str
     """The row's ``method``, from the settings as they act: ``ReplaceMe LS``, ``ReplaceMe cosine``,
     ... (a fitted transform, by its objective), ``UIDL`` (blocks removed, nothing fused, the cut
     chosen by the angular distance of last tokens: Gromov et al.), ``block removal`` (the same
-    removal on a cut chosen otherwise, or given), and `` + LoRA healing`` (or LT / full) when the
+    removal on a cut chosen otherwise, or given), a peer method by the name its estimator
+    (:attr:`Requirements.method`) or, for a plain removal, its selection metric declares
+    (``SLEB``, ``ShortGPT``, ``LinearPatch``), and `` + LoRA healing`` (or LT / full) when the
     pruned model is trained afterwards."""
-    if r.fits_transform:
+    metric = METRICS.get(c.selection.metric) if c.cuts is None else None
+    if r.method is not None:
+        method = r.method
+    elif r.fits_transform:
         objective = getattr(c.objective, "loss", None) or c.objective.name
         method = f"ReplaceMe {OBJECTIVE_METHOD_NAMES.get(objective, objective)}"
+    elif metric is not None and metric.method is not None:
+        method = metric.method
     else:
         method = "UIDL" if e.selection_metric == "angular_last" else "block removal"
     if c.healing.name != "none":

@@ -33,10 +33,13 @@ from replaceme_exp.registry import Registry
 
 @dataclass(frozen=True)
 class SelectionMetric:
-    """``kind``: ``distance``, ``similarity`` or ``statistics`` (module docstring); ``token_distance``
-    ((n, d), (n, d) -> (n,)) for distances; ``similarity`` (SimilarityStatistics -> {cut: value})
-    for similarities; ``from_statistics`` ({cut: LinearStats}, alpha -> {cut: distance}) for
-    statistics; ``criterion``: what else its cached distances depend on (a ridge, ...)."""
+    """``kind``: ``distance``, ``similarity``, ``statistics`` or ``search`` (module docstring);
+    ``token_distance`` ((n, d), (n, d) -> (n,)) for distances; ``similarity`` (SimilarityStatistics
+    -> {cut: value}) for similarities; ``from_statistics`` ({cut: LinearStats}, alpha -> {cut:
+    distance}) for statistics; ``search`` (SearchContext -> SearchResult) for searches;
+    ``criterion``: what else its cached distances depend on (a ridge, ...); ``method``: the name of
+    the pruning method it makes with the blocks removed and nothing fitted (``SLEB``; the row's
+    ``method``; None: block removal)."""
 
     name: str
     kind: str
@@ -45,6 +48,7 @@ class SelectionMetric:
     from_statistics: Callable | None = None
     search: Callable | None = None
     criterion: str = ""
+    method: str | None = None
 
     @property
     def whole_sequence(self) -> bool:
