@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 from helpers.batches import batches_of, random_sequences
+from helpers.config import compose_config
 from helpers.jobs import job_config
 from helpers.models import tiny_model
 
@@ -125,3 +126,11 @@ def test_the_barriers_bound_how_many_blocks_can_go(tmp_path):
     with pytest.raises(ConfigError, match=r"^n_prune=5: .*at most 4 can be removed"):
         spec = JobSpec.from_config(config)
         check_shape(spec.config, model_shape(spec.config.model, spec.config.cache_dir))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("method", ["shortgpt", "sleb"])
+def test_a_vision_encoder_is_refused_in_one_line(tmp_path, method):
+    overrides = ["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline", f"results_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=rf"^selection.metric='{method}': .*not for a vision encoder"):
+        JobSpec.from_config(compose_config([*overrides, f"selection={method}", "objective=identity"]))

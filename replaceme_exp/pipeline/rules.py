@@ -350,6 +350,9 @@ def check_vision(c: schema.JobConfig) -> None:
         raise ConfigError("multi_lt", "sequential", "not for a vision encoder (its held-out check reads text)")
     if c.model.capture_4bit:
         raise ConfigError("model.capture_4bit", True, "not for a vision encoder")
+    if c.cuts is None and c.selection.metric in ("shortgpt", "sleb"):  # token windows, a language model's loss
+        reason = "runs a language model on text; not for a vision encoder"
+        raise ConfigError("selection.metric", c.selection.metric, reason)
 
 
 def check_hardware(c: schema.JobConfig) -> None:
