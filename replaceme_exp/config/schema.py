@@ -317,6 +317,26 @@ class SelectionConfig:
 
 
 @Group
+class ShortGptSelectionConfig(SelectionConfig):
+    """ShortGPT (Men et al. 2024): the Block Influence of every block, its official code's reading."""
+
+    window: int = key(
+        256, doc="ShortGPT: each sequence runs in windows of this many tokens (its official stride)", check=positive_int
+    )
+    final_norm: bool = key(
+        True, doc="ShortGPT: the last block's output after the model's final norm, as its official code reads it"
+    )
+
+
+@Group
+class SlebSelectionConfig(SelectionConfig):
+    """SLEB (Song et al. 2024): the blocks its greedy search never removes, as its official code."""
+
+    early_barrier: int = key(1, doc="SLEB: the first this many blocks are never removed", check=non_negative_int)
+    latter_barrier: int = key(1, doc="SLEB: the last this many blocks are never removed", check=non_negative_int)
+
+
+@Group
 class ObjectiveConfig:
     _target_: str = key(doc="the estimator class")
     name: str = key(doc="the objective's name in rows and tables")
@@ -632,7 +652,7 @@ class JobConfig:
 SHAPE_REGISTRIES: dict[str, tuple[str, str]] = {"calibration": ("source", "calibration.source")}
 GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "model": (PretrainedModelConfig, RandomModelConfig),
-    "selection": (SelectionConfig,),
+    "selection": (SelectionConfig, ShortGptSelectionConfig, SlebSelectionConfig),
     "objective": (ObjectiveConfig, LeastSquaresObjectiveConfig, NumericalObjectiveConfig),
     "estimation": (EstimationConfig,),
     "regularizer": (RegularizerConfig,),

@@ -27,6 +27,7 @@ from replaceme_exp.registry import registry
 POLYMORPHIC = (
     schema.ModelConfig,
     schema.CalibrationConfig,
+    schema.SelectionConfig,
     schema.ObjectiveConfig,
     schema.HealingConfig,
     schema.HealingDataConfig,

@@ -12,6 +12,7 @@ read (the contents of its files, the hub datasets it needs), once, when the job 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -147,8 +148,12 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
             validate_cuts(c.cuts, shape.num_layers, c.merge_consecutive, c.touching_cuts)
         elif METRICS.get(c.selection.metric).searches:  # the search decides the cuts: any removed blocks
             removed = blocks_to_prune(c.n_prune, shape.num_layers)
-            if removed > shape.num_layers - 1:
-                reason = f"the model has {shape.num_layers} blocks; at most {shape.num_layers - 1} can be removed"
+            kept = max(1, getattr(c.selection, "early_barrier", 0) + getattr(c.selection, "latter_barrier", 0))
+            if removed > shape.num_layers - kept:
+                at_most = shape.num_layers - kept
+                reason = f"the model has {shape.num_layers} blocks; at most {at_most} can be removed"
+                if kept > 1:
+                    reason += f" (selection.early_barrier + selection.latter_barrier = {kept} are kept)"
                 raise ConfigError("n_prune", c.n_prune, reason)
         else:
             cut_length(c.n_prune, c.num_lts, shape.num_layers)
@@ -217,6 +222,7 @@ def check_eval_kind(c: schema.JobConfig) -> None:
 
 def check_selection(c: schema.JobConfig, needs: Requirements) -> None:
     metric = METRICS.get(c.selection.metric)
+    check_selection_keys(c.selection, metric)
     if metric.searches and c.cuts is None:
         check_search(c, metric.name, needs)
     if metric.whole_sequence and c.selection.tokens != "all":
@@ -228,6 +234,25 @@ def check_selection(c: schema.JobConfig, needs: Requirements) -> None:
         raise ConfigError(
             "estimation.first", c.estimation.first, f"leaves no token of sequences of calibration.seq_len={seq_len}"
         )
+
+
+def check_selection_keys(selection: schema.SelectionConfig, metric) -> None:
+    """The ``selection`` option carries the keys of its metric's own shape (``metric.settings``: a
+    search's settings) and no key of another metric's own shape: ``selection=<option>`` gives them."""
+    keys = {f.name for f in dataclasses.fields(selection)}
+    if metric.settings is not None:
+        own = {f.name for f in dataclasses.fields(metric.settings)}
+    else:  # keys that no metric declares are its option's own (its shape's)
+        shapes = [m.settings for _, m in METRICS.items() if m.settings is not None]
+        declared = {f.name for shape in shapes for f in dataclasses.fields(shape)}
+        own = keys - (declared - {f.name for f in dataclasses.fields(schema.SelectionConfig)})
+    if extra := sorted(keys - own):
+        value = getattr(selection, extra[0])
+        reason = f"is not a setting of selection.metric={metric.name} (its keys: {', '.join(sorted(own))})"
+        raise ConfigError(f"selection.{extra[0]}", value, reason)
+    if missing := sorted(own - keys):
+        reason = f"has settings of its own ({', '.join(missing)}): use selection={metric.name}"
+        raise ConfigError("selection.metric", metric.name, reason)
 
 
 def check_search(c: schema.JobConfig, name: str, needs: Requirements) -> None:
@@ -325,6 +350,9 @@ def check_vision(c: schema.JobConfig) -> None:
         raise ConfigError("multi_lt", "sequential", "not for a vision encoder (its held-out check reads text)")
     if c.model.capture_4bit:
         raise ConfigError("model.capture_4bit", True, "not for a vision encoder")
+    if c.cuts is None and c.selection.metric in ("shortgpt", "sleb"):  # token windows, a language model's loss
+        reason = "runs a language model on text; not for a vision encoder"
+        raise ConfigError("selection.metric", c.selection.metric, reason)
 
 
 def check_hardware(c: schema.JobConfig) -> None:

@@ -367,9 +367,23 @@ class JobSpec:
             "num_lts": c.num_lts,
             "n_prune": c.n_prune,
             "selection_metric": e.selection_metric,
+            **self.selection_setting_columns(),
             "eval": c.eval.name,
             **self.eval_columns(),
             "capture_precision": e.capture_precision,
+        }
+
+    def selection_setting_columns(self) -> dict[str, Any]:
+        """``selection_<key>`` for each key of a selection shape beyond ``metric`` and ``tokens`` (a
+        search's own settings: ShortGPT's ``window``, SLEB's ``early_barrier``, ...), its value
+        where the job's selection has it and selects (None otherwise)."""
+        c, base = self.config, {f.name for f in dataclasses.fields(schema.SelectionConfig)}
+        names = [f.name for shape in schema.GROUP_SHAPES["selection"] for f in dataclasses.fields(shape)]
+        selects = c.cuts is None
+        return {
+            f"selection_{name}": getattr(c.selection, name, None) if selects else None
+            for name in dict.fromkeys(names)
+            if name not in base
         }
 
     def eval_columns(self) -> dict[str, Any]:

@@ -102,6 +102,12 @@ SETTING_COLUMNS: dict[str, str] = {
     "n_prune": "Number of blocks removed.",
     "selection_metric": "The selection criterion as it acts (`cosine`, `angular_last`, `ls_residual`, "
     "`cka`, ...); None with explicit `cuts`.",
+    "selection_window": "ShortGPT (`selection=shortgpt`): the windows of tokens each sequence runs in (its "
+    "official stride, 256); None for other selections.",
+    "selection_final_norm": "ShortGPT: whether the last block's output is read after the model's final norm "
+    "(its official code, `true`) or as the block returns it; None for other selections.",
+    "selection_early_barrier": "SLEB (`selection=sleb`): the first blocks it never removes (official: 1).",
+    "selection_latter_barrier": "SLEB: the last blocks it never removes (official: 1).",
     "eval": "The eval suite option (`eval.name`).",
     "capture_precision": "Precision of the statistics' products: `float64` or `float32`.",
     "evaluated_checkpoint": "An evaluate job's checkpoint directory (None: `model` itself).",
@@ -113,6 +119,14 @@ SETTING_COLUMNS: dict[str, str] = {
 MEASURED_COLUMNS: dict[str, str] = {
     "cuts": "JSON `[[start, end], ...]`: the removed blocks of each cut, in the unpruned model's indices.",
     "kept_blocks": "JSON: the unpruned model's indices of the blocks the pruned model keeps.",
+    "shortgpt_block_influence": "ShortGPT: JSON, every block's Block Influence `1 - mean cos(X_i, X_{i+1})` over "
+    "the calibration tokens, by block.",
+    "shortgpt_order": "ShortGPT: JSON, the blocks by ascending Block Influence (the first `n_prune` are removed).",
+    "shortgpt_tokens": "ShortGPT: the calibration tokens the Block Influence averages over.",
+    "sleb_removal_order": "SLEB: JSON, the removed blocks in the order its greedy search took them out.",
+    "sleb_step_ppl": "SLEB: JSON, the calibration perplexity of the model after each step's removal.",
+    "sleb_ppl_unpruned": "SLEB: the unpruned model's calibration perplexity (same tokens as `sleb_step_ppl`).",
+    "sleb_predictions": "SLEB: the next-token predictions its calibration loss sums over.",
     "num_layers": "Blocks of the (unpruned or evaluated) model.",
     "params_before": "Parameters of the unpruned model.",
     "params_after": "Parameters of the pruned model.",

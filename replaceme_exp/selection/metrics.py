@@ -39,7 +39,8 @@ class SelectionMetric:
     distance}) for statistics; ``search`` (SearchContext -> SearchResult) for searches;
     ``criterion``: what else its cached distances depend on (a ridge, ...); ``method``: the name of
     the pruning method it makes with the blocks removed and nothing fitted (``SLEB``; the row's
-    ``method``; None: block removal)."""
+    ``method``; None: block removal); ``settings``: the schema shape of its ``selection`` option
+    when it has keys of its own (a search's, e.g. ``SlebSelectionConfig``; None: the plain one)."""
 
     name: str
     kind: str
@@ -49,6 +50,7 @@ class SelectionMetric:
     search: Callable | None = None
     criterion: str = ""
     method: str | None = None
+    settings: type | None = None
 
     @property
     def whole_sequence(self) -> bool:

@@ -1,0 +1,133 @@
+"""SLEB (Song et al., ICML 2024, "SLEB: Streamlining LLMs through Redundancy Verification and
+Elimination of Transformer Blocks"; official code jiwonsong-dev/SLEB, ``sleb.py``): remove one
+block at a time, each time the block whose removal leaves the current model with the lowest
+calibration loss, until ``n`` are removed; nothing fitted.
+
+As its official code: the candidates are the current model's blocks but the first
+``early_barrier`` and the last ``latter_barrier`` (1 and 1: block 0 and the last block are never
+removed); the loss is the next-token cross-entropy of the model's logits summed over the
+calibration tokens (its sum over windows of the mean per window times the window length: the
+same order for windows of one length); ties go to the earlier block (its strict ``<``). Here the
+tokens are every next-token prediction within a sequence (target and the token before it not
+padding), and the row records each step's calibration perplexity, ``exp`` of the mean NLL.
+
+Exact and cheaper than the official loop (``n x L`` full forward passes): per batch, one pass of
+the current model keeps every block's input; the candidate without block ``p`` then runs from
+block ``p``'s input through the blocks after it and the head only (block ``p`` stands in
+returning its input; the blocks before it are taken out), with the model's own masks and
+positions. Per step that is about half the block passes of the naive loop, with one batch's
+hidden states held at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from replaceme_exp.config import schema
+from replaceme_exp.data.batching import TokenBatch, TokenBatches, position_ids_for
+from replaceme_exp.progress import progress
+from replaceme_exp.selection.metrics import SelectionMetric, register
+from replaceme_exp.selection.search import SearchContext, SearchResult
+
+log = logging.getLogger(__name__)
+
+
+def logits_of(adapter, batch: TokenBatch) -> torch.Tensor:
+    """The model's next-token logits on ``batch``, (batch, seq, vocab)."""
+    device = adapter.embeddings.weight.device
+    mask = batch.attention_mask.to(device)
+    positions = batch.position_ids.to(device) if batch.position_ids is not None else position_ids_for(mask)
+    ids = batch.input_ids.to(device)
+    return adapter.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+
+
+def next_token_nll(logits: torch.Tensor, batch: TokenBatch) -> tuple[float, int]:
+    """Summed next-token negative log-likelihood in float32 over the predictions whose target and
+    context token are both tokens (not padding). Returns (sum, number of predictions)."""
+    ids, mask = batch.input_ids.to(logits.device), batch.attention_mask.to(logits.device).bool()
+    scored = mask[:, 1:] & mask[:, :-1]
+    predicted = logits[:, :-1][scored].float()
+    return float(F.cross_entropy(predicted, ids[:, 1:][scored], reduction="sum")), int(scored.sum())
+
+
+@contextmanager
+def standing_in(block: torch.nn.Module, hidden: torch.Tensor, returns_tuple: bool) -> Iterator[None]:
+    """``block`` returns ``hidden`` (as the block returns its output) instead of computing."""
+    value = (hidden,) if returns_tuple else hidden
+    block.forward = lambda *args, **kwargs: value  # an instance attribute shadows the class's forward
+    try:
+        yield
+    finally:
+        block.__dict__.pop("forward", None)
+
+
+@torch.inference_mode()
+def removal_losses(adapter, calibration: TokenBatches, candidates: list[int]) -> tuple[dict[int, float], float, int]:
+    """The summed calibration NLL of the current model without each candidate block (current
+    indices), and of the current model itself. Returns ({candidate: NLL}, NLL now, predictions)."""
+    losses = dict.fromkeys(candidates, 0.0)
+    current, count = 0.0, 0
+    inputs: list[torch.Tensor] = []  # the current batch's input of each block
+    returns: list[bool] = []  # whether a block returns a tuple
+
+    def before(module, args, kwargs):
+        inputs.append(args[0] if args else kwargs["hidden_states"])
+
+    def after(module, args, output):
+        returns.append(isinstance(output, tuple))
+
+    for batch in progress(calibration, desc="SLEB candidates", unit="batch"):
+        inputs.clear()
+        returns.clear()
+        handles = [layer.register_forward_pre_hook(before, with_kwargs=True) for layer in adapter.layers]
+        handles.append(adapter.layers[0].register_forward_hook(after))
+        try:
+            nll, n = next_token_nll(logits_of(adapter, batch), batch)
+        finally:
+            for handle in handles:
+                handle.remove()
+        current += nll
+        count += n
+        for p in candidates:
+            with adapter.without_blocks(range(p)):  # block p first, the blocks before it out
+                with standing_in(adapter.layers[0], inputs[p], returns[0]):
+                    losses[p] += next_token_nll(logits_of(adapter, batch), batch)[0]
+    return losses, current, count
+
+
+def sleb_search(context: SearchContext) -> SearchResult:
+    """The greedy removal (module docstring). The row records the removal order
+    (``sleb_removal_order``, original indices), each step's calibration perplexity after that
+    removal (``sleb_step_ppl``) and the unpruned model's (``sleb_ppl_unpruned``)."""
+    settings, adapter = context.settings, context.adapter
+    alive = list(range(adapter.num_layers))
+    order: list[int] = []
+    step_ppl: list[float] = []
+    unpruned, count = None, None
+    for _ in range(context.n_blocks):
+        candidates = list(range(settings.early_barrier, len(alive) - settings.latter_barrier))
+        if not candidates:
+            raise ValueError(f"SLEB has no candidate left among {len(alive)} blocks")
+        with adapter.without_blocks([i for i in range(adapter.num_layers) if i not in alive]):
+            losses, current, count = removal_losses(adapter, context.calibration, candidates)
+        unpruned = math.exp(current / count) if unpruned is None else unpruned
+        best = min(candidates, key=lambda p: (losses[p], p))
+        order.append(alive.pop(best))
+        step_ppl.append(math.exp(losses[best] / count))
+        log.info("SLEB step %d: block %d out, calibration perplexity %.4g", len(order), order[-1], step_ppl[-1])
+    columns = {
+        "sleb_removal_order": order,
+        "sleb_step_ppl": step_ppl,
+        "sleb_ppl_unpruned": unpruned,
+        "sleb_predictions": count,
+    }
+    return SearchResult(order, columns=columns)
+
+
+register(SelectionMetric("sleb", "search", search=sleb_search, method="SLEB", settings=schema.SlebSelectionConfig))
