@@ -30,6 +30,7 @@ from replaceme_exp.evaluation.task_datasets import suite_datasets
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.selection.cuts import blocks_to_prune, cut_length, validate_cuts
+from replaceme_exp.selection.laco import LacoPlan
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
@@ -150,6 +151,8 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
             if removed > shape.num_layers - 1:
                 reason = f"the model has {shape.num_layers} blocks; at most {shape.num_layers - 1} can be removed"
                 raise ConfigError("n_prune", c.n_prune, reason)
+            if isinstance(c.selection, schema.LacoSelectionConfig):
+                LacoPlan.of(c.selection, shape.num_layers)  # its search range within the blocks
         else:
             cut_length(c.n_prune, c.num_lts, shape.num_layers)
     if shape.max_positions is None:

@@ -367,6 +367,7 @@ class JobSpec:
             "num_lts": c.num_lts,
             "n_prune": c.n_prune,
             "selection_metric": e.selection_metric,
+            "selection_settings": search_settings(c),
             "eval": c.eval.name,
             **self.eval_columns(),
             "capture_precision": e.capture_precision,
@@ -462,6 +463,15 @@ OBJECTIVE_METHOD_NAMES = {
     "elasticnet": "elastic net",
 }
 HEALING_METHOD_NAMES = {"lt_only": "LT healing", "full_model": "full healing", "lora": "LoRA healing"}
+
+
+def search_settings(c: schema.JobConfig) -> dict[str, Any] | None:
+    """A selection by search's own keys as set (``selection.*`` beyond ``metric`` and ``tokens``:
+    LaCo's C, I, T, ...); None for any other selection or explicit cuts."""
+    if c.cuts is not None or not METRICS.get(c.selection.metric).searches:
+        return None
+    own = {k: v for k, v in dataclasses.asdict(c.selection).items() if k not in ("metric", "tokens")}
+    return own or None
 
 
 def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str:
