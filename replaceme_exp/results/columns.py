@@ -102,6 +102,8 @@ SETTING_COLUMNS: dict[str, str] = {
     "n_prune": "Number of blocks removed.",
     "selection_metric": "The selection criterion as it acts (`cosine`, `angular_last`, `ls_residual`, "
     "`cka`, ...); None with explicit `cuts`.",
+    "selection_settings": "JSON: a selection by search's own keys as set (LaCo's `merge_layers`, `threshold`, ...); "
+    "None for any other selection.",
     "eval": "The eval suite option (`eval.name`).",
     "capture_precision": "Precision of the statistics' products: `float64` or `float32`.",
     "evaluated_checkpoint": "An evaluate job's checkpoint directory (None: `model` itself).",
@@ -113,6 +115,21 @@ SETTING_COLUMNS: dict[str, str] = {
 MEASURED_COLUMNS: dict[str, str] = {
     "cuts": "JSON `[[start, end], ...]`: the removed blocks of each cut, in the unpruned model's indices.",
     "kept_blocks": "JSON: the unpruned model's indices of the blocks the pruned model keeps.",
+    "laco_merge_layers": "LaCo: C, blocks combined by one merge, as run (null `merge_layers` resolved from the depth).",
+    "laco_interval": "LaCo: I, the step down after a kept merge.",
+    "laco_threshold": "LaCo: T, a merge is kept when the mean cosine similarity is above it.",
+    "laco_lowest": "LaCo: L, the lowest block a merge may start at.",
+    "laco_highest": "LaCo: H, the top block of the search, as run.",
+    "laco_merge": "LaCo: the merge rule, `rdsc` (the paper's Eq. 1) or `official_code` (the notebooks').",
+    "laco_samples": "LaCo: calibration sequences the similarity was measured on.",
+    "laco_sample_tokens": "LaCo: their tokens.",
+    "laco_tries": "JSON: every merge LaCo tried, in order: `start` (the block merged into), `merged` (the blocks "
+    "collapsed, unpruned indices), `similarity`, `accepted`.",
+    "laco_merges": "JSON: LaCo's final merges: each kept block `into` and the unpruned `blocks` collapsed into it.",
+    "laco_similarity": "LaCo: the mean cosine similarity of the final merged model with the unpruned one.",
+    "laco_target_blocks": "LaCo: blocks asked for (`n_prune`).",
+    "laco_removed_blocks": "LaCo: blocks removed (fewer than asked when no further merge stayed above T).",
+    "laco_shortfall": "LaCo: `laco_target_blocks - laco_removed_blocks` (0: equal compression reached).",
     "num_layers": "Blocks of the (unpruned or evaluated) model.",
     "params_before": "Parameters of the unpruned model.",
     "params_after": "Parameters of the pruned model.",
