@@ -28,15 +28,15 @@ def mergeable_state(block: nn.Module, modules: tuple[str, ...]) -> BlockState:
 def rdsc_merge(base: BlockState, later: list[BlockState]) -> BlockState:
     """Reserving-Differences-while-Seeking-Common (LaCo, Eq. 1): ``theta*_l = theta_l +
     sum_{k=1..m} (theta_{l+k} - theta_l)`` for every parameter of ``base``; ``later``: the states of
-    blocks ``l+1 .. l+m`` (same names and shapes). Summed in float32 at least (float64 stays),
-    returned in each parameter's dtype."""
+    blocks ``l+1 .. l+m`` (same names and shapes; on any device: summed on the base's). Summed in
+    float32 at least (float64 stays), returned in each parameter's dtype."""
     merged = {}
     for name, value in base.items():
         work = torch.promote_types(value.dtype, torch.float32)
         theta = value.to(work)
         total = theta.clone()
         for state in later:
-            total += state[name].to(work) - theta
+            total += state[name].to(device=theta.device, dtype=work) - theta
         merged[name] = total.to(value.dtype)
     return merged
 
