@@ -360,7 +360,7 @@ def test_every_shipped_option_passes_validation_and_resolves(group, option):
         overrides.append("objective=cosine")  # numerical objectives only (objective=ls refuses them)
     if (group, option) in {("structure", "rank1"), ("structure", "lower_triangular")}:
         overrides.append("objective=cosine")  # the official code's Adam-path structures (objective=ls refuses them)
-    if (group, option) in {("selection", "shortgpt"), ("selection", "sleb")}:
+    if (group, option) in {("selection", "shortgpt"), ("selection", "sleb"), ("selection", "laco")}:
         overrides.append("objective=identity")  # removals by search fit nothing (objective=ls refuses them)
     vision = {("model", "clip_vit_l14"), ("model", "tiny_clip"), ("eval", "clip"), ("eval", "clip_offline")}
     if (group, option) in vision or option in ("bundled_images", "image_folder", "hub_images"):

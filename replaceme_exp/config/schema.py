@@ -316,6 +316,35 @@ class SelectionConfig:
     tokens: Literal["all", "last"] = key("all", doc="every token, or each sequence's last (UIDL)")
 
 
+def at_least_two(v) -> str | None:
+    return None if _is_int(v) and v >= 2 else "must be an integer >= 2"
+
+
+def cosine_threshold(v) -> str | None:
+    return None if _is_number(v) and -1 <= v < 1 else "must be a cosine similarity in [-1, 1)"
+
+
+@Group
+class LacoSelectionConfig(SelectionConfig):
+    """LaCo (Yang et al. 2024, layer collapse): merge runs of ``merge_layers`` consecutive blocks
+    into the first, from the top down, each merge kept when the merged model's final hidden states
+    on ``samples`` calibration sequences stay above cosine ``threshold`` of the unpruned model's.
+    Defaults: the official code's Llama 2 13B notebook; null ``merge_layers`` and ``highest`` are
+    set from the model's depth (docs/methods/laco.md)."""
+
+    merge_layers: Optional[int] = key(
+        None, doc="C: blocks combined by one merge (null: 1 + 6/40 of the depth, rounded)", check=at_least_two
+    )
+    interval: int = key(1, doc="I: how far the search moves down after a kept merge", check=positive_int)
+    threshold: float = key(0.45, doc="T: keep a merge whose mean cosine similarity is above", check=cosine_threshold)
+    lowest: int = key(0, doc="L: the lowest block a merge may start at", check=non_negative_int)
+    highest: Optional[int] = key(None, doc="H: the top block of the search (null: the last)", check=non_negative_int)
+    samples: int = key(5, doc="calibration sequences the similarity is measured on", check=positive_int)
+    merge: Literal["rdsc", "official_code"] = key(
+        "rdsc", doc="rdsc: the paper's Eq. 1; official_code: the notebooks' in-place update (the last block's weights)"
+    )
+
+
 @Group
 class ShortGptSelectionConfig(SelectionConfig):
     """ShortGPT (Men et al. 2024): the Block Influence of every block, its official code's reading."""
@@ -652,7 +681,7 @@ class JobConfig:
 SHAPE_REGISTRIES: dict[str, tuple[str, str]] = {"calibration": ("source", "calibration.source")}
 GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "model": (PretrainedModelConfig, RandomModelConfig),
-    "selection": (SelectionConfig, ShortGptSelectionConfig, SlebSelectionConfig),
+    "selection": (SelectionConfig, ShortGptSelectionConfig, SlebSelectionConfig, LacoSelectionConfig),
     "objective": (ObjectiveConfig, LeastSquaresObjectiveConfig, NumericalObjectiveConfig),
     "estimation": (EstimationConfig,),
     "regularizer": (RegularizerConfig,),

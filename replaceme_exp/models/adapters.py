@@ -26,6 +26,9 @@ class DecoderAdapter:
     model_types: ClassVar[tuple[str, ...]] = ()
     # The linear layers of a block's MLP (healing.lora.target_modules=mlp).
     mlp_projection_names: ClassVar[tuple[str, ...]] = ("gate_proj", "up_proj", "down_proj")
+    # The sub-modules of a block whose parameters a layer merge combines (LaCo: attention and MLP;
+    # the block's norms stay the base block's).
+    merged_modules: ClassVar[tuple[str, ...]] = ("self_attn", "mlp")
     # Why T cannot be fused into the down-projection (None: it can); such families take
     # lt_placement=separate, where T multiplies the whole block output.
     unfusable_reason: ClassVar[str | None] = None

@@ -31,6 +31,7 @@ from replaceme_exp.evaluation.task_datasets import suite_datasets
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.selection.cuts import blocks_to_prune, cut_length, validate_cuts
+from replaceme_exp.selection.laco import LacoPlan
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
@@ -155,6 +156,8 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
                 if kept > 1:
                     reason += f" (selection.early_barrier + selection.latter_barrier = {kept} are kept)"
                 raise ConfigError("n_prune", c.n_prune, reason)
+            if isinstance(c.selection, schema.LacoSelectionConfig):
+                LacoPlan.of(c.selection, shape.num_layers)  # its search range within the blocks
         else:
             cut_length(c.n_prune, c.num_lts, shape.num_layers)
     if shape.max_positions is None:

@@ -18,6 +18,7 @@ class FalconAdapter(DecoderAdapter):
 
     model_types = ("falcon",)
     mlp_projection_names = ("dense_h_to_4h", "dense_4h_to_h")
+    merged_modules = ("self_attention", "mlp")
 
     @property
     def backbone(self) -> nn.Module:
