@@ -233,6 +233,10 @@ def test_the_ffn_variant_equals_a_hand_built_model_with_its_ffn_and_exports_the_
         theirs = load_pruned(saved).eval()(ids).logits
     torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-4)
     assert light["ppl_heldout"] == pytest.approx(full["ppl_heldout"], rel=1e-6)
+    evaluated = run_recorded(job_config(tmp_path / "eval", "job=evaluate", f"evaluate.checkpoint={saved}"))
+    assert evaluated["status"] == "finished" and evaluated["plain_checkpoint"] is False  # the FFN re-attached
+    assert evaluated["params"] == full["params_after"]
+    assert evaluated["ppl_heldout"] == pytest.approx(full["ppl_heldout"], rel=1e-5)
 
     exported = export_checkpoint(tmp_path / "light", light["config_hash"])
     assert checkpoint_tensors(exported).keys() == checkpoint_tensors(saved).keys()
