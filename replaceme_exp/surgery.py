@@ -5,6 +5,7 @@ the reloaded base model rebuilds the same checkpoint)."""
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -15,12 +16,15 @@ from pathlib import Path
 import torch
 
 from replaceme_exp.models.adapters import DecoderAdapter, adapter_for
+from replaceme_exp.models.replacement import ReplacementFFN
 from replaceme_exp.selection.cuts import fusion_blocks
 from replaceme_exp.selection.search import BlockStates
 from replaceme_exp.storage import readable_by_others, write_text
 
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
+# LLM-Streamline's FFNs beside a checkpoint's weights: "after_block.<index>.<fc1|fc2>.<weight|bias>"
+REPLACEMENT_NETWORKS_FILE = "replacement_networks.safetensors"
 METADATA_FILE = "replaceme.json"  # what the pruning job wrote beside the weights (save_checkpoint)
 RECIPE_SUFFIX = ".recipe.json"  # beside transforms/<config_hash>.safetensors (write_recipe)
 MANIFEST_FILE = "replaceme_files.json"  # every file of a saved checkpoint and its size (checkpoint_problem)
@@ -58,6 +62,7 @@ def load_block_states(adapter: DecoderAdapter, states: BlockStates) -> None:
 
 
 BLOCK_STATE_PREFIX = "block."  # a new block weight in a transforms file: block.<index>.<parameter name>
+NETWORK_PREFIX = "network.after_block."  # an FFN in a transforms file (LLM-Streamline): ...<index>.<parameter>
 
 
 def block_state_tensors(states: BlockStates) -> dict[str, torch.Tensor]:
@@ -90,11 +95,14 @@ def prune(
     transforms: dict[Cut, torch.Tensor | None],
     placement: str = "fused",
     block_states: BlockStates | None = None,
+    networks: dict[int, ReplacementFFN] | None = None,
 ) -> list[int]:
     """Apply all cuts in place. ``block_states``: new weights of kept blocks (original indices,
-    :func:`load_block_states`), loaded first. Fusion happens in original indices before any block is removed,
-    so several cuts need no index bookkeeping. With ``placement="separate"`` each T instead
-    multiplies the full output of block ``start-1`` (see :func:`attach_separate_transforms`).
+    :func:`load_block_states`), loaded first; ``networks``: an FFN to run after each kept block
+    (original index, :func:`attach_replacement_networks`), attached last. Fusion happens in original
+    indices before any block is removed, so several cuts need no index bookkeeping. With
+    ``placement="separate"`` each T instead multiplies the full output of block ``start-1`` (see
+    :func:`attach_separate_transforms`).
     A cut that touches an earlier one (``touching_cuts=compose``) has its T applied after the
     earlier one's, at the same block: ``M T0 T1`` fused, ``L T0 T1`` separate
     (:func:`~replaceme_exp.selection.cuts.fusion_blocks`). Returns the original indices of the
@@ -118,6 +126,8 @@ def prune(
         attach_separate_transforms(adapter, separate)
     elif placement != "fused":
         raise ValueError(f"lt_placement={placement!r}: choose fused or separate")
+    if networks:
+        attach_replacement_networks(adapter, {kept.index(index): net for index, net in networks.items()})
     return kept
 
 
@@ -155,8 +165,65 @@ def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, to
     model._replaceme_separate_transforms = stored
 
 
+def attach_replacement_networks(adapter: DecoderAdapter, networks: dict[int, ReplacementFFN]) -> None:
+    """Make block ``i``'s output ``net(L_i)`` for each ``{i: net}`` (indices of the current model):
+    LLM-Streamline's FFN in place of the cut after block ``i``.
+
+    Like a separate T, the network lives in a forward hook (cast to the block's dtype and device),
+    not as a module of the model, so the state dict stays a plain pruned checkpoint's;
+    ``save_checkpoint`` writes the networks beside it and :func:`load_pruned` re-attaches them.
+    Their parameters count in :func:`replacement_parameters`, not in the model's."""
+    model = adapter.model
+    handles = getattr(model, "_replaceme_replacement_hooks", {})
+    stored = getattr(model, "_replaceme_replacement_networks", {})
+    for index, network in networks.items():
+        if index in handles:
+            handles.pop(index).remove()
+        first = next(adapter.layers[index].parameters())
+        network = copy.deepcopy(network).to(device=first.device, dtype=first.dtype).eval().requires_grad_(False)
+
+        def hook(module, args, output, network=network):
+            hidden = output[0] if isinstance(output, tuple) else output
+            weight = network.fc1.weight
+            if weight.device != hidden.device or weight.dtype != hidden.dtype:  # a layer-wise pass
+                network.to(device=hidden.device, dtype=hidden.dtype)
+            replaced = network(hidden)
+            return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
+
+        handles[index] = adapter.layers[index].register_forward_hook(hook)
+        stored[index] = network
+    model._replaceme_replacement_hooks = handles
+    model._replaceme_replacement_networks = stored
+
+
+def replacement_parameters(model) -> int:
+    """Parameters of the replacement networks attached to ``model`` (not in its own count)."""
+    networks = getattr(model, "_replaceme_replacement_networks", {})
+    return sum(p.numel() for network in networks.values() for p in network.parameters())
+
+
+def network_tensors(networks: dict[int, ReplacementFFN], prefix: str = "after_block.") -> dict[str, torch.Tensor]:
+    """``{index: net}`` as flat named tensors for a safetensors file (``<prefix><index>.fc1.weight``, ...)."""
+    return {
+        f"{prefix}{index}.{name}": value.detach().cpu().contiguous()
+        for index, network in networks.items()
+        for name, value in network.state_dict().items()
+    }
+
+
+def networks_from_tensors(tensors: dict[str, torch.Tensor], prefix: str = "after_block.") -> dict[int, ReplacementFFN]:
+    """The inverse of :func:`network_tensors` over a file's tensors (others are ignored)."""
+    states: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith(prefix):
+            index, name = key[len(prefix) :].split(".", 1)
+            states.setdefault(int(index), {})[name] = value
+    return {index: ReplacementFFN.from_state(state) for index, state in states.items()}
+
+
 def load_pruned(path: str | os.PathLike, **kwargs):
-    """Load a pruned checkpoint; for the separate placement, re-attach its transforms."""
+    """Load a pruned checkpoint; for the separate placement, re-attach its transforms; for
+    LLM-Streamline's FFN, its networks."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -165,13 +232,16 @@ def load_pruned(path: str | os.PathLike, **kwargs):
 
 
 def attach_saved_transforms(model, path: str | os.PathLike) -> bool:
-    """Re-attach the separate transforms a checkpoint at ``path`` carries beside its weights
-    (``lt_placement=separate``) to ``model``, loaded from it; returns whether it had any."""
+    """Re-attach the separate transforms (``lt_placement=separate``) and replacement networks
+    (LLM-Streamline's FFN) a checkpoint at ``path`` carries beside its weights to ``model``,
+    loaded from it; returns whether it had any."""
     from safetensors.torch import load_file
 
-    file = Path(path) / SEPARATE_TRANSFORMS_FILE
+    file, networks = Path(path) / SEPARATE_TRANSFORMS_FILE, Path(path) / REPLACEMENT_NETWORKS_FILE
+    if networks.is_file():
+        attach_replacement_networks(adapter_for(model), networks_from_tensors(load_file(networks)))
     if not file.is_file():
-        return False
+        return networks.is_file()
     tensors = load_file(file)
     attach_separate_transforms(adapter_for(model), {int(k.split(".")[1]): v for k, v in tensors.items()})
     return True
@@ -194,7 +264,8 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
     metadata in ``replaceme.json`` and the list of its files and sizes in ``replaceme_files.json``
     (:func:`checkpoint_problem`). Loadable by ``AutoModelForCausalLM.from_pretrained``; a model
     with separate transforms also gets ``separate_transforms.safetensors`` and needs
-    :func:`load_pruned` to apply them (it is not a plain checkpoint)."""
+    :func:`load_pruned` to apply them (it is not a plain checkpoint); so does one with
+    LLM-Streamline's FFN (``replacement_networks.safetensors``)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     recover_checkpoint(target)
@@ -209,6 +280,10 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
             from safetensors.torch import save_file
 
             save_file({f"after_block.{i}": t.contiguous() for i, t in separate.items()}, tmp / SEPARATE_TRANSFORMS_FILE)
+        if networks := getattr(model, "_replaceme_replacement_networks", None):
+            from safetensors.torch import save_file
+
+            save_file(network_tensors(networks), tmp / REPLACEMENT_NETWORKS_FILE)
         (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str))
         write_manifest(tmp)
         readable_by_others(tmp)
@@ -358,16 +433,18 @@ def apply_recipe(
     placement: str,
     sequential: bool,
     block_states: BlockStates | None = None,
+    networks: dict[int, ReplacementFFN] | None = None,
 ) -> list[int]:
     """Prune the unpruned model behind ``adapter`` as the job did (``block_states``: new weights of
-    kept blocks, a search's merges): all cuts at once, or
+    kept blocks, a search's merges or a retrained block; ``networks``: FFNs after kept blocks, by
+    original index): all cuts at once, or
     (``sequential``, ``multi_lt=sequential``) one at a time in ascending order, each at its place in
     the model the earlier ones left. ``transforms``: keyed by the unpruned model's cuts. Returns the
     original indices of the kept blocks."""
     if not sequential:
-        return prune(adapter, cuts, transforms, placement, block_states)
-    if block_states:
-        raise ValueError("a sequential recipe with new block weights: no job writes one")
+        return prune(adapter, cuts, transforms, placement, block_states, networks)
+    if block_states or networks:
+        raise ValueError("a sequential recipe with new block weights or networks: no job writes one")
     removed, num_layers = 0, adapter.num_layers
     for cut in cuts:
         shifted = (cut[0] - removed, cut[1] - removed)

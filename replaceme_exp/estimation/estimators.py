@@ -33,7 +33,10 @@ class Requirements:
     ``structures``: what it can apply (``structures_without_alpha``: those whose solution ``alpha``
     does not change); ``solver`` / ``solver_schedule``: the solver and the schedule
     it really runs (None for closed forms); ``method``: the pruning method it makes, by name, when
-    it is not ReplaceMe with a transform of its objective (``LinearPatch``; the row's ``method``)."""
+    it is not ReplaceMe with a transform of its objective (``LinearPatch``; the row's ``method``);
+    ``replacement``: a trained network replaces the cut instead of a T (LLM-Streamline: ``"ffn"``,
+    a new FFN after the block before the cut; ``"layer"``, the cut's first block retrained, so
+    its selected cut spans one block more than it removes)."""
 
     statistics: bool
     tokens: bool = False
@@ -46,6 +49,7 @@ class Requirements:
     solver: str | None = None
     solver_schedule: str | None = None
     method: str | None = None
+    replacement: str | None = None
 
     @property
     def fits(self) -> bool:

@@ -16,7 +16,7 @@ from replaceme_exp.pipeline.job import PruningJob, device_name
 from replaceme_exp.pipeline.modality import MODALITIES, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.stages import stage
-from replaceme_exp.surgery import attach_saved_transforms
+from replaceme_exp.surgery import attach_saved_transforms, replacement_parameters
 
 
 class EvaluationJob:
@@ -35,7 +35,7 @@ class EvaluationJob:
         return self.row
 
     def load(self) -> None:
-        """The model (a checkpoint's separate transforms re-attached), checked finite; its depth,
+        """The model (a checkpoint's separate transforms or LLM-Streamline FFN re-attached), checked finite; its depth,
         its parameters and, for a checkpoint this project saved, the cuts that made it."""
         c = self.config
         with stage("load"):
@@ -49,7 +49,7 @@ class EvaluationJob:
             {
                 "model_revision": self.loaded.identity.get("commit"),
                 "num_layers": self.adapter.num_layers,
-                "params": count_parameters(self.loaded.model),
+                "params": count_parameters(self.loaded.model) + replacement_parameters(self.loaded.model),
                 "device": device_name(self.device),
                 "cuts": metadata.get("cuts"),
                 "kept_blocks": metadata.get("kept_blocks"),

@@ -35,7 +35,16 @@ from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.selection.passes import Selection, select_and_capture
 from replaceme_exp.stages import stage
 from replaceme_exp.storage import atomic_path
-from replaceme_exp.surgery import block_state_tensors, kept_blocks, prune, save_checkpoint, write_recipe
+from replaceme_exp.surgery import (
+    NETWORK_PREFIX,
+    block_state_tensors,
+    kept_blocks,
+    network_tensors,
+    prune,
+    replacement_parameters,
+    save_checkpoint,
+    write_recipe,
+)
 
 log = logging.getLogger("replaceme_exp.job")
 
@@ -194,10 +203,14 @@ class PruningJob:
         self.sequential = c.multi_lt == "sequential" and len(cuts) > 1
 
     def estimate(self) -> None:
-        """Every transform from the unpruned model's activations (sequential cuts: in :meth:`prune`)."""
+        """Every transform from the unpruned model's activations (sequential cuts: in :meth:`prune`);
+        LLM-Streamline: the network that replaces the cut (:meth:`replace_cut`)."""
         self.estimator = self.spec.estimator()
         self.fit = Fit({})
-        if not self.sequential:
+        self.networks = {}
+        if self.spec.requirements.replacement is not None:
+            self.replace_cut()
+        elif not self.sequential:
             self.fit = fit_transforms(
                 self.capture_adapter,
                 self.calibration.estimation,
@@ -207,6 +220,24 @@ class PruningJob:
                 dataclasses.replace(self.spec.fit_request(), composed=self.selection.composed),
             )
             self.record(self.fit.columns())
+
+    def replace_cut(self) -> None:
+        """LLM-Streamline: train the network that replaces the selected cut, then hand the surgery
+        what it removes and adds: the adjusted cuts (the layer variant keeps the cut's first block),
+        the retrained block's weights (``block_states``) and the FFN (``networks``, by the original
+        index of the block it follows)."""
+        (cut,) = self.selection.cuts
+        store = self.config.store
+        replacement = self.estimator.replace(
+            self.capture_adapter, self.calibration.batches, cut, int(self.config.seed), store.location, store.directory
+        )
+        self.selection = dataclasses.replace(
+            self.selection, cuts=replacement.cuts, block_states=replacement.block_states
+        )
+        self.networks = replacement.networks
+        cuts = self.selection.cuts
+        self.record({"cuts": [list(c) for c in cuts], "n_prune": sum(e - s for s, e in cuts)})
+        self.record(replacement.columns)
 
     def load_evaluated_model(self) -> None:
         """The model that is evaluated and pruned: the captured one, or (``model.capture_4bit``,
@@ -265,10 +296,10 @@ class PruningJob:
                 self.record(distances.columns())
             with stage("surgery"):
                 cuts, transforms, states = self.selection.cuts, self.fit.transforms, self.selection.block_states
-                self.kept = prune(self.adapter, cuts, transforms, c.lt_placement, states)
+                self.kept = prune(self.adapter, cuts, transforms, c.lt_placement, states, self.networks)
         caches = (self.cache, self.stats_cache, self.baselines)
         self.record({"cached_stages": sorted({CACHED_STAGE_NAMES.get(k, k) for cache in caches for k in cache.hits})})
-        params_after = count_parameters(self.loaded.model)
+        params_after = count_parameters(self.loaded.model) + replacement_parameters(self.loaded.model)
         self.record({"params_after": params_after, "kept_blocks": self.kept})
         self.record({"compression_ratio": 1.0 - params_after / self.row["params_before"]})
         self.record(self.modality.pruned_columns(self.row))
@@ -279,8 +310,9 @@ class PruningJob:
         """Whether each cut is replaced by its T alone (or nothing), the blocks before it unchanged,
         so the held-out distances between ``L_{start-1}`` and ``L_{end-1}`` describe the pruned model:
         not after a search that merged weights into kept blocks, nor for a cut from block 0 (no
-        ``L_{-1}`` is captured)."""
-        return not self.selection.block_states and all(start >= 1 for start, _ in self.selection.cuts)
+        ``L_{-1}`` is captured), nor where a trained network replaces the cut (LLM-Streamline)."""
+        linear = not self.selection.block_states and not self.networks
+        return linear and all(start >= 1 for start, _ in self.selection.cuts)
 
     def prune_sequentially(self) -> None:
         """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
@@ -378,11 +410,13 @@ class PruningJob:
     def save_transforms(self) -> None:
         """One safetensors file: ``"<start>-<end>"`` (cuts of the unpruned model) -> T, float64,
         (hidden, hidden), as estimated (before any healing); cuts without a T (identity) are left out.
-        New weights of kept blocks (a search's merges) go in as ``"block.<index>.<parameter>"``, as
-        computed."""
+        New weights of kept blocks (a search's merges, LLM-Streamline's retrained block) go in as
+        ``"block.<index>.<parameter>"``, LLM-Streamline's FFN as ``"network.after_block.<index>.<parameter>"``
+        (original indices), as computed."""
         fitted = self.fit.transforms.items()
         transforms = {label(cut): t.detach().double().cpu().contiguous() for cut, t in fitted if t is not None}
         transforms.update(block_state_tensors(self.selection.block_states))
+        transforms.update(network_tensors(self.networks, NETWORK_PREFIX))
         target = self.paths.transforms_file(self.row["config_hash"])
         with stage("save", "save transforms"), atomic_path(target) as tmp:
             save_file(transforms, str(tmp), metadata={"run_id": self.row["run_id"], "model": self.row["model"]})
@@ -402,6 +436,7 @@ class PruningJob:
             "sequential": self.sequential,
             "lt_placement": self.config.lt_placement,
             "block_states": sorted(self.selection.block_states),
+            "networks": sorted(self.networks),
             "dtypes": {label(cut): str(t.dtype).removeprefix("torch.") for cut, t in fitted if t is not None},
             "metadata": self.checkpoint_metadata(),
         }

@@ -159,7 +159,11 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
             if isinstance(c.selection, schema.LacoSelectionConfig):
                 LacoPlan.of(c.selection, shape.num_layers)  # its search range within the blocks
         else:
-            cut_length(c.n_prune, c.num_lts, shape.num_layers)
+            length = cut_length(c.n_prune, c.num_lts, shape.num_layers)
+            # LLM-Streamline's layer variant selects a cut one block longer than it removes
+            if getattr(c.objective, "replacement", None) == "layer" and length + 1 > shape.num_layers - 1:
+                reason = f"objective={c.objective.name} retrains one block of a cut of n_prune + 1 blocks: "
+                raise ConfigError("n_prune", c.n_prune, reason + f"at most {shape.num_layers - 2} here")
     if shape.max_positions is None:
         return
     lengths = [("eval.seq_len", getattr(c.eval, "seq_len", None))]
@@ -287,12 +291,35 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
     if needs.uses_alpha and c.alpha != 0 and c.structure.name in needs.structures_without_alpha:
         reason = f"has no effect with structure={c.structure.name} and objective={name} (its solution ignores alpha)"
         raise ConfigError("alpha", c.alpha, reason + "; use alpha=0")
+    if needs.replacement is not None:
+        check_replacement(c, needs)
     if c.healing.name == "lt_only" and not needs.fits_transform:
         reason = f"trains the linear transform; objective={name} fits none (heal with lora or full_model)"
         raise ConfigError("healing", c.healing.name, reason)
     if c.healing.name != "none" and c.healing.data.source == "text_file":
         existing_file("healing.data.path", c.healing.data.path)
     check_eval_suite(c)
+
+
+def check_replacement(c: schema.JobConfig, needs: Requirements) -> None:
+    """LLM-Streamline replaces one selected (or given) cut by a trained network, on the model it
+    runs (text only)."""
+    name = c.objective.name
+    if c.cuts is not None and len(c.cuts) != 1:
+        raise ConfigError("cuts", c.cuts, f"objective={name} replaces one cut by one network: give one cut")
+    if c.cuts is None and c.num_lts != 1:
+        raise ConfigError("num_lts", c.num_lts, f"objective={name} replaces one cut by one network (num_lts=1)")
+    if c.cuts is None and METRICS.get(c.selection.metric).searches:
+        reason = f"decides the removed blocks itself; objective={name} replaces a cut chosen by distance"
+        raise ConfigError("selection.metric", c.selection.metric, reason)
+    if c.cuts is not None and needs.replacement == "layer" and c.cuts[0][1] - c.cuts[0][0] < 2:
+        reason = f"objective={name} keeps the cut's first block retrained: give a cut of at least 2 blocks"
+        raise ConfigError("cuts", c.cuts, reason)
+    if c.model.capture_4bit:
+        raise ConfigError("model.capture_4bit", True, f"not with objective={name} (it trains on the model it prunes)")
+    if float(c.mask_ratio):
+        reason = f"not with objective={name} (it trains on the plain sequences)"
+        raise ConfigError("mask_ratio", float(c.mask_ratio), reason)
 
 
 def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:

@@ -66,7 +66,7 @@ from replaceme_exp.pipeline.rules import (
 from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.selection.passes import SelectionRequest
 from replaceme_exp.storage import content_key
-from replaceme_exp.surgery import SEPARATE_TRANSFORMS_FILE, checkpoint_metadata
+from replaceme_exp.surgery import REPLACEMENT_NETWORKS_FILE, SEPARATE_TRANSFORMS_FILE, checkpoint_metadata
 
 # Bump when the code changes what an unchanged configuration computes.
 SEMANTICS_VERSION = 3
@@ -195,6 +195,8 @@ class JobSpec:
         data.pop("solver_schedule")  # acts only through objective.schedule
         if self.requirements.solver == "adam":  # Adam is mini-batch under either schedule
             data["objective"].pop("schedule")
+        if self.requirements.replacement == "layer":  # no FFN is built
+            data["objective"].pop("ffn_expansion")
         if c.cuts is not None:
             for key in ("selection", "n_prune", "num_lts"):
                 data.pop(key)
@@ -296,8 +298,9 @@ class JobSpec:
         pruning row that saved it, from its metadata; None for a checkpoint this project did not save)."""
         c, metadata = self.config, self.checkpoint_metadata or {}
         checkpoint = c.model.pretrained if c.evaluate.checkpoint is not None else None
-        # a separate T rides beside the weights (re-attached on loading): not a plain checkpoint
-        separate = checkpoint is not None and (Path(checkpoint) / SEPARATE_TRANSFORMS_FILE).is_file()
+        # a separate T or an FFN rides beside the weights (re-attached on loading): not a plain checkpoint
+        beside = (SEPARATE_TRANSFORMS_FILE, REPLACEMENT_NETWORKS_FILE)
+        separate = checkpoint is not None and any((Path(checkpoint) / name).is_file() for name in beside)
         columns = dict.fromkeys(self.pruning_columns())
         columns.update(
             {
@@ -353,7 +356,9 @@ class JobSpec:
             "estimation_first": e.estimation_first,
             "massive_threshold": float(e.massive_threshold),
             "lt_placement": e.lt_placement,
-            "plain_checkpoint": e.lt_placement == "fused" or not r.fits_transform,
+            "plain_checkpoint": (e.lt_placement == "fused" or not r.fits_transform) and r.replacement != "ffn",
+            "replacement": r.replacement,
+            "replacement_settings": replacement_settings(c.objective) if r.replacement else None,
             "healing": c.healing.name,
             # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job runs it
             "healing_settings": dataclasses.asdict(c.healing) if healing else None,
@@ -443,6 +448,7 @@ class JobSpec:
             sequential=e.multi_lt == "sequential",
             settings=c.selection,
             seed=int(c.seed),
+            extra_blocks=1 if self.requirements.replacement == "layer" else 0,
         )
 
     def fit_request(self) -> FitRequest:
@@ -499,6 +505,17 @@ def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str
     if c.healing.name != "none":
         method += f" + {HEALING_METHOD_NAMES.get(c.healing.name, c.healing.name + ' healing')}"
     return method
+
+
+def replacement_settings(objective: schema.ObjectiveConfig) -> dict[str, Any]:
+    """An LLM-Streamline objective's training settings as they act (every key but its class and
+    name; ``ffn_expansion`` only for the FFN)."""
+    settings = dataclasses.asdict(objective)
+    for key in ("_target_", "name"):
+        settings.pop(key)
+    if settings["replacement"] != "ffn":
+        settings.pop("ffn_expansion")
+    return settings
 
 
 def data_files(section: dict) -> list[Path]:

@@ -72,7 +72,11 @@ SETTING_COLUMNS: dict[str, str] = {
     "estimation_first": "Leading positions left out with `skip_first`; None otherwise.",
     "massive_threshold": "A token is a sink when its norm exceeds this many times its sequence's median.",
     "lt_placement": "`fused` (T in the down-projection) or `separate` (T as its own module).",
-    "plain_checkpoint": "Whether the saved model loads with no custom code (false: separate transforms beside it).",
+    "plain_checkpoint": "Whether the saved model loads with no custom code (false: separate transforms or "
+    "LLM-Streamline's FFN beside it).",
+    "replacement": "LLM-Streamline's lightweight network: `ffn` or `layer` (None for every other method).",
+    "replacement_settings": "JSON: LLM-Streamline's training settings as they act (learning rates, AdamW, "
+    "micro-batch, accumulation, epochs, schedule, clipping, FFN width); None for other methods.",
     "healing": "What trains after pruning: `none`, `lt_only`, `full_model`, `lora`.",
     "healing_settings": "JSON: every healing setting as the job runs it (None without healing).",
     "healing_data": "The healing data option (None without healing).",
@@ -126,6 +130,11 @@ SETTING_COLUMNS: dict[str, str] = {
 # Measured and run columns the stages add, by name or by pattern (<task>, <stage>, <benchmark>, ...).
 MEASURED_COLUMNS: dict[str, str] = {
     "cuts": "JSON `[[start, end], ...]`: the removed blocks of each cut, in the unpruned model's indices.",
+    "replaced_cut": "LLM-Streamline: the selected cut `[start, end)` its network replaces (the layer variant "
+    "keeps block `start`, retrained, and removes the rest).",
+    "replacement_<quantity>": "LLM-Streamline's training: MSE over every calibration token before and after "
+    "(`loss_before`, `loss_after`), first and last optimizer step's loss and the loss curve, optimizer steps, "
+    "sequences, tokens, parameters added (the FFN's; 0 for the layer).",
     "kept_blocks": "JSON: the unpruned model's indices of the blocks the pruned model keeps.",
     "shortgpt_block_influence": "ShortGPT: JSON, every block's Block Influence `1 - mean cos(X_i, X_{i+1})` over "
     "the calibration tokens, by block.",

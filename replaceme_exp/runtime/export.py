@@ -28,7 +28,14 @@ from replaceme_exp.estimation.fitting import label
 from replaceme_exp.models import adapter_for, load_model
 from replaceme_exp.models.fingerprint import weights_fingerprint
 from replaceme_exp.pipeline import JobSpec
-from replaceme_exp.surgery import apply_recipe, block_states_from_tensors, read_recipe, save_checkpoint
+from replaceme_exp.surgery import (
+    NETWORK_PREFIX,
+    apply_recipe,
+    block_states_from_tensors,
+    networks_from_tensors,
+    read_recipe,
+    save_checkpoint,
+)
 
 log = logging.getLogger("replaceme_exp.export")
 
@@ -75,7 +82,8 @@ def export_checkpoint(
     cuts = [tuple(cut) for cut in recipe["cuts"]]
     transforms = saved_transforms(transforms_file, recipe)
     states = block_states_from_tensors(load_file(str(transforms_file))) if recipe.get("block_states") else {}
-    kept = apply_recipe(adapter, cuts, transforms, recipe["lt_placement"], recipe["sequential"], states)
+    networks = networks_from_tensors(load_file(str(transforms_file)), NETWORK_PREFIX) if recipe.get("networks") else {}
+    kept = apply_recipe(adapter, cuts, transforms, recipe["lt_placement"], recipe["sequential"], states, networks)
     if kept != (recorded := recipe["metadata"].get("kept_blocks", kept)):
         raise ConfigError("RUN", config_hash, f"the recipe keeps blocks {kept}, the job kept {recorded}")
     target = Path(out) if out is not None else results_dir / "models" / config_hash

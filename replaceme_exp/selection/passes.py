@@ -63,6 +63,7 @@ class SelectionRequest:
     sequential: bool = False  # transforms estimated one after another on the partly pruned model
     settings: Any = None
     seed: int = 0
+    extra_blocks: int = 0  # blocks a cut spans beyond those it removes (LLM-Streamline's layer: 1)
 
 
 @dataclass
@@ -180,7 +181,8 @@ def select_and_capture(
             [list(c) for c in request.cuts], num_layers, request.merge_consecutive, request.touching_cuts
         )
     else:
-        candidates = candidate_cuts(num_layers, cut_length(request.n_prune, request.num_lts, num_layers))
+        length = cut_length(request.n_prune, request.num_lts, num_layers) + request.extra_blocks
+        candidates = candidate_cuts(num_layers, length)
         distances, stats = selection_distances(
             request, adapter, calibration, cache, candidates, needs_stats and not separate_data, extra_statistics
         )

@@ -1,0 +1,300 @@
+"""LLM-Streamline (objective=streamline_ffn / streamline_layer, experiment=llm_streamline /
+llm_streamline_layer): the cut's hidden states as the model computes them, the block run alone as
+inside the model, the official learning-rate schedule, training that lowers the loss, and the pruned
+models: the FFN variant equals a hand-built model with the FFN written out, the layer variant is a
+plain checkpoint with the trained block, and the export builds what save_model=full saves."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers.jobs import job_config, run_cli
+from helpers.models import tiny_model
+from safetensors.torch import load_file
+
+from replaceme_exp.data.batching import TokenBatch
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.estimation.streamline import (
+    BlockRunner,
+    SequenceStore,
+    capture_cut_states,
+    padded,
+    streamline_lr_factor,
+    train,
+)
+from replaceme_exp.models import adapter_for, load_model
+from replaceme_exp.models.replacement import ReplacementFFN
+from replaceme_exp.pipeline import JobSpec
+from replaceme_exp.results.store import ResultsStore
+from replaceme_exp.runtime import run_recorded
+from replaceme_exp.runtime.export import export_checkpoint
+from replaceme_exp.surgery import REPLACEMENT_NETWORKS_FILE, SEPARATE_TRANSFORMS_FILE, load_pruned
+
+TRAINED = ["objective.epochs=4", "objective.batch_size=4", "objective.grad_accumulation=1"]  # steps on 24 sequences
+
+
+def padded_batch(lengths: list[int], seq: int, side: str = "right", seed: int = 0) -> TokenBatch:
+    """Random ids, ``lengths`` real tokens per row, padded to ``seq`` on ``side``."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 128, (len(lengths), seq), generator=generator)
+    mask = torch.zeros(len(lengths), seq, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        if side == "right":
+            mask[i, :n] = 1
+        else:
+            mask[i, seq - n :] = 1
+    return TokenBatch(ids * mask, mask)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_cut_states_are_the_models_hidden_states_at_the_real_tokens(side):
+    model = tiny_model(num_layers=6, seed=3).eval()
+    adapter = adapter_for(model)
+    batch = padded_batch([9, 5, 12], 12, side)
+    store = SequenceStore()
+    capture_cut_states(adapter, [batch], (2, 5), store)
+    assert len(store) == 3 and store.n_tokens == 26
+    for i in range(3):  # each sequence alone, unpadded: the reference
+        real = batch.input_ids[i][batch.attention_mask[i].bool()][None]
+        with torch.no_grad():
+            hidden = model(real, output_hidden_states=True).hidden_states  # [embeddings, L_0, L_1, ...]
+        x, y, positions = store.get(i)
+        torch.testing.assert_close(x, hidden[2][0], rtol=1e-4, atol=1e-5)  # L_1: input of block 2
+        torch.testing.assert_close(y, hidden[5][0], rtol=1e-4, atol=1e-5)  # L_4: output of block 4
+        assert positions.tolist() == list(range(real.shape[1]))
+
+
+@pytest.mark.unit
+def test_a_block_run_alone_on_padded_sequences_gives_its_output_inside_the_model():
+    model = tiny_model(num_layers=4, seed=5).eval()
+    adapter = adapter_for(model)
+    store = SequenceStore()
+    capture_cut_states(adapter, [padded_batch([7, 11, 3], 11, "left", seed=1)], (2, 3), store)  # block 2 alone
+    x, y, positions, mask = padded([store.get(i) for i in range(3)], adapter.hidden_size)
+    with torch.no_grad():
+        out = BlockRunner(adapter, adapter.layers[2])(x, positions, mask)
+    real = mask.bool()
+    torch.testing.assert_close(out[real], y[real], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_the_schedule_is_the_official_lambda():
+    # the official code's numbers: lr 2e-4 -> 5e-5 over 100 steps after 1 of warm-up
+    assert streamline_lr_factor(0, 1.0, 100.0, 2e-4, 5e-5) == 0.0
+    assert streamline_lr_factor(1, 1.0, 100.0, 2e-4, 5e-5) == pytest.approx(1.0)
+    middle = (5e-5 + 0.5 * (1 + math.cos(math.pi * 0.5)) * 1.5e-4) / 2e-4
+    assert streamline_lr_factor(50.5, 1.0, 100.0, 2e-4, 5e-5) == pytest.approx(middle)
+    assert streamline_lr_factor(100, 1.0, 100.0, 2e-4, 5e-5) == pytest.approx(5e-5 / 2e-4)
+    # past the schedule's length the cosine turns back up (not clipped, as in the official code)
+    assert streamline_lr_factor(150, 1.0, 100.0, 2e-4, 5e-5) > streamline_lr_factor(100, 1.0, 100.0, 2e-4, 5e-5)
+
+
+def settings(**changes):
+    base = dict(
+        lr=3e-3, min_lr=3e-4, weight_decay=1e-3, betas=[0.9, 0.999], batch_size=4, grad_accumulation=2,
+        epochs=16, schedule_ratio=1.0, warmup_ratio=0.0, scheduler_steps="optimizer_step", max_grad_norm=5.0,
+    )  # fmt: skip
+    return SimpleNamespace(**{**base, **changes})
+
+
+@pytest.mark.unit
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["ffn", "layer"])
+def test_training_lowers_the_mse_of_the_replacement(variant):
+    model = tiny_model(num_layers=6, seed=2).eval()
+    adapter = adapter_for(model)
+    batches = [padded_batch([12, 9, 12, 7], 12, seed=s) for s in range(4)]
+    store = SequenceStore()
+    capture_cut_states(adapter, batches, (2, 5), store)
+    torch.manual_seed(0)
+    if variant == "ffn":
+        network = ReplacementFFN(adapter.hidden_size)
+
+        def forward(x, positions, mask):
+            return network(x)
+    else:
+        network = copy.deepcopy(adapter.layers[2]).requires_grad_(True)
+        forward = BlockRunner(adapter, network)
+    with torch.enable_grad():
+        run = train(network, forward, store, settings(), 0, adapter.hidden_size, torch.device("cpu"))
+    assert run.steps == 16 * 2 and len(run.loss_curve) == run.steps and run.micro_batches == 4
+    assert run.loss_after < 0.7 * run.loss_before and run.loss_curve[-1] < run.loss_curve[0]
+    # loss_after is the MSE over every token, computed again here by hand
+    x, y, positions, mask = padded([store.get(i) for i in range(len(store))], adapter.hidden_size)
+    with torch.no_grad():
+        error = ((forward(x, positions, mask) - y) ** 2).sum(-1)[mask.bool()]
+    assert run.loss_after == pytest.approx(float(error.sum()) / (int(mask.sum()) * adapter.hidden_size), rel=1e-5)
+
+
+@pytest.mark.unit
+def test_the_store_on_disk_gives_back_what_it_was_given(tmp_path):
+    store = SequenceStore("disk", str(tmp_path))
+    x, y, p = torch.randn(5, 8), torch.randn(5, 8), torch.arange(5)
+    store.put(x, y, p)
+    got = store.get(0)
+    assert all(torch.equal(a, b) for a, b in zip(got, (x, y, p))) and any(tmp_path.iterdir())
+    store.close()
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("num_lts=2", "num_lts"),
+        ("model.capture_4bit=true", "model.capture_4bit"),
+        ("mask_ratio=0.2", "mask_ratio"),
+        ("cuts=[[1,3],[4,5]]", "cuts"),
+        ("objective.betas=[0.9]", "objective.betas"),
+    ],
+)
+def test_what_cannot_act_is_refused_in_one_line(tmp_path, override, key):
+    with pytest.raises(ConfigError) as err:
+        JobSpec.from_config(job_config(tmp_path, "experiment=llm_streamline", override))
+    assert err.value.key == key
+
+
+@pytest.mark.unit
+def test_the_variants_name_their_method_and_settings_and_leave_other_hashes_alone(tmp_path):
+    ffn = JobSpec.from_config(job_config(tmp_path, "experiment=llm_streamline"))
+    layer = JobSpec.from_config(job_config(tmp_path, "experiment=llm_streamline_layer"))
+    assert ffn.setting_columns()["method"] == "LLM-Streamline (FFN)"
+    assert layer.setting_columns()["method"] == "LLM-Streamline (layer)"
+    assert ffn.setting_columns()["plain_checkpoint"] is False and layer.setting_columns()["plain_checkpoint"] is True
+    assert ffn.setting_columns()["replacement_settings"]["ffn_expansion"] == 4
+    assert "ffn_expansion" not in layer.identity()["objective"]  # no FFN is built: out of the hash
+    wider = JobSpec.from_config(job_config(tmp_path, "experiment=llm_streamline_layer", "objective.ffn_expansion=8"))
+    assert wider.config_hash == layer.config_hash
+    assert layer.selection_request().extra_blocks == 1 and ffn.selection_request().extra_blocks == 0
+
+
+def tiny_model_from(tmp_path):
+    """The jobs' tiny_llama (random weights from its seed), built as a job builds it."""
+    c = JobSpec.from_config(job_config(tmp_path / "reference")).config
+    return load_model(c.model, Path(c.cache_dir), None).model
+
+
+def checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
+    return {k: v for f in sorted(path.glob("model*.safetensors")) for k, v in load_file(f).items()}
+
+
+class BlockThenFFN(torch.nn.Module):
+    """A block followed by an FFN written out by hand: ``relu(h W1^T + b1) W2^T + b2``."""
+
+    def __init__(self, block, tensors: dict[str, torch.Tensor]):
+        super().__init__()
+        self.block, self.t = block, tensors
+
+    def forward(self, *args, **kwargs):
+        out = self.block(*args, **kwargs)
+        h = out[0] if isinstance(out, tuple) else out
+        t = self.t
+        h = torch.relu(h @ t["fc1.weight"].T + t["fc1.bias"]) @ t["fc2.weight"].T + t["fc2.bias"]
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_ffn_variant_equals_a_hand_built_model_with_its_ffn_and_exports_the_same(tmp_path):
+    overrides = ["experiment=llm_streamline", "eval.samples=null", *TRAINED]
+    light = run_recorded(job_config(tmp_path / "light", *overrides))
+    full = run_recorded(job_config(tmp_path / "full", *overrides, "save_model=full"))
+    assert light["status"] == full["status"] == "finished", (light.get("error"), full.get("error"))
+    assert light["method"] == "LLM-Streamline (FFN)" and light["plain_checkpoint"] is False
+    start, end = light["replaced_cut"]
+    assert light["cuts"] == [[start, end]] and light["n_prune"] == 2 == end - start
+    assert light["replacement_loss_after"] < light["replacement_loss_before"]
+    assert light["replacement_steps"] == 4 * 6 and light["time_estimate_s"] > 0
+    hidden = 64
+    assert light["replacement_params_added"] == 2 * 4 * hidden * hidden + 5 * hidden
+    base = adapter_for(tiny_model_from(tmp_path))
+    removed = sum(p.numel() for i in range(start, end) for p in base.layers[i].parameters())
+    assert light["params_after"] == light["params_before"] - removed + light["replacement_params_added"]
+
+    saved = Path(full["pruned_model_path"])
+    assert (saved / REPLACEMENT_NETWORKS_FILE).is_file()
+    ffn = {k.split(".", 2)[2]: v for k, v in load_file(saved / REPLACEMENT_NETWORKS_FILE).items()}
+    assert {k.split(".")[1] for k in load_file(saved / REPLACEMENT_NETWORKS_FILE)} == {str(start - 1)}
+
+    # by hand: the base model, the cut's blocks removed, the FFN written out after block start - 1
+    model = base.model
+    adapter = adapter_for(model)
+    adapter.keep_layers([i for i in range(6) if not start <= i < end])
+    adapter.layers[start - 1] = BlockThenFFN(adapter.layers[start - 1], ffn)
+    ids = torch.randint(0, 1000, (2, 16))
+    with torch.no_grad():
+        mine = model(ids).logits
+        theirs = load_pruned(saved).eval()(ids).logits
+    torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-4)
+    assert light["ppl_heldout"] == pytest.approx(full["ppl_heldout"], rel=1e-6)
+    evaluated = run_recorded(job_config(tmp_path / "eval", "job=evaluate", f"evaluate.checkpoint={saved}"))
+    assert evaluated["status"] == "finished" and evaluated["plain_checkpoint"] is False  # the FFN re-attached
+    assert evaluated["params"] == full["params_after"]
+    assert evaluated["ppl_heldout"] == pytest.approx(full["ppl_heldout"], rel=1e-5)
+
+    exported = export_checkpoint(tmp_path / "light", light["config_hash"])
+    assert checkpoint_tensors(exported).keys() == checkpoint_tensors(saved).keys()
+    assert all(torch.equal(checkpoint_tensors(exported)[k], v) for k, v in checkpoint_tensors(saved).items())
+    again = load_file(exported / REPLACEMENT_NETWORKS_FILE)
+    assert all(torch.equal(again[k], v) for k, v in load_file(saved / REPLACEMENT_NETWORKS_FILE).items())
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_layer_variant_is_a_plain_checkpoint_with_the_trained_block_and_exports_the_same(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    overrides = ["experiment=llm_streamline_layer", "eval.samples=null", *TRAINED]
+    light = run_recorded(job_config(tmp_path / "light", *overrides))
+    full = run_recorded(job_config(tmp_path / "full", *overrides, "save_model=full"))
+    assert light["status"] == full["status"] == "finished", (light.get("error"), full.get("error"))
+    assert light["method"] == "LLM-Streamline (layer)" and light["plain_checkpoint"] is True
+    start, end = light["replaced_cut"]
+    assert end - start == 3 and light["cuts"] == [[start + 1, end]] and light["n_prune"] == 2
+    assert light["kept_blocks"] == [i for i in range(6) if not start < i < end]
+    assert light["replacement_loss_after"] < light["replacement_loss_before"]
+    assert light["replacement_params_added"] == 0
+
+    saved = Path(full["pruned_model_path"])
+    assert not (saved / REPLACEMENT_NETWORKS_FILE).exists() and not (saved / SEPARATE_TRANSFORMS_FILE).exists()
+    plain = AutoModelForCausalLM.from_pretrained(saved).eval()  # no re-attachment needed
+    trained = {k.split(".", 2)[2]: v for k, v in load_file(light["transforms_path"]).items() if k.startswith("block.")}
+    assert {k.split(".")[1] for k in load_file(light["transforms_path"])} == {str(start)}
+    base = adapter_for(tiny_model_from(tmp_path))
+    removed = sum(p.numel() for i in range(start + 1, end) for p in base.layers[i].parameters())
+    assert light["params_after"] == light["params_before"] - removed
+    block = dict(adapter_for(plain).layers[start].named_parameters())
+    original = dict(base.layers[start].named_parameters())
+    assert trained.keys() == block.keys()
+    for name, value in trained.items():
+        torch.testing.assert_close(block[name], value, rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(block[n], original[n]) for n in block)  # training moved the block
+    kept_after = [i for i in range(end, 6)]  # the blocks after the cut, untouched, follow the trained one
+    for offset, index in enumerate(kept_after, start=start + 1):
+        later = dict(adapter_for(plain).layers[offset].named_parameters())
+        assert all(torch.equal(later[n], v) for n, v in base.layers[index].named_parameters())
+
+    exported = export_checkpoint(tmp_path / "light", light["config_hash"])
+    assert checkpoint_tensors(exported).keys() == checkpoint_tensors(saved).keys()
+    assert all(torch.equal(checkpoint_tensors(exported)[k], v) for k, v in checkpoint_tensors(saved).items())
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["llm_streamline", "llm_streamline_layer"])
+def test_each_preset_runs_end_to_end_from_the_command_line(tmp_path, preset):
+    proc, _ = run_cli(["debug=smoke", f"experiment={preset}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = ResultsStore(tmp_path).load().to_dict("records")
+    assert (
+        row["method"].startswith("LLM-Streamline")
+        and row["status"] == "finished"
+        and row["replacement"] == ("ffn" if preset == "llm_streamline" else "layer")
+    )
+    assert math.isfinite(row["ppl_heldout"]) and row["replacement_steps"] >= 1
