@@ -212,6 +212,12 @@ class JobSpec:
             data["healing"] = {"name": "none"}
         for key in NON_SEMANTIC_HEALING_KEYS:
             data["healing"].pop(key, None)
+        if data["healing"].get("loss") == "lm":  # keys added after the hashes were pinned: in it when they act
+            data["healing"].pop("loss")
+            data["healing"].pop("kl_topk")
+        if data["healing"].get("lr_schedule") == "constant":
+            data["healing"].pop("lr_schedule")
+            data["healing"].pop("min_lr_factor")
         if e.healing_master_weights != "float32":
             data["healing"].pop("master_weights", None)
         if not c.record_calibration_similarity:  # off: the hash every row had before the key existed
@@ -450,6 +456,8 @@ OBJECTIVE_METHOD_NAMES = {
     "elasticnet": "elastic net",
 }
 HEALING_METHOD_NAMES = {"lt_only": "LT healing", "full_model": "full healing", "lora": "LoRA healing"}
+# Objectives that are methods of their own, named without the ``ReplaceMe`` prefix.
+OWN_METHOD_NAMES = {"linear_patch": "LinearPatch"}
 
 
 def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str:
@@ -458,13 +466,17 @@ def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str
     chosen by the angular distance of last tokens: Gromov et al.), ``block removal`` (the same
     removal on a cut chosen otherwise, or given), and `` + LoRA healing`` (or LT / full) when the
     pruned model is trained afterwards."""
-    if r.fits_transform:
+    if c.objective.name in OWN_METHOD_NAMES:
+        method = OWN_METHOD_NAMES[c.objective.name]
+    elif r.fits_transform:
         objective = getattr(c.objective, "loss", None) or c.objective.name
         method = f"ReplaceMe {OBJECTIVE_METHOD_NAMES.get(objective, objective)}"
     else:
         method = "UIDL" if e.selection_metric == "angular_last" else "block removal"
     if c.healing.name != "none":
         method += f" + {HEALING_METHOD_NAMES.get(c.healing.name, c.healing.name + ' healing')}"
+        if c.healing.loss != "lm":
+            method += f" ({c.healing.loss})"
     return method
 
 

@@ -4,6 +4,8 @@ Each metric is registered under its config name with what it is computed from:
 
 - ``distance``: a per-token distance between ``L_{start-1}`` and ``L_{end-1}``, averaged over the
   tokens (all, or each sequence's last with ``selection.tokens=last``);
+- ``sequence``: a distance per calibration sequence between its ``L_{start-1}`` and ``L_{end-1}``,
+  averaged over the sequences (``channel_cosine``: LinearPatch's selection);
 - ``similarity``: a similarity per cut from streamed moments (sums, ``L_k^T L_k``, cross products:
   :class:`~replaceme_exp.capture.similarity.SimilarityStatistics`), the cut of largest similarity
   chosen (distance ``1 - similarity``); over all tokens only;
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from replaceme_exp.capture.similarity import CCA_RIDGE, linear_cka_per_cut, mean_cca_per_cut, pwcca_per_cut
-from replaceme_exp.capture.statistics import cosine_distance
+from replaceme_exp.capture.statistics import channel_cosine_distance, cosine_distance
 from replaceme_exp.registry import Registry
 
 
@@ -31,14 +33,18 @@ class SelectionMetric:
     """``kind``: ``distance``, ``similarity`` or ``statistics`` (module docstring); ``token_distance``
     ((n, d), (n, d) -> (n,)) for distances; ``similarity`` (SimilarityStatistics -> {cut: value})
     for similarities; ``from_statistics`` ({cut: LinearStats}, alpha -> {cut: distance}) for
-    statistics; ``criterion``: what else its cached distances depend on (a ridge, ...)."""
+    statistics; ``sequence_distance`` ((n_i, d), (n_i, d) -> ()) for sequences; ``criterion``: what
+    else its cached distances depend on (a ridge, ...); ``last_cut``: whether the cut ending at the
+    last block is a candidate (LinearPatch's code never compares with the final block's output)."""
 
     name: str
     kind: str
     token_distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     similarity: Callable | None = None
     from_statistics: Callable | None = None
+    sequence_distance: Callable | None = None
     criterion: str = ""
+    last_cut: bool = True
 
     @property
     def whole_sequence(self) -> bool:
@@ -48,7 +54,7 @@ class SelectionMetric:
     @property
     def takes_products(self) -> bool:
         """Computed from products of activations (their precision can move it)."""
-        return self.kind != "distance"
+        return self.kind in ("similarity", "statistics")
 
     @property
     def uses_statistics(self) -> bool:
@@ -81,6 +87,7 @@ def euclidean_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 register(SelectionMetric("cosine", "distance", token_distance=cosine_distance))
 register(SelectionMetric("angular", "distance", token_distance=angular_distance))
 register(SelectionMetric("l2", "distance", token_distance=euclidean_distance))
+register(SelectionMetric("channel_cosine", "sequence", sequence_distance=channel_cosine_distance, last_cut=False))
 register(SelectionMetric("cka", "similarity", similarity=linear_cka_per_cut))
 register(SelectionMetric("cca", "similarity", similarity=mean_cca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))
 register(SelectionMetric("pwcca", "similarity", similarity=pwcca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))
