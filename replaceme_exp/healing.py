@@ -18,7 +18,12 @@ lost (with lr 1e-5 and a bf16 weight of 0.02, whose spacing is 1.2e-4, plain Ada
 weight does not move it at all). ``model`` trains the model's own parameters (before 2026-11-24).
 The separate placement's trainable T is float32 likewise; the fused placement's always was.
 
-Training is a plain loop: Adam, ``batch_size`` windows of ``context_length`` tokens per micro-step,
+``healing.loss``: ``lm`` (next-token NLL, the default) or ``topk_kl`` (LinearPatch's distillation:
+the KL to the unpruned model's top-k next-token distribution of each window, taken before surgery,
+:func:`teacher_targets`).
+
+Training is a plain loop: Adam (or AdamW; a constant or cosine learning rate), ``batch_size``
+windows of ``context_length`` tokens per micro-step,
 ``gradient_accumulation_steps`` micro-steps per optimizer step, ``max_steps`` steps, cycling over
 the windows (reshuffled each epoch by ``seed``). Every mode ends as a model with the pruned
 architecture and no extra module, so it saves as a standard checkpoint.
@@ -238,14 +243,58 @@ def healing_windows(cfg: HealingConfig, tokenizer) -> TokenBatches:
 
 
 def _micro_batches(windows: TokenBatches, seed: int):
-    """Endless windows' batches, reshuffled each epoch; yields (epoch, batch)."""
+    """Endless windows' batches, reshuffled each epoch; yields (epoch, index, batch)."""
     order = list(range(len(windows.batches)))
     epoch = 0
     while True:
         random.Random(seed + epoch).shuffle(order)
         for i in order:
-            yield epoch, windows.batches[i]
+            yield epoch, i, windows.batches[i]
         epoch += 1
+
+
+@dataclass
+class TeacherTargets:
+    """The unpruned model's top-k next-token distribution on each healing batch (``loss=topk_kl``,
+    LinearPatch's offline distillation data): per batch, ``probs`` (batch, seq, k) float16, the
+    softmax over the top-k logits alone, and ``indices`` (batch, seq, k) int32, their token ids."""
+
+    probs: list[torch.Tensor]
+    indices: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.probs, *self.indices]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@torch.no_grad()
+def teacher_targets(model, windows: TokenBatches, topk: int) -> TeacherTargets:
+    """:class:`TeacherTargets` of ``model`` (the unpruned model, before surgery) on ``windows``:
+    ``softmax(topk(logits))`` at every position, as the official ``get_offline_dataset`` stores them
+    (float16 probabilities)."""
+    device = model.get_input_embeddings().weight.device
+    probs, indices = [], []
+    for batch in windows.batches:
+        logits = model(
+            input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device), use_cache=False
+        ).logits
+        top, index = torch.topk(logits.float(), int(topk), dim=-1)
+        probs.append(torch.softmax(top, dim=-1).half().cpu())
+        indices.append(index.to(torch.int32).cpu())
+    return TeacherTargets(probs, indices)
+
+
+def topk_kl_loss(logits: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the non-padding positions of ``KL(t || softmax(s))`` on the teacher's top-k tokens:
+    ``t`` = ``probs`` (batch, seq, k), ``s`` = the student's ``logits`` (batch, seq, vocab) gathered at
+    ``indices`` and renormalised over those k (LinearPatch's ``output_kl``: ``KLDivLoss(batchmean)``
+    of a single 2048-token window divided by its length)."""
+    student = torch.log_softmax(logits.float().gather(-1, indices.long().to(logits.device)), dim=-1)
+    target = probs.to(logits.device, torch.float32)
+    per_token = (torch.xlogy(target, target) - target * student).sum(-1)
+    weight = mask.to(per_token.device, per_token.dtype)
+    return (per_token * weight).sum() / weight.sum().clamp(min=1)
 
 
 def set_activation_checkpointing(model, enabled: bool) -> None:
@@ -273,9 +322,30 @@ def _lm_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tu
     return loss, int((targets != -100).sum())
 
 
-def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBatches, cfg: HealingConfig, mode: str):
-    """Adam on ``parameters`` (everything else frozen) with the LM loss for ``cfg.max_steps`` steps.
-    Returns a :class:`HealingResult`."""
+def make_optimizer(parameters: list[torch.Tensor], cfg: HealingConfig):
+    """``healing.optimizer`` (Adam, or AdamW with decoupled weight decay) and its learning-rate
+    scheduler (None for ``lr_schedule=constant``; ``cosine``: annealed over ``max_steps`` steps to
+    ``lr / min_lr_factor``, stepped once per optimiser step, as LinearPatch's distillation)."""
+    kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    optimizer = kind(parameters, lr=float(cfg.lr), betas=tuple(cfg.betas), weight_decay=float(cfg.weight_decay))
+    scheduler = None
+    if cfg.lr_schedule == "cosine":
+        eta_min = float(cfg.lr) / float(cfg.min_lr_factor)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=int(cfg.max_steps), eta_min=eta_min)
+    return optimizer, scheduler
+
+
+def train_language_model(
+    model,
+    parameters: list[nn.Parameter],
+    windows: TokenBatches,
+    cfg: HealingConfig,
+    mode: str,
+    targets: TeacherTargets | None = None,
+):
+    """``healing.optimizer`` on ``parameters`` (everything else frozen) for ``cfg.max_steps`` steps,
+    with the LM loss or (``targets``: ``loss=topk_kl``) the KL to the teacher's top-k distribution of
+    each window. Returns a :class:`HealingResult`."""
     device = model.get_input_embeddings().weight.device
     trainable = {id(p) for p in parameters}
     frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
@@ -287,9 +357,7 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
     if checkpointing:
         set_activation_checkpointing(model, True)
     masters = MasterWeights(parameters, enabled=cfg.master_weights == "float32")
-    optimizer = torch.optim.Adam(
-        masters.optimised, lr=float(cfg.lr), betas=tuple(cfg.betas), weight_decay=float(cfg.weight_decay)
-    )
+    optimizer, scheduler = make_optimizer(masters.optimised, cfg)
     max_grad_norm = cfg.max_grad_norm
     steps, accumulate, log_every = int(cfg.max_steps), int(cfg.gradient_accumulation_steps), int(cfg.log_every)
     batches = _micro_batches(windows, int(cfg.seed))
@@ -304,10 +372,17 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
                 for _ in range(accumulate):
-                    epoch, batch = next(batches)
-                    loss, n = _lm_loss(model, batch.input_ids.to(device), batch.attention_mask.to(device))
+                    epoch, index, batch = next(batches)
+                    input_ids, attention_mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+                    if targets is None:
+                        loss, n = _lm_loss(model, input_ids, attention_mask)
+                    else:
+                        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+                        loss = topk_kl_loss(logits, targets.probs[index], targets.indices[index], attention_mask)
+                        n = int(attention_mask.sum())
                     if not torch.isfinite(loss):
-                        raise ConfigError("healing.lr", cfg.lr, f"the LM loss became {float(loss)} at step {step}")
+                        reason = f"the {cfg.loss} loss became {float(loss)} at step {step}"
+                        raise ConfigError("healing.lr", cfg.lr, reason)
                     (loss / accumulate).backward()
                     step_loss += float(loss.detach()) / accumulate
                     tokens += n
@@ -316,6 +391,8 @@ def train_language_model(model, parameters: list[nn.Parameter], windows: TokenBa
                 if max_grad_norm:
                     torch.nn.utils.clip_grad_norm_(masters.optimised, float(max_grad_norm))
                 optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
                 masters.write_back()
                 window_losses.append(step_loss)
                 if step % log_every == 0 or step == steps:
@@ -376,24 +453,28 @@ def heal(
     windows: TokenBatches,
     cfg: HealingConfig,
     trainable: TrainableTransforms | None = None,
+    targets: TeacherTargets | None = None,
 ) -> HealingResult:
     """Fine-tune ``adapter.model`` in place according to ``cfg`` (the ``healing`` group) on
     ``windows``; ``trainable``: the transforms that ``lt_only`` trains
-    (:func:`attach_trainable_transforms`). The model ends with the pruned architecture and no
-    extra module. Returns what the training did."""
+    (:func:`attach_trainable_transforms`); ``targets``: the unpruned model's top-k distributions on
+    ``windows`` (``loss=topk_kl``, :func:`teacher_targets`). The model ends with the pruned
+    architecture and no extra module. Returns what the training did."""
     mode = cfg.name
     model = adapter.model
+    if cfg.loss == "topk_kl" and targets is None:
+        raise ConfigError("healing.loss", cfg.loss, "needs the unpruned model's top-k targets, taken before surgery")
     if mode == "lt_only":
         if trainable is None or not trainable.parameters:
             raise ConfigError("healing", mode, "the job has no transform to train")
-        result = train_language_model(model, list(trainable.parameters.values()), windows, cfg, mode)
+        result = train_language_model(model, list(trainable.parameters.values()), windows, cfg, mode, targets)
         result.transform_change = fuse_trained_transforms(adapter, trainable)
         return result
     if mode == "full_model":
         parameters = [p for p in model.parameters() if p.is_floating_point()]
-        return train_language_model(model, parameters, windows, cfg, mode)
+        return train_language_model(model, parameters, windows, cfg, mode, targets)
     if mode == "lora":
-        return heal_with_lora(adapter, windows, cfg)
+        return heal_with_lora(adapter, windows, cfg, targets)
     raise ConfigError("healing.name", mode, f"choose none or one of {HEALING_MODES}")
 
 
@@ -412,14 +493,16 @@ def with_lora_adapters(adapter: DecoderAdapter, cfg: HealingConfig):
         return get_peft_model(adapter.model, config, autocast_adapter_dtype=True)
 
 
-def heal_with_lora(adapter: DecoderAdapter, windows: TokenBatches, cfg: HealingConfig) -> HealingResult:
+def heal_with_lora(
+    adapter: DecoderAdapter, windows: TokenBatches, cfg: HealingConfig, targets: TeacherTargets | None = None
+) -> HealingResult:
     """LoRA adapters from peft on the configured modules of ``adapter.model``, trained, then merged
     into the base weights (``merge_and_unload``): the model object keeps its modules, now with
     ``W + B A * alpha / r`` in the targeted linears."""
     model = adapter.model
     peft_model = with_lora_adapters(adapter, cfg)
     parameters = [p for p in peft_model.parameters() if p.requires_grad]
-    result = train_language_model(peft_model, parameters, windows, cfg, "lora")
+    result = train_language_model(peft_model, parameters, windows, cfg, "lora", targets)
     merged = peft_model.merge_and_unload()
     if merged is not model:  # merge_and_unload returns the base model object, modified in place
         raise RuntimeError("peft returned another model object after merging")

@@ -362,6 +362,8 @@ def test_every_shipped_option_passes_validation_and_resolves(group, option):
         overrides.append("objective=cosine")  # the official code's Adam-path structures (objective=ls refuses them)
     if (group, option) in {("selection", "shortgpt"), ("selection", "sleb"), ("selection", "laco")}:
         overrides.append("objective=identity")  # removals by search fit nothing (objective=ls refuses them)
+    if (group, option) == ("objective", "linear_patch"):
+        overrides.append("lt_placement=separate")  # the patch multiplies the whole block output (fused is refused)
     vision = {("model", "clip_vit_l14"), ("model", "tiny_clip"), ("eval", "clip"), ("eval", "clip_offline")}
     if (group, option) in vision or option in ("bundled_images", "image_folder", "hub_images"):
         overrides += [

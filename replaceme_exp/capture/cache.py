@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from replaceme_exp.capture.channel_scales import ChannelScales
 from replaceme_exp.capture.similarity import Similarities
 from replaceme_exp.capture.statistics import Cut, LinearStats
 from replaceme_exp.storage import (
@@ -32,7 +33,7 @@ from replaceme_exp.storage import (
 log = logging.getLogger(__name__)
 
 # Semantics version per kind of entry: bump when the code changes what an entry holds.
-CACHE_VERSIONS = {"distances": 2, "layer_distances": 2, "linear": 2, "similarity": 1}
+CACHE_VERSIONS = {"distances": 2, "layer_distances": 2, "linear": 2, "similarity": 1, "channel_scales": 1}
 
 _swept: set[Path] = set()  # cache folders whose killed writers' leftovers this process removed
 
@@ -142,5 +143,22 @@ class StatisticsCache:
                 "mtr": stats.mtr.cpu(),
                 "r_sq": torch.tensor(stats.r_sq, dtype=torch.float64),
                 "n_tokens": torch.tensor(stats.n_tokens),
+            },
+        )
+
+    def get_channel_scales(self, cut: Cut, rotate: bool) -> ChannelScales | None:
+        """LinearPatch's summed per-sequence channel ratios of ``cut`` (``rotate``: Hadamard-rotated)."""
+        p = self._load(self._entry("channel_scales", cut=list(cut), rotate=bool(rotate)))
+        if p is None:
+            return None
+        return ChannelScales(cut, p["ratio_sum"], int(p["n_sequences"]), int(p["n_tokens"]), bool(rotate))
+
+    def put_channel_scales(self, found: ChannelScales) -> None:
+        self._save(
+            self._entry("channel_scales", cut=list(found.cut), rotate=bool(found.rotate)),
+            {
+                "ratio_sum": found.ratio_sum.cpu(),
+                "n_sequences": torch.tensor(found.n_sequences),
+                "n_tokens": torch.tensor(found.n_tokens),
             },
         )

@@ -50,19 +50,36 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
 
 
+def channel_cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One sequence's ``1 - mean_c cos(a[:, c], b[:, c])``: the cosine of each channel's values over
+    the sequence's tokens, averaged over channels; (n, d), (n, d) -> () float32. LinearPatch's
+    selection (``torch.cosine_similarity`` of (1, seq, hidden) block inputs at its default
+    ``dim=1``, the token axis, averaged)."""
+    return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=0).mean()
+
+
 class CutDistances:
     """Mean per-token distance between ``L_{start-1}`` and ``L_{end-1}`` for every cut.
 
     ``distance``: a per-token distance, (n, d), (n, d) -> (n,) (the selection metric's; default the
     paper's ``1 - cos``). ``tokens``: ``all`` non-padding tokens or each sequence's ``last``.
+    ``sequence_distance``: instead, one distance per sequence, (n_i, d), (n_i, d) -> (), averaged
+    over sequences (every sequence counts once, whatever its length).
     """
 
     takes_padding = False  # padded positions are not data: never compared
 
-    def __init__(self, cuts: list[Cut], distance: Callable = cosine_distance, tokens: str = "all"):
+    def __init__(
+        self,
+        cuts: list[Cut],
+        distance: Callable = cosine_distance,
+        tokens: str = "all",
+        sequence_distance: Callable | None = None,
+    ):
         if tokens not in ("all", "last"):
             raise ValueError(f"selection.tokens={tokens!r}: choose all or last")
         self.cuts, self.distance, self.tokens = list(cuts), distance, tokens
+        self.sequence_distance = sequence_distance
         self.sums = {cut: 0.0 for cut in self.cuts}
         self.counts = {cut: 0 for cut in self.cuts}
 
@@ -74,6 +91,14 @@ class CutDistances:
 
         def update(acts: dict, tokens: BatchTokens) -> None:
             a, b = acts[before], acts[after]
+            if self.sequence_distance is not None:
+                ends = tokens.last_rows.long() + 1
+                lengths = torch.diff(ends, prepend=ends.new_zeros(1)).tolist()
+                for x, y in zip(a.split(lengths), b.split(lengths)):
+                    if x.shape[0]:
+                        self.sums[cut] += float(self.sequence_distance(x, y))
+                        self.counts[cut] += 1
+                return
             if self.tokens == "last":
                 a, b = a[tokens.last_rows], b[tokens.last_rows]
             dist = self.distance(a, b)

@@ -382,6 +382,13 @@ class LeastSquaresObjectiveConfig(ObjectiveConfig):
 
 
 @Group
+class LinearPatchObjectiveConfig(ObjectiveConfig):
+    """objective=linear_patch (LinearPatch): the Hadamard-rotated channel scaling at the cut."""
+
+    rotate: bool = key(True, doc="Hadamard rotation around the channel scaling (false: the diagonal patch)")
+
+
+@Group
 class NumericalObjectiveConfig(ObjectiveConfig):
     loss: Literal["cosine", "cosine_exact", "mse", "elasticnet"] = key(doc="the loss minimised over T")
     solver: Literal["adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg"] = key("adam", doc="the optimiser")
@@ -487,8 +494,16 @@ class LoraConfig:
 @Group
 class HealingConfig:
     name: Literal["none", "lt_only", "full_model", "lora"] = key(doc="what is trained after pruning")
-    optimizer: Literal["adam"] = key("adam", doc="the optimiser")
+    optimizer: Literal["adam", "adamw"] = key("adam", doc="the optimiser (adamw: decoupled weight decay)")
     lr: float = key(doc="learning rate", check=finite_positive)
+    lr_schedule: Literal["constant", "cosine"] = key(
+        "constant", doc="constant, or cosine annealing over max_steps down to lr / min_lr_factor"
+    )
+    min_lr_factor: float = key(20.0, doc="lr_schedule=cosine: the last lr is lr / min_lr_factor", check=finite_positive)
+    loss: Literal["lm", "topk_kl"] = key(
+        "lm", doc="lm: next-token NLL; topk_kl: KL to the unpruned model's top-k next-token distribution"
+    )
+    kl_topk: int = key(50, doc="loss=topk_kl: the teacher's top tokens kept per position", check=positive_int)
     betas: list[float] = key([0.9, 0.999], doc="Adam's betas")
     weight_decay: float = key(0.0, doc="weight decay", check=finite_non_negative)
     max_grad_norm: Optional[float] = key(None, doc="gradient clipping (null: none)", check=finite_positive)
@@ -714,7 +729,13 @@ SHAPE_REGISTRIES: dict[str, tuple[str, str]] = {"calibration": ("source", "calib
 GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "model": (PretrainedModelConfig, RandomModelConfig),
     "selection": (SelectionConfig, ShortGptSelectionConfig, SlebSelectionConfig, LacoSelectionConfig),
-    "objective": (ObjectiveConfig, LeastSquaresObjectiveConfig, NumericalObjectiveConfig, ReplacementObjectiveConfig),
+    "objective": (
+        ObjectiveConfig,
+        LeastSquaresObjectiveConfig,
+        LinearPatchObjectiveConfig,
+        NumericalObjectiveConfig,
+        ReplacementObjectiveConfig,
+    ),
     "estimation": (EstimationConfig,),
     "regularizer": (RegularizerConfig,),
     "structure": (StructureConfig,),

@@ -25,27 +25,33 @@ class Requirements:
     """What an estimator needs from a job and what it accepts.
 
     ``statistics``: the LS statistics (``M^T M``, ``M^T R``) of its cuts; ``tokens``: a token store
-    of per-token activations (numerical objectives); ``fits_transform``: it returns a T
+    of per-token activations (numerical objectives); ``channel_scales``: per-sequence channel
+    magnitude ratios across each cut over all non-padding tokens (LinearPatch,
+    :mod:`replaceme_exp.capture.channel_scales`; ``estimation.tokens`` does not act on them);
+    ``fits_transform``: it returns a T
     (``healing=lt_only`` trains it; False: the blocks are removed, nothing fused); ``uses_alpha``:
     ``alpha`` regularises it, on the scale ``alpha_scale`` ("token_sum": added to statistics summed
     over tokens, ridge ``(M^T M + alpha I)^{-1} M^T R``, the official code's convention;
     "token_mean": added to the mean per-token loss, the paper's cosine alphas); ``regularizers`` and
     ``structures``: what it can apply (``structures_without_alpha``: those whose solution ``alpha``
-    does not change); ``solver`` / ``solver_schedule``: the solver and the schedule
-    it really runs (None for closed forms); ``method``: the pruning method it makes, by name, when
-    it is not ReplaceMe with a transform of its objective (``LinearPatch``; the row's ``method``);
-    ``replacement``: a trained network replaces the cut instead of a T (LLM-Streamline: ``"ffn"``,
-    a new FFN after the block before the cut; ``"layer"``, the cut's first block retrained, so
-    its selected cut spans one block more than it removes)."""
+    does not change); ``placements``: the ``lt_placement`` values it applies in; ``solver`` /
+    ``solver_schedule``: the solver and the schedule it really runs (None for closed forms);
+    ``method``: the pruning method it makes, by name, when it is not ReplaceMe with a transform of
+    its objective (``LinearPatch``; the row's ``method``); ``replacement``: a trained network
+    replaces the cut instead of a T (LLM-Streamline: ``"ffn"``, a new FFN after the block before
+    the cut; ``"layer"``, the cut's first block retrained, so its selected cut spans one block more
+    than it removes)."""
 
     statistics: bool
     tokens: bool = False
+    channel_scales: bool = False
     fits_transform: bool = True
     uses_alpha: bool = True
     alpha_scale: str | None = "token_sum"
     regularizers: tuple[str, ...] = ("none", "l2")
     structures: tuple[str, ...] = STRUCTURES
     structures_without_alpha: tuple[str, ...] = ()
+    placements: tuple[str, ...] = ("fused", "separate")
     solver: str | None = None
     solver_schedule: str | None = None
     method: str | None = None
@@ -64,6 +70,7 @@ class Estimator:
     name: str = "estimator"
     needs_statistics: bool = True  # LS statistics of its cuts
     needs_tokens: bool = False  # a token store of per-token activations
+    needs_channel_scales: bool = False  # per-sequence channel magnitude ratios (LinearPatch)
     fits_transform: bool = True  # returns a T (healing=lt_only trains it); False: plain removal
     uses_alpha: bool = True  # regularised by ``alpha``
     alpha_scale: str | None = "token_sum"  # see :class:`Requirements`

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from replaceme_exp.capture import LinearStatistics, run_capture
+from replaceme_exp.capture.channel_scales import ChannelScales, ChannelScaleStatistics
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.statistics import LinearStats, TokenCollector
 from replaceme_exp.capture.token_rules import TokenRule
@@ -58,6 +59,8 @@ class Fit:
     store_location: str | None = None
     alpha_effect: dict[str, float | None] = field(default_factory=dict)
     gram_mean_eigenvalue: dict[str, float] = field(default_factory=dict)
+    patch_sequences: dict[str, int] = field(default_factory=dict)
+    patch_scale_gap: dict[str, float] = field(default_factory=dict)
 
     def columns(self) -> dict:
         """``transform_rms``: each cut's ``||T||_F / sqrt(d)`` (1 for T = I; how a penalty or a
@@ -65,6 +68,8 @@ class Fit:
         ``alpha_effect`` (:func:`alpha_effect`) and ``gram_mean_eigenvalue`` (``trace(M^T M) / d``,
         the scale a token-sum alpha acts against)."""
         out: dict = {"fit_tokens": self.fit_tokens}
+        if self.patch_sequences:  # LinearPatch: sequences averaged, mean |s - 1| (the official "gap")
+            out.update(patch_sequences=self.patch_sequences, patch_scale_gap=self.patch_scale_gap)
         if self.alpha_effect:
             out.update(alpha_effect=self.alpha_effect, gram_mean_eigenvalue=self.gram_mean_eigenvalue)
         rms = {label(c): float(t.norm() / t.shape[0] ** 0.5) for c, t in self.transforms.items() if t is not None}
@@ -98,6 +103,8 @@ class Fit:
             self.store_location,
             move(self.alpha_effect),
             move(self.gram_mean_eigenvalue),
+            move(self.patch_sequences),
+            move(self.patch_scale_gap),
         )
 
     def merged(self, other: "Fit") -> "Fit":
@@ -110,6 +117,8 @@ class Fit:
             other.store_location or self.store_location,
             {**self.alpha_effect, **other.alpha_effect},
             {**self.gram_mean_eigenvalue, **other.gram_mean_eigenvalue},
+            {**self.patch_sequences, **other.patch_sequences},
+            {**self.patch_scale_gap, **other.patch_scale_gap},
         )
 
 
@@ -174,6 +183,43 @@ def fit_from_tokens(
     return fit
 
 
+def channel_scales(
+    adapter, batches: TokenBatches, cuts: list[Cut], rotate: bool, cache=None
+) -> dict[Cut, ChannelScales]:
+    """The :class:`ChannelScales` of ``cuts`` over ``batches``: from ``cache`` (a
+    :class:`~replaceme_exp.capture.cache.StatisticsCache` of the model and batches; None: none) where
+    present, the rest in one capture pass (stored in the cache)."""
+    found = {}
+    for cut in cuts:
+        if cache is not None and (cached := cache.get_channel_scales(cut, rotate)) is not None:
+            found[cut] = cached
+    if missing := [cut for cut in cuts if cut not in found]:
+        accumulator = ChannelScaleStatistics(missing, adapter.hidden_size, input_device(adapter), rotate)
+        with stage("capture", "capture (channel scales)"):
+            run_capture(adapter, batches, [accumulator], desc="capture (channel scales)")
+        for cut, scales in accumulator.result().items():
+            if scales.n_sequences == 0:
+                reason = f"leaves no calibration sequence for cut {list(cut)}"
+                raise ConfigError("calibration.n_samples", len(batches.batches), reason)
+            if cache is not None:
+                cache.put_channel_scales(scales)
+            found[cut] = scales
+    return found
+
+
+def fit_from_channel_scales(adapter, batches: TokenBatches, estimator: Estimator, cuts: list[Cut], cache=None) -> Fit:
+    """LinearPatch: each cut's patch from its channel scales (:func:`channel_scales`)."""
+    scales = channel_scales(adapter, batches, cuts, bool(getattr(estimator, "rotate", True)), cache)
+    fit = Fit({})
+    with stage("estimate"):
+        for cut in cuts:
+            fit.transforms[cut] = estimator.estimate(scales[cut], 0.0)
+            fit.fit_tokens[label(cut)] = scales[cut].n_tokens
+            fit.patch_sequences[label(cut)] = scales[cut].n_sequences
+            fit.patch_scale_gap[label(cut)] = float((scales[cut].scales - 1).abs().mean())
+    return fit
+
+
 def fit_transforms(
     adapter,
     batches: TokenBatches,
@@ -181,10 +227,14 @@ def fit_transforms(
     cuts: list[Cut],
     stats: dict[Cut, LinearStats],
     request: FitRequest,
+    cache=None,
 ) -> Fit:
-    """T for each cut (None = identity), from statistics or from stored tokens; a non-finite T fails
-    the stage naming its cut."""
-    if estimator.needs_tokens:
+    """T for each cut (None = identity), from statistics, from stored tokens or (LinearPatch) from
+    channel scales (``cache``: where those are kept for the model and ``batches``; None: not kept);
+    a non-finite T fails the stage naming its cut."""
+    if estimator.needs_channel_scales:
+        fit = fit_from_channel_scales(adapter, batches, estimator, cuts, cache)
+    elif estimator.needs_tokens:
         fit = fit_from_tokens(adapter, batches, estimator, cuts, stats, request)
     else:
         for cut in cuts:

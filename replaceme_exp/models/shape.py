@@ -28,11 +28,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ModelShape:
     """``num_layers``: the blocks an adapter sees; ``max_positions``: the longest sequence a text
-    model's position embeddings take (None: no limit known, or a vision encoder)."""
+    model's position embeddings take (None: no limit known, or a vision encoder); ``hidden_size``:
+    the width of the blocks' residual stream."""
 
     num_layers: int
     max_positions: int | None
     model: nn.Module  # on the meta device: parameter counts and block structure, no storage
+    hidden_size: int | None = None
 
 
 _IMPORTS = threading.Lock()
@@ -143,4 +145,5 @@ def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> Mo
         reason = f"num_attention_heads={text.num_attention_heads} is not a multiple of num_key_value_heads={kv_heads}"
         raise ConfigError(*_named(cfg, "num_key_value_heads"), reason)
     positions = None if is_vision_config(cfg) else getattr(text, "max_position_embeddings", None)
-    return ModelShape(num_layers=num_layers, max_positions=positions, model=model)
+    hidden = getattr(text, "hidden_size", None)
+    return ModelShape(num_layers=num_layers, max_positions=positions, model=model, hidden_size=hidden)

@@ -27,7 +27,7 @@ from replaceme_exp.estimation.fitting import Fit, fit_transforms, label
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.calibration_similarity import calibration_similarity_columns
 from replaceme_exp.evaluation.heldout import heldout_distances, sequential_checks
-from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows
+from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows, teacher_targets
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.loading import LoadedModel, resolve_dtype
 from replaceme_exp.pipeline.modality import MODALITIES, Calibration, JobPaths
@@ -57,6 +57,7 @@ CACHED_STAGE_NAMES = {
     "harness": "baseline_harness",
     "dist_before": "dist_before",
     "similarity": "calibration_similarity",
+    "channel_scales": "channel_scales",
 }
 
 
@@ -218,6 +219,7 @@ class PruningJob:
                 self.selection.cuts,
                 self.selection.stats,
                 dataclasses.replace(self.spec.fit_request(), composed=self.selection.composed),
+                cache=self.stats_cache,
             )
             self.record(self.fit.columns())
 
@@ -269,6 +271,7 @@ class PruningJob:
     def prune(self) -> None:
         """Each transform checked on held-out data, then the blocks removed and the transforms fused."""
         c = self.config
+        self.take_teacher_targets()
         # lt_only trains T itself, against the fusion targets' unfused weights (copied before surgery)
         self.unfused = {}
         if c.healing.name == "lt_only" and c.lt_placement == "fused":
@@ -358,14 +361,29 @@ class PruningJob:
             run_capture(self.adapter, self.calibration.estimation, [accumulator], desc=f"capture (stage {list(cut)})")
         return accumulator.result()
 
+    def take_teacher_targets(self) -> None:
+        """``healing.loss=topk_kl``: the healing windows and the unpruned model's top-k next-token
+        distribution on them, before surgery removes the blocks (LinearPatch's offline data)."""
+        c = self.config
+        self.healing_windows, self.targets = None, None
+        if c.healing.name == "none" or c.healing.loss != "topk_kl":
+            return
+        with stage("data", "healing data"):
+            self.healing_windows = healing_windows(c.healing, self.loaded.tokenizer)
+        with stage("heal", "teacher top-k targets"):
+            self.targets = teacher_targets(self.loaded.model, self.healing_windows, int(c.healing.kl_topk))
+        self.record({"healing_teacher_gb": self.targets.nbytes / 2**30})
+
     def heal(self) -> None:
         """Fine-tune the pruned model (``healing``) and measure it again."""
         c = self.config
         if c.healing.name == "none":
             return
         self.row["ppl_heldout_before_healing"] = self.row.pop("ppl_heldout")
-        with stage("data", "healing data"):
-            windows = healing_windows(c.healing, self.loaded.tokenizer)
+        windows = self.healing_windows
+        if windows is None:
+            with stage("data", "healing data"):
+                windows = healing_windows(c.healing, self.loaded.tokenizer)
         self.record({"healing_windows": windows.n_sequences})
         trainable = None
         if c.healing.name == "lt_only":
@@ -374,7 +392,7 @@ class PruningJob:
                 self.adapter, self.fit.transforms, self.kept, self.unfused, c.lt_placement, float32
             )
         with stage("heal", f"healing ({c.healing.name})"):
-            result = heal(self.adapter, windows, c.healing, trainable)
+            result = heal(self.adapter, windows, c.healing, trainable, self.targets)
         self.record(result.columns())
         self.record(self.modality.quality(self.loaded, self.heldout, healed=True))
 

@@ -26,6 +26,7 @@ from replaceme_exp.data.files import check_readable, check_text
 from replaceme_exp.data.hub import HubDataset, require_available
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Requirements
+from replaceme_exp.estimation.linear_patch import check_hidden_size
 from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets, benchmark_task
 from replaceme_exp.evaluation.task_datasets import suite_datasets
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
@@ -141,9 +142,9 @@ def check_given_together(c: schema.JobConfig, given: set[str]) -> None:
 
 
 def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
-    """The keys that need the model's depth or positions, against its config (before the load):
-    the cuts (or ``n_prune`` and ``num_lts``) fit its blocks, no sequence is longer than its
-    position embeddings."""
+    """The keys that need the model's depth, width or positions, against its config (before the
+    load): the cuts (or ``n_prune`` and ``num_lts``) fit its blocks, LinearPatch's rotation has a
+    Hadamard matrix of its hidden size, no sequence is longer than its position embeddings."""
     if c.job == "prune":
         if c.cuts is not None:
             validate_cuts(c.cuts, shape.num_layers, c.merge_consecutive, c.touching_cuts)
@@ -164,6 +165,9 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
             if getattr(c.objective, "replacement", None) == "layer" and length + 1 > shape.num_layers - 1:
                 reason = f"objective={c.objective.name} retrains one block of a cut of n_prune + 1 blocks: "
                 raise ConfigError("n_prune", c.n_prune, reason + f"at most {shape.num_layers - 2} here")
+        rotates = isinstance(c.objective, schema.LinearPatchObjectiveConfig) and c.objective.rotate
+        if rotates and shape.hidden_size is not None:
+            check_hidden_size(shape.hidden_size)
     if shape.max_positions is None:
         return
     lengths = [("eval.seq_len", getattr(c.eval, "seq_len", None))]
@@ -288,6 +292,9 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
             )
     if needs.fits_transform and c.structure.name not in needs.structures:
         raise ConfigError("structure", c.structure.name, f"objective={name} supports {' or '.join(needs.structures)}")
+    if needs.fits_transform and c.lt_placement not in needs.placements:
+        reason = f"objective={name} is applied with lt_placement={' or '.join(needs.placements)}"
+        raise ConfigError("lt_placement", c.lt_placement, reason)
     if needs.uses_alpha and c.alpha != 0 and c.structure.name in needs.structures_without_alpha:
         reason = f"has no effect with structure={c.structure.name} and objective={name} (its solution ignores alpha)"
         raise ConfigError("alpha", c.alpha, reason + "; use alpha=0")

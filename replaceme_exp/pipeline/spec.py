@@ -224,6 +224,12 @@ class JobSpec:
             data["healing"] = {"name": "none"}
         for key in NON_SEMANTIC_HEALING_KEYS:
             data["healing"].pop(key, None)
+        if data["healing"].get("loss") == "lm":  # keys added after the hashes were pinned: in it when they act
+            data["healing"].pop("loss")
+            data["healing"].pop("kl_topk")
+        if data["healing"].get("lr_schedule") == "constant":
+            data["healing"].pop("lr_schedule")
+            data["healing"].pop("min_lr_factor")
         if e.healing_master_weights != "float32":
             data["healing"].pop("master_weights", None)
         if not c.record_calibration_similarity:  # off: the hash every row had before the key existed
@@ -504,6 +510,8 @@ def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str
         method = "UIDL" if e.selection_metric == "angular_last" else "block removal"
     if c.healing.name != "none":
         method += f" + {HEALING_METHOD_NAMES.get(c.healing.name, c.healing.name + ' healing')}"
+        if c.healing.loss != "lm":
+            method += f" ({c.healing.loss})"
     return method
 
 

@@ -208,6 +208,9 @@ MEASURED_COLUMNS: dict[str, str] = {
     "alpha_effect": "Per cut, with a closed-form fit and alpha > 0: `||T(alpha) - T(0)||_F / ||T(0)||_F` "
     "(below the dtype's resolution: alpha did nothing; the sweep summary says so).",
     "gram_mean_eigenvalue": "Per cut: `trace(M^T M) / d` of the fit's statistics (the scale alpha competes with).",
+    "patch_sequences": "LinearPatch, per cut: the calibration sequences whose channel ratios were averaged.",
+    "patch_scale_gap": "LinearPatch, per cut: mean `|s - 1|` of its channel scales (how far magnitudes differ "
+    "across the cut).",
     "energy_tracking_mode": "CodeCarbon's tracking mode: `process` (this job's share of CPU and RAM) or `machine`.",
     "energy_power": "Per device (cpu, gpu, ram), how its power was obtained: measured (RAPL, NVML; the whole "
     "device) or estimated (TDP, constant).",

@@ -4,6 +4,8 @@ Each metric is registered under its config name with what it is computed from:
 
 - ``distance``: a per-token distance between ``L_{start-1}`` and ``L_{end-1}``, averaged over the
   tokens (all, or each sequence's last with ``selection.tokens=last``);
+- ``sequence``: a distance per calibration sequence between its ``L_{start-1}`` and ``L_{end-1}``,
+  averaged over the sequences (``channel_cosine``: LinearPatch's selection);
 - ``similarity``: a similarity per cut from streamed moments (sums, ``L_k^T L_k``, cross products:
   :class:`~replaceme_exp.capture.similarity.SimilarityStatistics`), the cut of largest similarity
   chosen (distance ``1 - similarity``); over all tokens only;
@@ -27,28 +29,33 @@ import torch
 import torch.nn.functional as F
 
 from replaceme_exp.capture.similarity import CCA_RIDGE, linear_cka_per_cut, mean_cca_per_cut, pwcca_per_cut
-from replaceme_exp.capture.statistics import cosine_distance
+from replaceme_exp.capture.statistics import channel_cosine_distance, cosine_distance
 from replaceme_exp.registry import Registry
 
 
 @dataclass(frozen=True)
 class SelectionMetric:
-    """``kind``: ``distance``, ``similarity``, ``statistics`` or ``search`` (module docstring);
-    ``token_distance`` ((n, d), (n, d) -> (n,)) for distances; ``similarity`` (SimilarityStatistics
-    -> {cut: value}) for similarities; ``from_statistics`` ({cut: LinearStats}, alpha -> {cut:
-    distance}) for statistics; ``search`` (SearchContext -> SearchResult) for searches;
-    ``criterion``: what else its cached distances depend on (a ridge, ...); ``method``: the name of
-    the pruning method it makes with the blocks removed and nothing fitted (``SLEB``; the row's
-    ``method``; None: block removal); ``settings``: the schema shape of its ``selection`` option
-    when it has keys of its own (a search's, e.g. ``SlebSelectionConfig``; None: the plain one)."""
+    """``kind``: ``distance``, ``similarity``, ``statistics``, ``sequence`` or ``search`` (module
+    docstring); ``token_distance`` ((n, d), (n, d) -> (n,)) for distances; ``similarity``
+    (SimilarityStatistics -> {cut: value}) for similarities; ``from_statistics`` ({cut:
+    LinearStats}, alpha -> {cut: distance}) for statistics; ``sequence_distance`` ((n_i, d), (n_i,
+    d) -> ()) for sequences; ``search`` (SearchContext -> SearchResult) for searches;
+    ``criterion``: what else its cached distances depend on (a ridge, ...); ``last_cut``: whether
+    the cut ending at the last block is a candidate (LinearPatch's code never compares with the
+    final block's output); ``method``: the name of the pruning method it makes with the blocks
+    removed and nothing fitted (``SLEB``; the row's ``method``; None: block removal);
+    ``settings``: the schema shape of its ``selection`` option when it has keys of its own (a
+    search's, e.g. ``SlebSelectionConfig``; None: the plain one)."""
 
     name: str
     kind: str
     token_distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     similarity: Callable | None = None
     from_statistics: Callable | None = None
+    sequence_distance: Callable | None = None
     search: Callable | None = None
     criterion: str = ""
+    last_cut: bool = True
     method: str | None = None
     settings: type | None = None
 
@@ -98,6 +105,7 @@ def euclidean_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 register(SelectionMetric("cosine", "distance", token_distance=cosine_distance))
 register(SelectionMetric("angular", "distance", token_distance=angular_distance))
 register(SelectionMetric("l2", "distance", token_distance=euclidean_distance))
+register(SelectionMetric("channel_cosine", "sequence", sequence_distance=channel_cosine_distance, last_cut=False))
 register(SelectionMetric("cka", "similarity", similarity=linear_cka_per_cut))
 register(SelectionMetric("cca", "similarity", similarity=mean_cca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))
 register(SelectionMetric("pwcca", "similarity", similarity=pwcca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))

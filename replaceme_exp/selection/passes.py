@@ -110,8 +110,11 @@ def selection_distances(
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
-    by_distance = metric.kind == "distance"
-    cut_distances = CutDistances(candidates, metric.token_distance, request.tokens) if by_distance else None
+    cut_distances = None
+    if metric.kind == "distance":
+        cut_distances = CutDistances(candidates, metric.token_distance, request.tokens)
+    elif metric.kind == "sequence":
+        cut_distances = CutDistances(candidates, sequence_distance=metric.sequence_distance)
     similarity = None
     if metric.kind == "similarity":
         similarity = SimilarityStatistics(candidates, adapter.hidden_size, device, precision)
@@ -183,6 +186,11 @@ def select_and_capture(
     else:
         length = cut_length(request.n_prune, request.num_lts, num_layers) + request.extra_blocks
         candidates = candidate_cuts(num_layers, length)
+        if not request.metric.last_cut:
+            candidates = [cut for cut in candidates if cut[1] < num_layers]
+            if not candidates:
+                reason = f"selection={request.metric.name} compares no cut ending at the last block; none is left"
+                raise ConfigError("n_prune", request.n_prune, reason)
         distances, stats = selection_distances(
             request, adapter, calibration, cache, candidates, needs_stats and not separate_data, extra_statistics
         )
