@@ -141,3 +141,16 @@ export: setup
 .PHONY: clean-failed
 clean-failed: setup
 	"$$PY" -m replaceme_exp.results.cleaning --results="$${RESULTS:-results}" $${CONFIRM:+--confirm}
+
+# The table "depth-pruning methods at equal compression" on one model (docs/methods/README.md): the sweep
+# (+methods=equal_compression: every method at 25% of the blocks, one calibration sample and suite for all,
+# each job measuring its own compression cost), then that table alone, under
+# RESULTS/paper_tables/<model>_<calibration>_<eval>/. MODEL= (default smollm2_135m), CALIBRATION= and EVAL=
+# (default: the template's self_generated and offline), ARGS=: more overrides for every job of the sweep.
+.PHONY: methods-table
+methods-table: setup
+	$(OFFLINE) $(WITH_ARGS) "$$PY" run.py -m +methods=equal_compression model="$${MODEL:-smollm2_135m}" \
+		$${CALIBRATION:+calibration="$$CALIBRATION"} $${EVAL:+eval="$$EVAL"} results_dir="$${RESULTS:-results}"
+	"$$PY" -m replaceme_exp.reporting.render_paper --results="$${RESULTS:-results}" --out="$${RESULTS:-results}/paper_tables" \
+		--model="$${MODEL:-smollm2_135m}" --calibration="$${CALIBRATION:-self_generated}" --eval="$${EVAL:-offline}" \
+		--only=methods_equal_compression

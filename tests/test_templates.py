@@ -5,38 +5,13 @@ from __future__ import annotations
 
 import pytest
 from helpers.config import CONF, ROOT, compose_config
-from helpers.templates import TEMPLATES, template_override
-from hydra.core.override_parser.overrides_parser import OverridesParser
+from helpers.templates import TEMPLATES, compose_config_with_hydra, expand, template_override
 
 import replaceme_exp.reporting  # noqa: F401  (registers every table, figure and study)
 from replaceme_exp.reporting.artifacts import PAPER_ARTIFACTS, template_jobs
 
 # How many jobs each template expands to, as its table's, figure's or study's record declares.
 EXPECTED_JOBS = template_jobs()
-
-
-def expand(template: str) -> tuple[object, list[dict]]:
-    """The composed template and the jobs its sweeper parameters expand to (their product)."""
-    cfg = compose_config_with_hydra(template)
-    params = cfg.hydra.sweeper.params or {}
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    axes = [(o.key_or_group, list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]) for o in parsed]
-    jobs = [{}]
-    for key, values in axes:
-        jobs = [{**job, key: v} for job in jobs for v in values]
-    return cfg, jobs
-
-
-# What a user must add to a template: the CLIP template calibrates on their own images (the paper's MIMIC).
-USER_OVERRIDES = {"paper/clip": [f"calibration.path={ROOT}"]}
-
-
-def compose_config_with_hydra(template: str):
-    from hydra import compose, initialize_config_dir
-
-    overrides = [template_override(template), *USER_OVERRIDES.get(template, [])]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=overrides, return_hydra_config=True)
 
 
 @pytest.mark.unit

@@ -14,8 +14,8 @@ from replaceme_exp.registry import Registry
 
 @dataclass(frozen=True)
 class Sweep:
-    """A multirun template (``paper/<name>`` or ``study/<name>``: ``python run.py -m +paper=<name>``)
-    and the number of jobs it expands to."""
+    """A multirun template (``paper/<name>``, ``study/<name>`` or ``methods/<name>``: ``python run.py -m
+    +paper=<name>``) and the number of jobs it expands to."""
 
     template: str
     jobs: int

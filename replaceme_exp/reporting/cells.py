@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.selection.cuts import blocks_to_prune
+
 # A row written before a key existed matches that key's default value (e.g. healing=none).
 DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none", "estimation_tokens": "all", "protocol": "paper"}
 
@@ -94,11 +97,56 @@ SETTING_COLUMNS = (
 PREFERRED_SETTINGS = {"dtype": "bfloat16", "solver": "adam", "solver_schedule": "minibatch", "estimation_tokens": "all"}
 
 
+@dataclass(frozen=True)
+class FractionOfDepth:
+    """A condition on ``n_prune`` that holds for any model: the run removed as many blocks as
+    ``n_prune=<fraction>`` removes of its ``num_layers`` (the job's rounding,
+    :func:`~replaceme_exp.selection.cuts.blocks_to_prune`: 25% is 8 of 30 or 32 blocks, 2 of 6).
+    A finished row records the blocks it removed in ``n_prune``."""
+
+    fraction: float
+
+    def mask(self, table: pd.DataFrame) -> pd.Series:
+        if not {"n_prune", "num_layers"} <= set(table.columns):
+            return pd.Series(False, index=table.index)
+
+        def wanted(depth) -> float:
+            try:
+                return float(blocks_to_prune(float(self.fraction), int(depth)))
+            except (ConfigError, TypeError, ValueError):  # no depth, or under one block of it
+                return np.nan
+
+        depths = pd.to_numeric(table["num_layers"], errors="coerce")
+        blocks = pd.to_numeric(table["n_prune"], errors="coerce")
+        return blocks == depths.map(wanted)
+
+    def __str__(self) -> str:
+        return f"{100 * self.fraction:g}% of num_layers"
+
+
+class _Any:
+    """A condition's value that lifts a condition merged from elsewhere (a row's over its table's)."""
+
+    def __repr__(self) -> str:
+        return "any"
+
+    __str__ = __repr__
+
+
+ANY = _Any()
+
+
 def matches(table: pd.DataFrame, conditions: dict) -> pd.Series:
     """Boolean mask of the runs whose columns equal ``conditions``: numbers within 1e-12, None
-    for a missing value, and a column absent from every run matches its default (if it has one)."""
+    for a missing value, a :class:`FractionOfDepth` by its own rule, :data:`ANY` for every value,
+    and a column absent from every run matches its default (if it has one)."""
     mask = pd.Series(True, index=table.index)
     for key, value in conditions.items():
+        if value is ANY:
+            continue
+        if isinstance(value, FractionOfDepth):
+            mask &= value.mask(table)
+            continue
         if key not in table.columns:
             if DEFAULTS_FOR_MISSING_COLUMNS.get(key, object()) == value:
                 continue

@@ -45,6 +45,7 @@ import pandas as pd
 from replaceme_exp.capture.similarity import MIN_TOKENS_PER_DIM
 from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import choose_setting, matches
+from replaceme_exp.reporting.compression_cost import compression_cost, uncached_runs
 from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
 from replaceme_exp.reporting.energy_marks import any_estimated, marked
 from replaceme_exp.reporting.paper_settings import (
@@ -87,9 +88,6 @@ TIME_EMISSIONS_WHERE = {
     **{k: v for k, v in METHOD_FREE.items() if k != "healing"},
     **{"model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"},
 }
-COMPRESSION_STAGES = ("capture", "estimate", "heal")  # what compressing a model costs (not load or eval)
-# Cached stages that make a run's compression cost not its own (cached_stages, JSON list).
-COST_CACHED_STAGES = ("selection", "statistics")
 PLOTTED_COLUMNS = ["panel", "series", "x", "mean", "std", "n", "note"]
 
 
@@ -251,43 +249,6 @@ def pruned_layers(runs: pd.DataFrame, path: Path, target: Target | None = None) 
     _legend(*axes[0])
     _save(fig, path, plotted.footnote(_settings_footnote(plotted)))
     return plotted.frame("pruned_layers")
-
-
-def compression_cost(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per run: ``time_s`` and ``co2_kg`` summed over the compression stages (capture,
-    estimation, healing), without loading and evaluation; NaN where a run recorded none."""
-
-    def summed(template: str) -> pd.Series:
-        stages = pd.concat([_numeric(frame, template.format(stage)) for stage in COMPRESSION_STAGES], axis=1)
-        return stages.sum(axis=1, min_count=1)
-
-    return pd.DataFrame({"time_s": summed("time_{}_s"), "co2_kg": summed("co2_kg_{}")}, index=frame.index)
-
-
-def _cached_stages(value) -> list[str] | None:
-    """A row's ``cached_stages`` as a list, None when unrecorded or unreadable."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [str(v) for v in value]
-    return None
-
-
-def uncached_runs(frame: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
-    """The runs whose compression stages were measured in the job, not served from a cache: no
-    ``selection`` or ``statistics`` in ``cached_stages``. Runs without a ``cached_stages`` record
-    (written before the column existed) are unknown and excluded too. Returns (runs, number
-    excluded as cached, number excluded as unrecorded)."""
-    if frame.empty:
-        return frame, 0, 0
-    column = frame["cached_stages"] if "cached_stages" in frame.columns else pd.Series(None, index=frame.index)
-    stages = column.map(_cached_stages)
-    unknown = stages.isna()
-    cached = stages.map(lambda s: s is not None and any(stage in s for stage in COST_CACHED_STAGES)).astype(bool)
-    return frame[~unknown & ~cached], int(cached.sum()), int(unknown.sum())
 
 
 def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
@@ -638,14 +599,18 @@ for _figure in FIGURES.values():
     register(_figure.name, "figure", _figure.sweeps, _figure)
 
 
-def write_paper_figures(runs: pd.DataFrame, out_dir: str | Path, target: Target | None = None, echo=None) -> list[Path]:
-    """Write ``<name>.png`` and its plotted numbers ``<name>.csv`` for every figure (retargeted to
-    ``target``, if given); returns the files written. ``echo`` (e.g. ``print``) gets each
-    figure's count line."""
+def write_paper_figures(
+    runs: pd.DataFrame, out_dir: str | Path, target: Target | None = None, echo=None, only: list[str] | None = None
+) -> list[Path]:
+    """Write ``<name>.png`` and its plotted numbers ``<name>.csv`` for every figure (those named in
+    ``only``, when given; retargeted to ``target``, if given); returns the files written. ``echo``
+    (e.g. ``print``) gets each figure's count line."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for figure in FIGURES.values():
+        if only is not None and figure.name not in only:
+            continue
         png, csv = (out / f"{file_name(figure.name)}{suffix}" for suffix in (".png", ".csv"))
         plotted = figure.draw(runs, png, target=target)
         plotted.to_csv(csv, index=False)

@@ -13,7 +13,10 @@ cell and figure point and remembers what it changed, for the caption:
   disagree, n_prune is left unmatched (:class:`Unresolved`) rather than guessed.
 - ``calibration``: the paper's default data (``slimorca``) becomes the target calibration, and its
   8000 samples the target calibration's default ``n_samples`` (``conf/calibration/<name>.yaml``);
-  rows that name other data (fineweb, sciq) or other sizes (1000) keep theirs.
+  rows that name other data (fineweb, sciq) or other sizes (1000) keep theirs. A table beyond the
+  paper names its own default data and size (:class:`Retargeting`'s ``home``).
+- ``n_prune`` given as :class:`~replaceme_exp.reporting.cells.FractionOfDepth` holds at any depth and
+  is left as it is.
 - ``eval``: every ``eval`` condition becomes the target suite; a perplexity column the target
   suite does not record (Lambada OpenAI's ``ppl_lambada`` outside ``eval=paper``) reads the
   suite's own perplexity (its harness's, else the held-out ``ppl_heldout`` every run records) and
@@ -35,7 +38,7 @@ import pandas as pd
 import yaml
 
 from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, metric_column
-from replaceme_exp.reporting.cells import _value_text, matches
+from replaceme_exp.reporting.cells import ANY, FractionOfDepth, _value_text, matches
 
 # The paper's setting unless a table or row says otherwise (a row's conditions override these):
 # no regularisation, 8k SlimOrca samples, cuts selected by cosine distance (explicit cuts record
@@ -53,6 +56,12 @@ DEFAULT_METHOD = {
 }
 LLAMA3_25 = {**DEFAULT_METHOD, "model": "llama3_8b_instruct", "n_prune": 8, "eval": "paper"}
 UIDL = {"objective": "identity", "selection_metric": "angular_last"}
+# A peer method's row (ShortGPT, SLEB, LaCo, LinearPatch, LLM-Streamline: picked by its ``method`` column)
+# lifts the ReplaceMe settings a paper table's cells share: its preset decides how it selects, how many
+# cuts it leaves, what its transform is and how many calibration samples it reads (its authors' defaults),
+# on the table's model, data set and suite.
+PEER_METHOD = {key: ANY for key in ("selection_metric", "num_lts", "structure", "lt_placement", "alpha")}
+PEER_METHOD |= {"mask_ratio": ANY, "n_calib_samples": ANY}
 # Multi_LT_NC (the official code's num_A > 1 with merge_consecutive False, "Multi_A"): two transforms on
 # two cuts never merged into one (experiment=multi_lt_nc_cosine / multi_lt_nc_ls; the paper gives no number).
 MULTI_LT_NC = {"num_lts": 2, "merge_consecutive": False}
@@ -246,7 +255,7 @@ class Target:
             parts.append(f"{key}={value}{how}")
         if self.model is not None:
             parts.append(f"depth: {self.depth} blocks" if self.depth else f"depth unknown: {self.depth_problem}")
-        if self.calib_samples is not None:
+        if self.calib_samples is not None and self.calibration != PAPER_CALIBRATION:
             parts.append(f"{PAPER_CALIB_SAMPLES} samples -> {self.calib_samples} ({self.calibration}'s default)")
         if self.ppl is not None:
             parts.append(f"perplexity: {self.ppl[0]} ({self.ppl[1]})")
@@ -291,13 +300,13 @@ def resolve_target(
             target.depth_problem = f"the runs of {model} record num_layers in {{{found}}}"
         else:
             target.depth = int(depths.iloc[0])
-    if target.calibration is not None and target.calibration != PAPER_CALIBRATION:
+    if target.calibration is not None:  # a table's default data becomes it at its default size
         try:
             target.calib_samples = int(read_config("calibration", target.calibration, conf)["n_samples"])
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
             target.calib_samples_problem = (
                 f"conf/calibration/{target.calibration}.yaml gives no n_samples ({type(err).__name__}): "
-                f"the paper's {PAPER_CALIB_SAMPLES} samples are not required"
+                "the table's number of samples is not required"
             )
     if target.eval is not None:
         try:
@@ -328,12 +337,22 @@ OFFLINE_CLIP_COLUMNS = {
 }
 
 
+# The calibration a paper table stands for by default (retargeted by CALIBRATION=), and its size.
+PAPER_HOME = {"calibration": PAPER_CALIBRATION, "n_calib_samples": PAPER_CALIB_SAMPLES}
+
+
 class Retargeting:
     """Applies a :class:`Target` to conditions and metrics, and remembers what it changed (for
-    the caption of one table or figure). With no target (or the paper's) it changes nothing."""
+    the caption of one table or figure). With no target (or the paper's) it changes nothing.
 
-    def __init__(self, target: Target | None = None):
+    ``home``: the calibration (and its size) a table reads by default, which a target calibration
+    replaces (the paper's SlimOrca and 8000 samples, :data:`PAPER_HOME`); ``reference``: how the
+    caption names the settings replaced (``paper: Llama 3 8B Instruct``)."""
+
+    def __init__(self, target: Target | None = None, home: dict | None = None, reference: str = "paper"):
         self.target = target or Target()
+        self.home = {**PAPER_HOME, **(home or {})}
+        self.reference = reference
         self.replaced: dict[str, list] = {key: [] for key in RETARGET_KEYS}
         self.fractions: dict[float, int] = {}
         self.calib_samples = False
@@ -368,12 +387,13 @@ class Retargeting:
             self._replace("model", paper_model)
             out["model"] = t.model
             n = conditions.get("n_prune")
-            if n is not None and paper_model != t.model:
+            if n is not None and paper_model != t.model and not isinstance(n, FractionOfDepth):  # any depth's
                 out["n_prune"] = self._n_prune(paper_model, n)
-        if t.calibration is not None and conditions.get("calibration") == PAPER_CALIBRATION:
-            self._replace("calibration", PAPER_CALIBRATION)
+        home, home_samples = self.home["calibration"], self.home["n_calib_samples"]
+        if t.calibration is not None and conditions.get("calibration") == home:
+            self._replace("calibration", home)
             out["calibration"] = t.calibration
-            if t.calibration != PAPER_CALIBRATION and conditions.get("n_calib_samples") == PAPER_CALIB_SAMPLES:
+            if t.calibration != home and conditions.get("n_calib_samples") == home_samples:
                 if t.calib_samples is not None:
                     out["n_calib_samples"] = t.calib_samples
                     self.calib_samples = True
@@ -403,6 +423,8 @@ class Retargeting:
         perplexity the target suite does not record becomes the suite's own; with
         ``eval=clip_offline`` the CLIP table's columns read the bundled-image benchmarks."""
         t = self.target
+        if metric == HELDOUT_PPL:  # every text run records it, whatever its suite
+            return metric, None
         if t.eval == "clip_offline" and metric in OFFLINE_CLIP_COLUMNS:
             column, header = OFFLINE_CLIP_COLUMNS[metric]
             if metric not in self.clip_replaced:
@@ -426,7 +448,7 @@ class Retargeting:
             if value is None or key not in self.seen:
                 continue
             paper = [PAPER_MODEL_NAMES.get(v, str(v)) if key == "model" else str(v) for v in self.replaced[key]]
-            why = [f"paper: {', '.join(paper)}"] if paper else []
+            why = [f"{self.reference}: {', '.join(paper)}"] if paper else []
             if key in t.inferred:
                 why.append(t.inferred[key].split(":")[0])
             parts.append(f"{key}={value}" + (f" ({'; '.join(why)})" if why else ""))
@@ -438,7 +460,8 @@ class Retargeting:
                 f"{100 * f:g}% = {n} of {t.depth} blocks" for f, n in sorted(self.fractions.items())
             )
         if self.calib_samples:
-            text += f"; {PAPER_CALIB_SAMPLES} calibration samples = {t.calibration}'s default {t.calib_samples}"
+            samples = self.home["n_calib_samples"]
+            text += f"; {samples} calibration samples = {t.calibration}'s default {t.calib_samples}"
         if self.ppl_replaced:
             text += f"; perplexity: {t.ppl[0]} ({t.ppl[1]}) instead of {', '.join(self.ppl_replaced)}"
         if self.clip_replaced:

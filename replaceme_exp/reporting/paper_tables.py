@@ -14,7 +14,9 @@ latest; a note under the table names the settings left out and their runs. Three
 - ``baseline``: the unpruned model, read from the ``baseline_<metric>`` columns that every
   pruned run records for its model and eval suite (RP = 1, compression = 0 by definition).
 - ``quoted``: numbers from other papers (``quoted_numbers.yaml``), in their own block, marked
-  ``quoted`` with the source under the table; never averaged with measured runs.
+  ``quoted`` with the source under the table; never averaged with measured runs. A measured row
+  that runs a quoted method in this project's pipeline (``Row.run_of``) is labelled
+  ``(this harness)`` and stands right after the quoted row of that method.
 
 With a :class:`paper_settings.Target` (``make paper-tables MODEL= CALIBRATION= EVAL=``) every
 cell's merged conditions are retargeted to another model, calibration set or suite (see
@@ -34,32 +36,38 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, metric_column
 from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import (
     DEFAULTS_FOR_MISSING_COLUMNS,  # noqa: F401  (kept importable here)
     PREFERRED_SETTINGS,
+    FractionOfDepth,
     best_first,
     choose_setting,
     preference_rule,
 )
+from replaceme_exp.reporting.compression_cost import COMPRESSION_CO2, COMPRESSION_TIME, with_compression_cost
 from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
 from replaceme_exp.reporting.energy_marks import any_estimated, is_energy_metric, marked
 from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
     MULTI_LT_NC,
+    PAPER_HOME,
     UIDL,
     Retargeting,
     Tally,
     Target,
     baseline_columns,
     finished_runs,
+    read_config,
     select_cell,
 )
 from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
+HARNESS_MARK = "(this harness)"  # a quoted method run in this project's pipeline (Row.run_of)
 QUOTED_NUMBERS = Path(__file__).with_name("quoted_numbers.yaml")
 BASELINE_CONSTANTS = {"rp": 1.0, "compression_ratio": 0.0, "blocks_pruned_ratio": 0.0}
 BASELINE_KEYS = ("model", "eval")  # what the unpruned model's scores depend on
@@ -72,6 +80,27 @@ class Column:
     conditions: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SuiteAccuracies:
+    """In a table's columns: one column per accuracy the table's eval suite records (its
+    ``eval.harness.metrics`` that are not perplexities, ``<metric>_<task>``), for the suite the
+    table is rendered from (``EVAL=`` retargets it)."""
+
+    def columns(self, suite: str | None) -> list[Column]:
+        if suite is None:
+            return []
+        try:
+            harness = read_config("eval", suite).get("harness") or {}
+        except (OSError, yaml.YAMLError):
+            return []
+        names, metrics = harness.get("ppl_names") or {}, harness.get("metrics") or {}
+        return [
+            Column(f"{task} ({metric})", metric_column(task, metric, names))
+            for task, metric in metrics.items()
+            if metric not in PERPLEXITY_METRICS
+        ]
+
+
 @dataclass
 class Row:
     label: str
@@ -79,10 +108,19 @@ class Row:
     kind: str = "measured"  # measured | baseline
     text: dict = field(default_factory=dict)  # cells of the table's text columns
     prefer: dict = field(default_factory=dict)  # preferred settings, over the table's (see selection.py)
+    # The quoted method (its label in quoted_numbers.yaml) this row runs in this project's pipeline: the
+    # row is labelled "(this harness)" and stands right after that quoted row when the quoted rows show.
+    run_of: str | None = None
 
     def __post_init__(self):
         if self.kind not in ("measured", "baseline"):
             raise ValueError(f"Row {self.label!r}: kind={self.kind!r}, choose measured or baseline")
+        if self.run_of is not None and self.kind != "measured":
+            raise ValueError(f"Row {self.label!r}: run_of={self.run_of!r} names a run, a measured row")
+
+    @property
+    def shown_label(self) -> str:
+        return f"{self.label} {HARNESS_MARK}" if self.run_of is not None else self.label
 
 
 @dataclass
@@ -98,6 +136,10 @@ class TableSpec:
     prefer: dict = field(default_factory=dict)  # preferred settings, over PREFERRED_SETTINGS
     sweeps: tuple[Sweep, ...] = ()  # the multirun templates that fill it, and their job counts
     modality: str = "text"  # the kind of model whose runs it reads (text, vision): paper_settings.row_modalities
+    # The calibration (and size) the table reads unless CALIBRATION= says otherwise, and how its caption
+    # names the settings a retargeting replaced: the paper's (paper_settings.PAPER_HOME), or the table's own.
+    home: dict = field(default_factory=lambda: dict(PAPER_HOME))
+    reference: str = "paper"
 
     def preferences(self, row: Row) -> dict:
         """The settings a cell of ``row`` prefers when its runs hold several (see selection.py)."""
@@ -106,8 +148,16 @@ class TableSpec:
     def row_specs(self) -> list[Row]:
         return [r if isinstance(r, Row) else Row(*r) for r in self.rows]
 
-    def column_specs(self) -> list[Column]:
-        return [c if isinstance(c, Column) else Column(*c) for c in self.columns]
+    def column_specs(self, suite: str | None = None) -> list[Column]:
+        """The columns, :class:`SuiteAccuracies` expanded for ``suite`` (None: the table's own, ``where``'s)."""
+        suite = suite if suite is not None else self.where.get("eval")
+        out: list[Column] = []
+        for c in self.columns:
+            if isinstance(c, SuiteAccuracies):
+                out += c.columns(suite)
+            else:
+                out.append(c if isinstance(c, Column) else Column(*c))
+        return out
 
 
 PAPER_COLUMNS = [Column("Avg-acc", "avg_acc"), Column("Perplexity", "ppl_lambada"), Column("RP", "rp")]
@@ -149,6 +199,31 @@ CLIP_COLUMNS = [
 
 LLAMA3_8B = {"model": "llama3_8b_instruct", "n_prune": 8}
 
+# The table "depth-pruning methods at equal compression" (beyond the paper): one row per method, the
+# runs whose ``method`` column names it (where two presets make one method, also the setting that tells
+# them apart), its preset in the text column. Adding a method is one row here and its preset in the
+# experiment axis of multirun_templates/methods/equal_compression.yaml (tests/test_methods_table.py
+# checks the two agree).
+METHODS_AT_EQUAL_COMPRESSION = [
+    Row("UIDL", {"method": "UIDL"}, text={"Preset": "uidl_baseline"}),
+    Row("ReplaceMe LS", {"method": "ReplaceMe LS", "estimation_tokens": "all"}, text={"Preset": "replaceme_ls"}),
+    Row("ReplaceMe cosine", {"method": "ReplaceMe cosine"}, text={"Preset": "replaceme_cosine"}),
+    Row(
+        "ReplaceMe LS, sink-aware estimation",
+        {"method": "ReplaceMe LS", "estimation_tokens": "rescale_massive"},
+        text={"Preset": "replaceme_ls_sink_aware"},
+    ),
+]
+# Where its runs come from unless MODEL= / CALIBRATION= / EVAL= say otherwise: SmolLM2 offline, the model's
+# own chat answers (128 samples), 25% of the blocks whatever the depth.
+EQUAL_COMPRESSION_HOME = {"calibration": "self_generated", "n_calib_samples": 128}
+EQUAL_COMPRESSION = {
+    "model": "smollm2_135m",
+    **EQUAL_COMPRESSION_HOME,
+    "eval": "offline",
+    "n_prune": FractionOfDepth(0.25),
+}
+
 TABLES = [
     TableSpec(
         "llama2_comparison",
@@ -159,7 +234,7 @@ TABLES = [
             Row("Llama 2 7B (baseline)", kind="baseline", text={"Train-free": ""}),
             Row("Ours (Cosine)", {"objective": "cosine", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
             Row("Ours (LS)", {"objective": "ls", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
-            Row("UIDL + LoRA healing (run here)", {**UIDL, "healing": "lora"}, text={"Train-free": "no"}),
+            Row("UIDL + LoRA healing", {**UIDL, "healing": "lora"}, text={"Train-free": "no"}, run_of="UIDL"),
         ],
         [Column(h, m) for h, m in LLAMA2_TABLE_COLUMNS] + [Column("AVG", "avg_acc"), Column("RP", "rp")],
         text_columns=["Train-free"],
@@ -392,6 +467,27 @@ TABLES = [
         ],
         sweeps=(Sweep("paper/calibration_types", 10),),
     ),
+    TableSpec(
+        "methods_equal_compression",
+        "Depth-pruning methods at equal compression (beyond the paper): every method at 25% of the blocks, "
+        "one model, one calibration sample and one eval suite for all (SmolLM2-135M-Instruct, its own chat "
+        "answers as calibration, eval=offline, unless rendered from other runs); compression time and CO2 sum "
+        "the compression stages (capture with selection or search, estimation, healing).",
+        EQUAL_COMPRESSION,
+        [Row("Unpruned", kind="baseline", text={"Preset": ""}), *METHODS_AT_EQUAL_COMPRESSION],
+        [
+            Column("Held-out ppl", "ppl_heldout"),
+            SuiteAccuracies(),
+            Column("Avg-acc", "avg_acc"),
+            Column("RP", "rp"),
+            Column("Compression time (s)", COMPRESSION_TIME),
+            Column("CO2 (kg)", COMPRESSION_CO2),
+        ],
+        text_columns=["Preset"],
+        sweeps=(Sweep("methods/equal_compression", len(METHODS_AT_EQUAL_COMPRESSION)),),
+        home=EQUAL_COMPRESSION_HOME,
+        reference="the table's default",
+    ),
 ]
 
 
@@ -432,8 +528,9 @@ def format_cell(values: pd.Series) -> str:
 
 
 def with_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
-    """Columns computed from recorded ones: ``blocks_pruned_ratio`` = n_prune / num_layers."""
-    runs = runs.copy()
+    """Columns computed from recorded ones: ``blocks_pruned_ratio`` = n_prune / num_layers, and
+    the compression stages' summed time and CO2 (``compression_cost.with_compression_cost``)."""
+    runs = with_compression_cost(runs)
     if {"n_prune", "num_layers"} <= set(runs.columns):
         runs["blocks_pruned_ratio"] = pd.to_numeric(runs["n_prune"], errors="coerce") / pd.to_numeric(
             runs["num_layers"], errors="coerce"
@@ -479,15 +576,19 @@ def build_table(
     paper's settings (None when nothing); ``counts`` the line saying how many runs were found,
     matched and shown (:class:`paper_settings.Tally`)."""
     finished = with_derived_columns(finished_runs(runs, spec.modality))
-    retarget, tally = Retargeting(target), Tally()
+    retarget, tally = Retargeting(target, spec.home, spec.reference), Tally()
+    suite = retarget.target.eval if retarget.active and retarget.target.eval is not None else None
     columns = []
-    for column in spec.column_specs():
+    for column in spec.column_specs(suite):
         metric, header = retarget.metric(column.metric)  # e.g. Lambada's perplexity -> the suite's
         columns.append(Column(header or column.header, metric, column.conditions))
     out, notes, estimated = [], [], False
+    runs_of: dict[str, list[dict]] = {}  # quoted label -> the cells of the rows that run it here
     for row in spec.row_specs():
         prefer = spec.preferences(row)
-        cells = {"Setting": row.label, **{t: row.text.get(t, "") for t in spec.text_columns}}
+        cells = {"Setting": row.shown_label, **{t: row.text.get(t, "") for t in spec.text_columns}}
+        if row.run_of is not None:
+            runs_of.setdefault(row.run_of, []).append(cells)
         if row.kind == "baseline":
             conditions = {k: v for k, v in {**spec.where, **row.conditions}.items() if k in BASELINE_KEYS}
             selected = select_cell(finished, retarget.conditions(conditions))
@@ -522,6 +623,9 @@ def build_table(
     has_quoted = spec.quoted_at is not None and quoted and spec.name in quoted
     if has_quoted and not retarget.active:
         block = []
+        beside = [c for entry in quoted[spec.name]["rows"] for c in runs_of.get(entry["label"], [])]
+        at = spec.quoted_at - sum(any(c is r for r in beside) for c in out[: spec.quoted_at])
+        out = [c for c in out if not any(c is r for r in beside)]  # moved beside their quoted rows
         for entry in quoted[spec.name]["rows"]:
             cells = {"Setting": f"{entry['label']} (quoted)"}
             cells.update({t: entry["text"].get(t, "") for t in spec.text_columns})
@@ -529,8 +633,8 @@ def build_table(
             for column in columns:
                 value = entry["values"].get(column.header)
                 cells[column.header] = format_value(value) if value is not None else MISSING
-            block.append(cells)
-        out[spec.quoted_at : spec.quoted_at] = block
+            block += [cells, *runs_of.get(entry["label"], [])]
+        out[at:at] = block
     table = pd.DataFrame(out)
     if spec.transpose:
         table = table.set_index("Setting").T.reset_index().rename(columns={"index": ""})
@@ -538,6 +642,7 @@ def build_table(
     if retargeted and has_quoted:
         retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
     table.attrs.update(notes=notes, retargeted=retargeted, counts=tally.line(spec.name), estimated=estimated)
+    table.attrs["harness_rows"] = bool(runs_of)
     return table
 
 
@@ -560,6 +665,11 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
     retargeted = table is not None and table.attrs.get("retargeted")
     if spec.quoted_at is not None and quoted and spec.name in quoted and not retargeted:
         lines.append(f"Rows marked quoted are not measured here; source: {quoted[spec.name]['source']}.")
+    if table is not None and table.attrs.get("harness_rows"):
+        lines.append(
+            f"Rows marked {HARNESS_MARK} run a method that other papers report in this project's pipeline, "
+            "with this table's model, calibration data and eval suite (not the quoted papers' own)."
+        )
     if table is not None and table.attrs.get("estimated"):
         lines.append(ESTIMATED_NOTE)
     notes = table_notes(table) if table is not None else []
@@ -611,9 +721,11 @@ def write_paper_tables(
     runs: pd.DataFrame | None = None,
     target: Target | None = None,
     echo=None,
+    only: list[str] | None = None,
 ) -> list[Path]:
-    """Write ``<name>.md`` and ``<name>.tex`` for every table (retargeted to ``target``, if
-    given); returns the files written. ``echo`` (e.g. ``print``) gets each table's count line."""
+    """Write ``<name>.md`` and ``<name>.tex`` for every table (those named in ``only``, when given;
+    retargeted to ``target``, if given); returns the files written. ``echo`` (e.g. ``print``) gets
+    each table's count line."""
     if runs is None:
         runs = ResultsStore(results_dir).load(latest_per_config=True)
     quoted = load_quoted()
@@ -621,6 +733,8 @@ def write_paper_tables(
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for spec in TABLES:
+        if only is not None and spec.name not in only:
+            continue
         table = build_table(spec, runs, quoted, target)
         for suffix, render in ((".md", to_markdown), (".tex", to_latex)):
             path = out / f"{file_name(spec.name)}{suffix}"

@@ -3,13 +3,15 @@ and figure how many runs were found, matched and shown.
 
     python -m replaceme_exp.reporting.render_paper --results results --out results/paper_tables
     python -m replaceme_exp.reporting.render_paper --model tiny_llama [--calibration pydoc] [--eval quick]
+    python -m replaceme_exp.reporting.render_paper --model smollm2_135m --only methods_equal_compression
 
 Runs of ``protocol=official`` (what the official code ran) are rendered apart, into
 ``<out>/protocol_official/`` (``--protocol`` picks one). With ``--model`` / ``--calibration`` /
 ``--eval`` the same tables and figures are rendered from
 runs of another model, calibration set or suite (``paper_settings.Target``; with only a model,
 the calibration and suite are its runs' most common ones) into ``<out>/<model>[_<calibration>]
-[_<eval>]/``, so that the paper's own tables in ``<out>`` are not overwritten.
+[_<eval>]/``, so that the paper's own tables in ``<out>`` are not overwritten. ``--only`` renders
+the named tables and figures alone (``make methods-table``: the methods table).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from replaceme_exp.reporting.paper_figures import write_paper_figures
+from replaceme_exp.reporting.paper_figures import FIGURES, write_paper_figures
 from replaceme_exp.reporting.paper_settings import Target, resolve_target
-from replaceme_exp.reporting.paper_tables import write_paper_tables
+from replaceme_exp.reporting.paper_tables import TABLES, write_paper_tables
 from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.results.store import ResultsStore
 
@@ -58,11 +60,12 @@ def render(
     eval: str | None = None,  # noqa: A002 - the config group's name
     echo=print,
     protocol: str | None = None,
+    only: list[str] | None = None,
 ) -> list[Path]:
     """Write every table and figure (retargeted when any setting is given), for each protocol of
     :func:`protocols_to_render` (the official one into ``<folder>/protocol_official``, its
     captions saying so); ``echo`` gets the opening line, the target and one count line per table
-    and figure. Returns the files."""
+    and figure (only those named in ``only``, when given). Returns the files."""
     runs = ResultsStore(results).load(latest_per_config=True)
     echo(describe_rows(runs, results))
     written: list[Path] = []
@@ -74,8 +77,8 @@ def render(
             echo(f"writing to {folder} (retargeted; the paper's own tables in {out} are left as they are)")
         else:
             echo(f"writing to {folder} (the paper's settings)")
-        files = write_paper_tables(results, folder, runs, target, echo=echo)
-        files += write_paper_figures(runs, folder, target, echo=echo)
+        files = write_paper_tables(results, folder, runs, target, echo=echo, only=only)
+        files += write_paper_figures(runs, folder, target, echo=echo, only=only)
         echo(f"wrote {len(files)} files to {folder}")
         written += files
     return written
@@ -94,7 +97,17 @@ def main(argv: list[str] | None = None) -> None:
         choices=["paper", "official"],
         help="only the runs of this protocol (default: paper, and official where such runs exist)",
     )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated names of the tables and figures to render (default: all), e.g. methods_equal_compression",
+    )
     args = parser.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else None
+    known = {spec.name for spec in TABLES} | set(FIGURES)
+    if only is not None and (unknown := sorted(set(only) - known)):
+        names = ", ".join(sorted(known))
+        parser.error(f"--only={args.only!r}: no table or figure named {', '.join(unknown)} (known: {names})")
     render(
         args.results,
         args.out,
@@ -102,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         args.calibration or None,
         args.eval or None,
         protocol=args.protocol or None,
+        only=only,
     )
 
 

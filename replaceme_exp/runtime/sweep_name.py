@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 
-# The groups that name a whole experiment, most encompassing first: a paper template, a study, a method preset.
-PRESET_GROUPS = ("paper", "study", "experiment")
+# The groups that name a whole experiment, most encompassing first: a paper template, a study, a comparison of
+# methods, a method preset.
+PRESET_GROUPS = ("paper", "study", "methods", "experiment")
 
 
 def sweep_name(choices: dict, multirun: bool, sweep_overrides: list[str] | None = None) -> str:

@@ -1,0 +1,420 @@
+"""The table "depth-pruning methods at equal compression" and the runs of quoted methods in this
+project's pipeline: its template gives every method the same calibration tokens and suite at 25% of
+the blocks, each of its jobs fills exactly one row, the table renders from rows (a method without a
+run is missing, a run at another compression is not shown), the compression time and CO2 sum the
+compression stages, and a quoted method's run stands beside its quoted row, labelled apart."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+from helpers.config import ROOT, compose_config, validate_config
+from helpers.tables import SPECS, cells, frame, run
+from helpers.templates import expand
+
+from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.reporting.cells import FractionOfDepth, matches
+from replaceme_exp.reporting.paper_settings import PEER_METHOD, Target, resolve_target, select_cell
+from replaceme_exp.reporting.paper_tables import (
+    HARNESS_MARK,
+    METHODS_AT_EQUAL_COMPRESSION,
+    MISSING,
+    Column,
+    Row,
+    TableSpec,
+    build_table,
+    load_quoted,
+    to_latex,
+    to_markdown,
+)
+
+TEMPLATE = "methods/equal_compression"
+SPEC = SPECS["methods_equal_compression"]
+PRESETS = [row.text["Preset"] for row in METHODS_AT_EQUAL_COMPRESSION]
+# SmolLM2-135M-Instruct has 30 blocks: 25% is round(7.5) = 8, as the job rounds it.
+SMOLLM2_BLOCKS = {"num_layers": 30, "n_prune": 8}
+
+
+def smol(i: int, method: str, **values) -> dict:
+    """A finished SmolLM2 run of the template's setting (self_generated, 128 samples, eval=offline, 8 of 30)."""
+    base = dict(
+        model="smollm2_135m",
+        dtype="float32",
+        calibration="self_generated",
+        n_calib_samples=128,
+        eval="offline",
+        method=method,
+        objective={"UIDL": "identity", "ReplaceMe cosine": "cosine"}.get(method, "ls"),
+        solver=None,
+        solver_schedule=None,
+        estimation_tokens="all",
+        setting_hash=f"s{i}",
+        **SMOLLM2_BLOCKS,
+    )
+    return run(i, **{**base, **values})
+
+
+@pytest.mark.unit
+def test_the_template_sweeps_exactly_the_presets_of_the_tables_rows():
+    cfg, jobs = expand(TEMPLATE)
+    assert [job["experiment"] for job in jobs] == PRESETS
+    text = (ROOT / "multirun_templates" / f"{TEMPLATE}.yaml").read_text()
+    assert "python run.py -m +methods=equal_compression" in text and "make methods-table" in text
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("model", ["smollm2_135m", "tiny_llama"])
+def test_every_method_gets_the_same_calibration_tokens_suite_and_compression(model):
+    """The template's calibration and suite win over whatever a method's preset chooses (shown
+    with replaceme_official, which sets SlimOrca, 8000 samples, eval=paper and 8 blocks)."""
+    composed = {}
+    for preset in [*PRESETS, "replaceme_official"]:
+        cfg = compose_config([f"+{TEMPLATE.replace('/', '=')}", f"model={model}", f"experiment={preset}"])
+        validate_config(cfg)
+        composed[preset] = cfg
+    shared = {
+        (cfg.calibration.name, cfg.calibration.n_samples, cfg.calibration.seq_len, cfg.calibration.seed)
+        for cfg in composed.values()
+    }
+    assert shared == {("self_generated", 128, 256, 42)}
+    assert {cfg.eval.name for cfg in composed.values()} == {"offline"}
+    assert {cfg.n_prune for cfg in composed.values()} == {0.25}
+    assert all(cfg.force for cfg in composed.values())  # each job measures its own compression cost
+    # The sink-aware row differs from ReplaceMe LS in the estimation alone.
+    ls, sink = composed["replaceme_ls"], composed["replaceme_ls_sink_aware"]
+    assert (ls.estimation.tokens, sink.estimation.tokens) == ("all", "rescale_massive")
+    assert (ls.objective.name, ls.selection.metric) == (sink.objective.name, sink.selection.metric) == ("ls", "cosine")
+
+
+@pytest.mark.unit
+def test_each_job_of_the_template_fills_exactly_one_row_and_each_row_one_job():
+    """The jobs' rows as JobSpec writes them, with the blocks a finished job records (8 of SmolLM2's 30),
+    against the table's cells."""
+    written = []
+    for job in expand(TEMPLATE)[1]:
+        cfg = compose_config([f"+{TEMPLATE.replace('/', '=')}", f"experiment={job['experiment']}"])
+        columns = JobSpec.from_config(cfg).setting_columns()
+        written.append({**columns, **SMOLLM2_BLOCKS, "preset": job["experiment"]})
+    written = pd.DataFrame(written)
+    filled = []
+    for row in METHODS_AT_EQUAL_COMPRESSION:
+        matched = select_cell(written, {**SPEC.where, **row.conditions, "protocol": "paper"})
+        assert list(matched["preset"]) == [row.text["Preset"]], row.label
+        filled.append(matched["preset"].item())
+    assert sorted(filled) == sorted(written["preset"])
+    assert dict(zip(written["preset"], written["method"])) == {
+        "uidl_baseline": "UIDL",
+        "replaceme_ls": "ReplaceMe LS",
+        "replaceme_cosine": "ReplaceMe cosine",
+        "replaceme_ls_sink_aware": "ReplaceMe LS",
+    }
+
+
+@pytest.mark.unit
+def test_a_fraction_of_the_depth_matches_the_blocks_the_job_removes_at_any_depth():
+    # depth -> blocks at 25%, by hand: Python's round (half to even) as selection.cuts.blocks_to_prune
+    expected = {30: 8, 32: 8, 6: 2, 10: 2, 14: 4, 16: 4, 80: 20, 4: 1, 3: 1}
+    rows = pd.DataFrame(
+        [{"num_layers": d, "n_prune": n} for d in expected for n in range(1, d)]
+        + [{"num_layers": 1, "n_prune": 0}, {"num_layers": None, "n_prune": 8}]  # under one block; no depth
+    )
+    mask = matches(rows, {"n_prune": FractionOfDepth(0.25)})
+    assert sorted(map(tuple, rows[mask][["num_layers", "n_prune"]].astype(int).values)) == sorted(expected.items())
+    assert str(FractionOfDepth(0.25)) == "25% of num_layers"
+    assert not matches(pd.DataFrame([{"n_prune": 8}]), {"n_prune": FractionOfDepth(0.25)}).any()
+
+
+@pytest.mark.unit
+def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missing():
+    runs = frame(
+        smol(
+            1,
+            "UIDL",
+            ppl_heldout=62.2,
+            acc_replaceme_capitals=0.8,
+            acc_replaceme_opposites=0.6,
+            avg_acc=0.7,
+            rp=0.77,
+            baseline_ppl_heldout=21.21,
+            baseline_avg_acc=0.906,
+            baseline_acc_replaceme_capitals=0.9,
+            time_load_s=50.0,  # not compression: loading, evaluation, saving
+            time_eval_s=100.0,
+            time_capture_s=12.0,
+            time_estimate_s=0.5,
+            co2_kg_capture=2e-5,
+            co2_kg_estimate=1e-6,
+            co2_kg_eval=1.0,
+            energy_estimated=True,
+        ),
+        smol(2, "ReplaceMe LS", ppl_heldout=106.3, time_capture_s=20.0, time_estimate_s=3.0, time_heal_s=1.0),
+        smol(3, "ReplaceMe LS", estimation_tokens="rescale_massive", ppl_heldout=70.0, time_capture_s=20.0),
+        # the same method at another compression, on other data or another model: not in the table
+        smol(4, "ReplaceMe cosine", n_prune=4, ppl_heldout=1.0),
+        smol(5, "ReplaceMe cosine", calibration="pydoc", ppl_heldout=2.0),
+        smol(6, "ReplaceMe cosine", model="tiny_llama", num_layers=6, n_prune=2, ppl_heldout=3.0),
+    )
+    table = build_table(SPEC, runs, load_quoted())
+    assert list(table.columns) == [
+        "Setting",
+        "Preset",
+        "Runs",
+        "Held-out ppl",
+        "replaceme_capitals (acc)",
+        "replaceme_opposites (acc)",
+        "Avg-acc",
+        "RP",
+        "Compression time (s)",
+        "CO2 (kg)",
+    ]
+    assert list(table["Setting"]) == ["Unpruned"] + [row.label for row in METHODS_AT_EQUAL_COMPRESSION]
+    unpruned = cells(table, "Unpruned")
+    assert (unpruned["Held-out ppl"], unpruned["Avg-acc"], unpruned["RP"]) == ("21.21", "0.906", "1")
+    assert unpruned["Compression time (s)"] == MISSING
+    uidl = cells(table, "UIDL")
+    assert (uidl["Runs"], uidl["Preset"], uidl["Held-out ppl"], uidl["replaceme_capitals (acc)"]) == (
+        1,
+        "uidl_baseline",
+        "62.2",
+        "0.8",
+    )
+    assert uidl["Compression time (s)"] == "12.5"  # capture + estimate: not load, eval
+    assert uidl["CO2 (kg)"] == "2.1e-05 (est.)"  # CodeCarbon estimated its power: marked
+    ls, sink = cells(table, "ReplaceMe LS"), cells(table, "ReplaceMe LS, sink-aware estimation")
+    assert (ls["Held-out ppl"], ls["Compression time (s)"], ls["CO2 (kg)"]) == ("106.3", "24", MISSING)
+    assert (sink["Held-out ppl"], sink["Compression time (s)"]) == ("70", "20")
+    cosine = cells(table, "ReplaceMe cosine")
+    assert cosine["Runs"] == 0 and {cosine[c] for c in table.columns[3:]} == {MISSING}
+    assert table.attrs["counts"] == (  # found: SmolLM2's self_generated offline runs, at any compression
+        "methods_equal_compression: 4 runs found (model=smollm2_135m, calibration=self_generated, eval=offline), "
+        "3 matched a cell, 3 shown"
+    )
+    markdown = to_markdown(SPEC, table)
+    assert "| ReplaceMe cosine | replaceme_cosine | 0 | — | — |" in markdown and "(est.): energy and CO2" in markdown
+    assert r"ReplaceMe LS, sink-aware estimation & replaceme\_ls\_sink\_aware & 1 & 70" in to_latex(SPEC, table)
+
+
+@pytest.mark.unit
+def test_the_table_renders_for_another_model_calibration_and_suite():
+    """MODEL=tiny_llama CALIBRATION=pydoc EVAL=quick: 25% is 2 of its 6 blocks, the calibration its
+    default size, the suite's own accuracies (quick: none), the held-out perplexity kept."""
+    tiny = dict(model="tiny_llama", num_layers=6, n_prune=2, calibration="pydoc", eval="quick")
+    runs = frame(
+        smol(1, "UIDL", ppl_heldout=62.0),  # SmolLM2's: not read
+        smol(2, "UIDL", **tiny, ppl_heldout=40.0, ppl_heldout_baseline=30.0),
+        smol(3, "ReplaceMe LS", **tiny, ppl_heldout=35.0),
+        smol(4, "ReplaceMe LS", **{**tiny, "n_prune": 1}, ppl_heldout=33.0),  # 1 of 6: not 25%
+        smol(5, "ReplaceMe cosine", **{**tiny, "n_calib_samples": 16}, ppl_heldout=99.0),  # not pydoc's 128
+    )
+    target = resolve_target(runs, model="tiny_llama", calibration="pydoc", eval="quick")
+    table = build_table(SPEC, runs, target=target)
+    assert list(table.columns) == [
+        *("Setting", "Preset", "Runs", "Held-out ppl", "Avg-acc", "RP"),
+        *("Compression time (s)", "CO2 (kg)"),
+    ]
+    assert cells(table, "Unpruned")["Held-out ppl"] == "30"
+    assert cells(table, "UIDL")["Held-out ppl"] == "40" and cells(table, "ReplaceMe LS")["Held-out ppl"] == "35"
+    assert cells(table, "ReplaceMe cosine")["Runs"] == 0
+    caption = table.attrs["retargeted"]
+    assert "model=tiny_llama (the table's default: smollm2_135m)" in caption
+    assert "calibration=pydoc (the table's default: self_generated)" in caption
+    assert "128 calibration samples = pydoc's default 128" in caption
+    # No target: SmolLM2's run.
+    assert cells(build_table(SPEC, runs), "UIDL")["Held-out ppl"] == "62"
+    assert build_table(SPEC, runs, target=Target()).equals(build_table(SPEC, runs))
+
+
+# --- runs of quoted methods in this harness, beside their quoted rows ---
+
+
+def llama2(i: int, **values) -> dict:
+    return run(i, **{"model": "llama2_7b", "eval": "llama2_table", **values})
+
+
+UIDL_HEALED = dict(objective="identity", selection_metric="angular_last", healing="lora")
+
+
+@pytest.mark.unit
+def test_a_run_of_a_quoted_method_stands_beside_its_quoted_row_labelled_apart():
+    spec = SPECS["llama2_comparison"]
+    runs = frame(llama2(1, **UIDL_HEALED, avg_acc=0.40, rp=0.88), llama2(2, objective="ls", avg_acc=0.42))
+    quoted = load_quoted()
+    table = build_table(spec, runs, quoted)
+    assert list(table["Setting"]) == [
+        "Llama 2 7B (baseline)",
+        *[f"{m} (quoted)" for m in ("LLM-Streamline", "LLMPruner", "SliceGPT", "LaCo", "UIDL")],
+        f"UIDL + LoRA healing {HARNESS_MARK}",
+        "Ours (Cosine)",
+        "Ours (LS)",
+    ]
+    quoted_uidl, run_uidl = cells(table, "UIDL (quoted)"), cells(table, f"UIDL + LoRA healing {HARNESS_MARK}")
+    assert (quoted_uidl["Runs"], quoted_uidl["AVG"], quoted_uidl["RP"]) == ("quoted", "0.409", "0.903")
+    assert (run_uidl["Runs"], run_uidl["AVG"], run_uidl["RP"]) == (1, "0.4", "0.88")  # measured, not quoted
+    markdown = to_markdown(spec, table, quoted)
+    assert f"Rows marked {HARNESS_MARK} run a method that other papers report in this project's pipeline" in markdown
+    # Rendered from another model: the quoted rows are left out, the run stays.
+    tiny = frame(run(3, model="tiny_llama", num_layers=6, n_prune=2, eval="quick", **UIDL_HEALED, avg_acc=0.3))
+    retargeted = build_table(spec, tiny, quoted, resolve_target(tiny, model="tiny_llama"))
+    assert list(retargeted["Setting"]) == [
+        "Llama 2 7B (baseline)",
+        "Ours (Cosine)",
+        "Ours (LS)",
+        f"UIDL + LoRA healing {HARNESS_MARK}",
+    ]
+    assert cells(retargeted, f"UIDL + LoRA healing {HARNESS_MARK}")["Runs"] == 1
+
+
+@pytest.mark.unit
+def test_runs_of_quoted_methods_move_beside_them_wherever_they_are_declared():
+    """Rows declared before and after the quoted block, of the first and the last quoted method, and
+    a run row with no quoted partner (stays where declared)."""
+    quoted = {
+        "t": {
+            "source": "s",
+            "rows": [{"label": q, "text": {}, "values": {"A": v}} for q, v in (("P", 1.0), ("Q", 2.0))],
+        }
+    }
+    spec = TableSpec(
+        "t",
+        "caption",
+        {"model": "m"},
+        [
+            Row("base", kind="baseline"),
+            Row("runs Q", {"objective": "ls"}, run_of="Q"),
+            Row("ours", {"objective": "cosine"}),
+            Row("runs P", {"objective": "identity"}, run_of="P"),
+            Row("runs Z", {"objective": "mse"}, run_of="Z"),
+        ],
+        [Column("A", "avg_acc")],
+        quoted_at=2,  # after "runs Q" as declared: it moves, the block goes after "base"
+    )
+    table = build_table(spec, frame(run(1, model="m", objective="ls", avg_acc=0.5)), quoted)
+    assert list(table["Setting"]) == [
+        "base",
+        "P (quoted)",
+        f"runs P {HARNESS_MARK}",
+        "Q (quoted)",
+        f"runs Q {HARNESS_MARK}",
+        "ours",
+        f"runs Z {HARNESS_MARK}",
+    ]
+    assert cells(table, f"runs Q {HARNESS_MARK}")["A"] == "0.5"
+    with pytest.raises(ValueError, match="run_of='P' names a run"):
+        Row("x", kind="baseline", run_of="P")
+
+
+# --- make methods-table and render_paper --only ---
+
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+if sys.argv[1] == "-c":
+    code, sys.argv = sys.argv[2], ["-c", *sys.argv[3:]]
+    exec(code)
+with open(os.environ["ARGV_LOG"], "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+INJECTED = "x; touch PWNED_SHELL $(touch PWNED_SUBSHELL) `touch PWNED_BACKTICK`"
+
+
+@pytest.mark.unit
+def test_make_methods_table_runs_the_sweep_then_renders_the_table_passing_values_as_arguments(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    fake, log = tmp_path / "fake_python", tmp_path / "argv.jsonl"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+
+    def make(*args: str) -> list[list[str]]:
+        log.unlink(missing_ok=True)
+        command = ["make", "-s", "-o", "setup", f"PY={fake}", "methods-table", *args]
+        env = {"PATH": "/usr/bin:/bin", "ARGV_LOG": str(log)}
+        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert not list(tmp_path.glob("PWNED*"))
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    sweep, render = make(f"MODEL={INJECTED}", "EVAL=$(shell touch PWNED_MAKE)", "RESULTS=r d", "ARGS=seed=1 'a=b c'")
+    assert sweep == [
+        *("run.py", "-m", "+methods=equal_compression", f"model={INJECTED}", "eval=$(shell touch PWNED_MAKE)"),
+        *("results_dir=r d", "seed=1", "a=b c"),
+    ]
+    assert render == [
+        *("-m", "replaceme_exp.reporting.render_paper", "--results=r d", "--out=r d/paper_tables"),
+        *(f"--model={INJECTED}", "--calibration=self_generated", "--eval=$(shell touch PWNED_MAKE)"),
+        "--only=methods_equal_compression",
+    ]
+    sweep, render = make()  # the defaults: SmolLM2, the template's calibration and suite
+    assert sweep == ["run.py", "-m", "+methods=equal_compression", "model=smollm2_135m", "results_dir=results"]
+    assert render[4:] == ["--model=smollm2_135m", "--calibration=self_generated", "--eval=offline", render[-1]]
+
+
+@pytest.mark.integration
+def test_render_paper_only_writes_the_named_table_and_refuses_unknown_names(tmp_path):
+    from replaceme_exp.reporting.render_paper import main
+    from replaceme_exp.results import ResultsStore
+
+    store = ResultsStore(tmp_path / "results")
+    store.write(smol(1, "UIDL", ppl_heldout=62.2))
+    out = tmp_path / "tables"
+    main(["--results", str(tmp_path / "results"), "--out", str(out), "--only", "methods_equal_compression"])
+    assert sorted(p.name for p in out.iterdir()) == ["methods_equal_compression.md", "methods_equal_compression.tex"]
+    assert "| UIDL | uidl_baseline | 1 | 62.2 |" in (out / "methods_equal_compression.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--results", str(tmp_path / "results"), "--out", str(out), "--only", "no_such_table"])
+
+
+# The lines the LaCo and LLM-Streamline presets add to the Llama 2 comparison (and their presets to its
+# template's experiment axis): runs picked by their method column, whatever their own selection, cuts,
+# transform and calibration size.
+LLAMA2_PEER_ROWS = [
+    Row(
+        "LLM-Streamline",
+        {"method": "LLM-Streamline (FFN)", **PEER_METHOD},
+        text={"Train-free": "no"},
+        run_of="LLM-Streamline",
+    ),
+    Row("LaCo", {"method": "LaCo", **PEER_METHOD}, text={"Train-free": "yes"}, run_of="LaCo"),
+]
+
+
+@pytest.mark.unit
+def test_a_peer_methods_run_is_picked_by_its_method_whatever_its_own_settings():
+    spec = SPECS["llama2_comparison"]
+    spec = replace(spec, rows=[*spec.rows, *LLAMA2_PEER_ROWS])
+    laco = dict(method="LaCo", objective="identity", selection_metric="laco", num_lts=2, n_calib_samples=15)
+    streamline = dict(method="LLM-Streamline (FFN)", objective="identity", structure=None, n_calib_samples=2000)
+    runs = frame(
+        llama2(1, **laco, avg_acc=0.37),
+        llama2(2, **streamline, avg_acc=0.41),
+        llama2(3, **{**laco, "n_prune": 4}, avg_acc=0.9),  # another compression
+        llama2(4, **{**laco, "eval": "paper"}, avg_acc=0.9),  # another suite
+        llama2(5, **{**laco, "healing": "lora"}, avg_acc=0.9),  # healed afterwards: not the method's defaults
+        run(6, **laco, avg_acc=0.9),  # another model
+        llama2(7, objective="ls", avg_acc=0.42),
+    )
+    table = build_table(spec, runs, load_quoted())
+    assert list(table["Setting"]) == [
+        "Llama 2 7B (baseline)",
+        "LLM-Streamline (quoted)",
+        f"LLM-Streamline {HARNESS_MARK}",
+        "LLMPruner (quoted)",
+        "SliceGPT (quoted)",
+        "LaCo (quoted)",
+        f"LaCo {HARNESS_MARK}",
+        "UIDL (quoted)",
+        f"UIDL + LoRA healing {HARNESS_MARK}",
+        "Ours (Cosine)",
+        "Ours (LS)",
+    ]
+    assert (cells(table, f"LaCo {HARNESS_MARK}")["Runs"], cells(table, f"LaCo {HARNESS_MARK}")["AVG"]) == (1, "0.37")
+    assert cells(table, f"LLM-Streamline {HARNESS_MARK}")["AVG"] == "0.41"
+    assert cells(table, "LaCo (quoted)")["AVG"] == "0.374"  # the quoted number, untouched
+    assert cells(table, "Ours (LS)")["AVG"] == "0.42" and cells(table, "Ours (LS)")["Runs"] == 1
+    assert cells(table, f"UIDL + LoRA healing {HARNESS_MARK}")["Runs"] == 0  # a LaCo run is no UIDL
