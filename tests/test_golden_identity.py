@@ -34,6 +34,23 @@ from replaceme_exp.pipeline.spec import JobSpec
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 
+ISSUE_25_COLUMNS = (
+    "selection_window",
+    "selection_final_norm",
+    "selection_early_barrier",
+    "selection_latter_barrier",
+    "selection_merge_layers",
+    "selection_interval",
+    "selection_threshold",
+    "selection_lowest",
+    "selection_highest",
+    "selection_samples",
+    "selection_merge",
+    "replacement",
+    "replacement_settings",
+)
+
+
 def as_now_described(pinned: dict, cfg) -> dict:
     """The pinned setting columns with the changes made on purpose when the job spec came:
 
@@ -61,7 +78,13 @@ def as_now_described(pinned: dict, cfg) -> dict:
     - the held-out text a perplexity is measured on: ``eval_text``, ``eval_seq_len``, ``eval_max_windows``
       (None for a vision encoder), ``eval_text_path`` / ``eval_text_sha256``;
     - the local files of the calibration and healing text: ``calibration_path`` / ``calibration_sha256``,
-      ``healing_data_path`` / ``healing_data_sha256`` (None without one: no pinned composition names one).
+      ``healing_data_path`` / ``healing_data_sha256`` (None without one: no pinned composition names one);
+
+    and in issue 25 (peer methods), None in every pinned composition (none selects by search or
+    replaces a cut by a network):
+
+    - a selection's own keys, ``selection_<key>`` (ShortGPT's ``window``, SLEB's barriers, LaCo's C, I, T, ...);
+    - ``replacement`` and ``replacement_settings`` (LLM-Streamline's trained network).
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -115,6 +138,8 @@ def as_now_described(pinned: dict, cfg) -> dict:
         eval_text_path=str(Path(cfg.eval.path).absolute()) if text_file else None,
         eval_text_sha256=hashlib.sha256(Path(cfg.eval.path).read_bytes()).hexdigest() if text_file else None,
     )
+    for column in ISSUE_25_COLUMNS:
+        out[column] = None
     healing_data = cfg.healing.data if cfg.healing.name != "none" else {}
     for prefix, section in (("calibration", cfg.calibration), ("healing_data", healing_data)):
         fields = [section.get(k) for k in ("path", "prompts_path", "prompts_data_files")]

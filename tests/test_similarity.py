@@ -33,6 +33,7 @@ from replaceme_exp.config.validate import typed_config
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models import adapter_for
 from replaceme_exp.pipeline.rules import check_selection
+from replaceme_exp.pipeline.spec import estimator_class
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.selection.passes import SelectionRequest, selection_distances
@@ -269,8 +270,9 @@ def test_last_token_similarity_is_refused_in_one_line(tmp_path, metric):
     cfg = compose_config(TINY + [f"results_dir={tmp_path}", f"selection={metric}", "selection.tokens=last"])
     with pytest.raises(ConfigError, match=rf"^selection.tokens='last': selection.metric={metric} is computed"):
         validate_config(cfg)
+    typed = typed_config(cfg)
     with pytest.raises(ConfigError):
-        check_selection(typed_config(cfg))
+        check_selection(typed, estimator_class(typed.objective).requirements(typed.objective))
 
 
 @pytest.mark.unit
