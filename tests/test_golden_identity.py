@@ -61,7 +61,10 @@ def as_now_described(pinned: dict, cfg) -> dict:
     - the held-out text a perplexity is measured on: ``eval_text``, ``eval_seq_len``, ``eval_max_windows``
       (None for a vision encoder), ``eval_text_path`` / ``eval_text_sha256``;
     - the local files of the calibration and healing text: ``calibration_path`` / ``calibration_sha256``,
-      ``healing_data_path`` / ``healing_data_sha256`` (None without one: no pinned composition names one).
+      ``healing_data_path`` / ``healing_data_sha256`` (None without one: no pinned composition names one);
+
+    and in issue 25: ``ridge_criterion``, ``ridge_folds``, ``ridge_grid`` (``objective=ls_ridge_identity``'s
+    settings; None for every pinned composition, none of which uses it).
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -115,6 +118,7 @@ def as_now_described(pinned: dict, cfg) -> dict:
         eval_text_path=str(Path(cfg.eval.path).absolute()) if text_file else None,
         eval_text_sha256=hashlib.sha256(Path(cfg.eval.path).read_bytes()).hexdigest() if text_file else None,
     )
+    out.update(ridge_criterion=None, ridge_folds=None, ridge_grid=None)
     healing_data = cfg.healing.data if cfg.healing.name != "none" else {}
     for prefix, section in (("calibration", cfg.calibration), ("healing_data", healing_data)):
         fields = [section.get(k) for k in ("path", "prompts_path", "prompts_data_files")]

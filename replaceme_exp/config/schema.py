@@ -37,6 +37,10 @@ def positive_int(v) -> str | None:
     return None if _is_int(v) and v > 0 else "must be a positive integer"
 
 
+def at_least_two(v) -> str | None:
+    return None if _is_int(v) and v >= 2 else "must be an integer >= 2"
+
+
 def non_negative_int(v) -> str | None:
     return None if _is_int(v) and v >= 0 else "must be an integer >= 0"
 
@@ -325,6 +329,20 @@ class ObjectiveConfig:
 @Group
 class LeastSquaresObjectiveConfig(ObjectiveConfig):
     max_condition: float = key(1.0e13, doc="refuse M^T M above this condition number", check=finite_positive)
+
+
+@Group
+class RidgeToIdentityObjectiveConfig(LeastSquaresObjectiveConfig):
+    """Closed-form LS with a ridge toward the identity whose strength the calibration data choose
+    (``objective=ls_ridge_identity``: docs/methods/ridge-to-identity.md)."""
+
+    criterion: Literal["sequence_folds", "gcv"] = key(
+        "sequence_folds", doc="choose the strength on held-out folds of whole sequences, or by GCV over tokens"
+    )
+    folds: int = key(5, doc="folds of whole calibration sequences (>= 2)", check=at_least_two)
+    grid_min: float = key(1.0e-6, doc="smallest strength tried, times the mean eigenvalue", check=finite_positive)
+    grid_max: float = key(1.0e3, doc="largest strength tried, times the mean eigenvalue", check=finite_positive)
+    grid_points: int = key(19, doc="log-spaced strengths tried (and 0 = LS, inf = identity)", check=positive_int)
 
 
 @Group
@@ -633,7 +651,9 @@ SHAPE_REGISTRIES: dict[str, tuple[str, str]] = {"calibration": ("source", "calib
 GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "model": (PretrainedModelConfig, RandomModelConfig),
     "selection": (SelectionConfig,),
-    "objective": (ObjectiveConfig, LeastSquaresObjectiveConfig, NumericalObjectiveConfig),
+    "objective": (
+        ObjectiveConfig, LeastSquaresObjectiveConfig, RidgeToIdentityObjectiveConfig, NumericalObjectiveConfig
+    ),
     "estimation": (EstimationConfig,),
     "regularizer": (RegularizerConfig,),
     "structure": (StructureConfig,),

@@ -32,7 +32,8 @@ class Requirements:
     "token_mean": added to the mean per-token loss, the paper's cosine alphas); ``regularizers`` and
     ``structures``: what it can apply (``structures_without_alpha``: those whose solution ``alpha``
     does not change); ``solver`` / ``solver_schedule``: the solver and the schedule
-    it really runs (None for closed forms)."""
+    it really runs (None for closed forms); ``statistic_folds``: the statistics wanted per fold of
+    whole calibration sequences (:class:`~replaceme_exp.capture.folds.FoldedStats`; 0: all tokens)."""
 
     statistics: bool
     tokens: bool = False
@@ -44,6 +45,7 @@ class Requirements:
     structures_without_alpha: tuple[str, ...] = ()
     solver: str | None = None
     solver_schedule: str | None = None
+    statistic_folds: int = 0  # >= 2: the statistics kept per fold of whole sequences (capture.folds)
 
     @property
     def fits(self) -> bool:
@@ -69,6 +71,10 @@ class Estimator:
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor | None:
         raise NotImplementedError
+
+    def columns(self) -> dict[str, dict]:
+        """Row columns of what the estimates found, each ``{column: {cut: value}}`` (none by default)."""
+        return {}
 
 
 class LeastSquaresEstimator(Estimator):

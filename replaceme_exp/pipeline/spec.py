@@ -360,6 +360,7 @@ class JobSpec:
             "eval": c.eval.name,
             **self.eval_columns(),
             "capture_precision": e.capture_precision,
+            **ridge_columns(c.objective),
         }
 
     def eval_columns(self) -> dict[str, Any]:
@@ -417,6 +418,7 @@ class JobSpec:
             stats_bytes=stats_bytes,
             touching_cuts=e.touching_cuts or "apart",
             sequential=e.multi_lt == "sequential",
+            folds=self.requirements.statistic_folds,
         )
 
     def fit_request(self) -> FitRequest:
@@ -444,6 +446,7 @@ class JobSpec:
 # objective, else ``objective.name``); an objective of one's own is named by its ``name``.
 OBJECTIVE_METHOD_NAMES = {
     "ls": "LS",
+    "ls_ridge_identity": "LS ridge-to-I",
     "cosine": "cosine",
     "cosine_exact": "cosine (exact)",
     "mse": "MSE",
@@ -466,6 +469,20 @@ def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str
     if c.healing.name != "none":
         method += f" + {HEALING_METHOD_NAMES.get(c.healing.name, c.healing.name + ' healing')}"
     return method
+
+
+def ridge_columns(objective: schema.ObjectiveConfig) -> dict[str, Any]:
+    """How ``objective=ls_ridge_identity`` chooses its strength (None for every other objective):
+    ``ridge_criterion``, ``ridge_folds`` and ``ridge_grid`` ``[min, max, points]`` (relative to the
+    mean eigenvalue of ``M^T M``; 0 and inf are always candidates)."""
+    ridge = isinstance(objective, schema.RidgeToIdentityObjectiveConfig)
+    return {
+        "ridge_criterion": objective.criterion if ridge else None,
+        "ridge_folds": int(objective.folds) if ridge else None,
+        "ridge_grid": [float(objective.grid_min), float(objective.grid_max), int(objective.grid_points)]
+        if ridge
+        else None,
+    }
 
 
 def data_files(section: dict) -> list[Path]:

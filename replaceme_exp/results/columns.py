@@ -104,6 +104,13 @@ SETTING_COLUMNS: dict[str, str] = {
     "`cka`, ...); None with explicit `cuts`.",
     "eval": "The eval suite option (`eval.name`).",
     "capture_precision": "Precision of the statistics' products: `float64` or `float32`.",
+    "ridge_criterion": "`objective=ls_ridge_identity`: how the strength of the ridge toward I is chosen: "
+    "`sequence_folds` (held-out folds of whole sequences) or `gcv` (generalised cross-validation over tokens); "
+    "None for other objectives.",
+    "ridge_folds": "`objective=ls_ridge_identity`: folds of whole calibration sequences (sequence j in fold j mod "
+    "folds); None for other objectives.",
+    "ridge_grid": "`objective=ls_ridge_identity`: JSON `[min, max, points]`, the log-spaced strengths tried, "
+    "relative to the mean eigenvalue `trace(M^T M) / d` (0 = plain LS and inf = identity are tried too).",
     "evaluated_checkpoint": "An evaluate job's checkpoint directory (None: `model` itself).",
     "pruned_config_hash": "The config hash of the pruning row that saved the evaluated checkpoint.",
     "pruned_run_id": "The run id of the pruning row that saved the evaluated checkpoint.",
@@ -162,6 +169,19 @@ MEASURED_COLUMNS: dict[str, str] = {
     "alpha_effect": "Per cut, with a closed-form fit and alpha > 0: `||T(alpha) - T(0)||_F / ||T(0)||_F` "
     "(below the dtype's resolution: alpha did nothing; the sweep summary says so).",
     "gram_mean_eigenvalue": "Per cut: `trace(M^T M) / d` of the fit's statistics (the scale alpha competes with).",
+    "ridge_lambda": "`objective=ls_ridge_identity`, per cut: the chosen strength `lam` of `lam ||T - I||^2`, "
+    "added to the statistics of all tokens (0: plain LS; None: the identity won).",
+    "ridge_lambda_relative": "Per cut: the chosen strength over the mean eigenvalue `trace(M^T M) / d` "
+    "(None: the identity won).",
+    "ridge_identity_fallback": "Per cut: true when plain removal (T = I, nothing fused) had the least held-out "
+    "residual.",
+    "ridge_heldout_residual": "Per cut: the mean squared held-out calibration residual per token of the chosen "
+    "strength (each fold's T fitted on the other folds).",
+    "ridge_heldout_residual_ls": "Per cut: the same of plain LS (`lam = 0`; None where a fold's system is singular).",
+    "ridge_heldout_residual_identity": "Per cut: the same of T = I (plain removal).",
+    "ridge_gcv_lambda_relative": "Per cut: the relative strength generalised cross-validation over tokens picks "
+    "(None: the identity).",
+    "ridge_gcv_agrees": "Per cut: whether GCV over tokens picks the same strength as the held-out sequences.",
     "energy_tracking_mode": "CodeCarbon's tracking mode: `process` (this job's share of CPU and RAM) or `machine`.",
     "energy_power": "Per device (cpu, gpu, ram), how its power was obtained: measured (RAPL, NVML; the whole "
     "device) or estimated (TDP, constant).",
