@@ -48,6 +48,9 @@ ISSUE_25_COLUMNS = (
     "selection_merge",
     "replacement",
     "replacement_settings",
+    "ridge_criterion",
+    "ridge_folds",
+    "ridge_grid",
 )
 
 
@@ -85,6 +88,7 @@ def as_now_described(pinned: dict, cfg) -> dict:
 
     - a selection's own keys, ``selection_<key>`` (ShortGPT's ``window``, SLEB's barriers, LaCo's C, I, T, ...);
     - ``replacement`` and ``replacement_settings`` (LLM-Streamline's trained network).
+    - ``ridge_criterion``, ``ridge_folds``, ``ridge_grid`` (``objective=ls_ridge_identity``'s settings).
     """
     out = dict(pinned)
     selects = cfg.cuts is None

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from replaceme_exp.capture.channel_scales import ChannelScales
+from replaceme_exp.capture.folds import FOLD_ASSIGNMENT, FoldedStats
 from replaceme_exp.capture.similarity import Similarities
 from replaceme_exp.capture.statistics import Cut, LinearStats
 from replaceme_exp.storage import (
@@ -33,7 +34,14 @@ from replaceme_exp.storage import (
 log = logging.getLogger(__name__)
 
 # Semantics version per kind of entry: bump when the code changes what an entry holds.
-CACHE_VERSIONS = {"distances": 2, "layer_distances": 2, "linear": 2, "similarity": 1, "channel_scales": 1}
+CACHE_VERSIONS = {
+    "distances": 2,
+    "layer_distances": 2,
+    "linear": 2,
+    "linear_folds": 1,
+    "similarity": 1,
+    "channel_scales": 1,
+}
 
 _swept: set[Path] = set()  # cache folders whose killed writers' leftovers this process removed
 
@@ -160,5 +168,37 @@ class StatisticsCache:
                 "ratio_sum": found.ratio_sum.cpu(),
                 "n_sequences": torch.tensor(found.n_sequences),
                 "n_tokens": torch.tensor(found.n_tokens),
+            },
+        )
+
+    def _folded_entry(self, cut: Cut, placement: str, tokens: str, precision: str, folds: int) -> tuple[Path, dict]:
+        what = {"cut": list(cut), "placement": placement, "tokens": tokens, "precision": precision}
+        return self._entry("linear_folds", **what, folds=folds, assignment=FOLD_ASSIGNMENT)
+
+    def get_folded_stats(
+        self, cut: Cut, folds: int, placement: str = "fused", tokens: str = "all", precision: str = "float64"
+    ) -> FoldedStats | None:
+        """The statistics of ``cut`` per fold of whole sequences (:mod:`replaceme_exp.capture.folds`),
+        a kind of entry of its own (never served for, nor from, the plain ``linear`` entries)."""
+        p = self._load(self._folded_entry(cut, placement, tokens, precision, folds))
+        if p is None:
+            return None
+        parts = [
+            LinearStats(cut, p["mtm"][i], p["mtr"][i], float(p["r_sq"][i]), int(p["n_tokens"][i]))
+            for i in range(folds)
+        ]
+        return FoldedStats.of(parts)
+
+    def put_folded_stats(
+        self, stats: FoldedStats, placement: str = "fused", tokens: str = "all", precision: str = "float64"
+    ) -> None:
+        folds = stats.folds
+        self._save(
+            self._folded_entry(stats.cut, placement, tokens, precision, len(folds)),
+            {
+                "mtm": torch.stack([f.mtm.cpu() for f in folds]),
+                "mtr": torch.stack([f.mtr.cpu() for f in folds]),
+                "r_sq": torch.tensor([f.r_sq for f in folds], dtype=torch.float64),
+                "n_tokens": torch.tensor([f.n_tokens for f in folds]),
             },
         )

@@ -37,6 +37,10 @@ def positive_int(v) -> str | None:
     return None if _is_int(v) and v > 0 else "must be a positive integer"
 
 
+def at_least_two(v) -> str | None:
+    return None if _is_int(v) and v >= 2 else "must be an integer >= 2"
+
+
 def non_negative_int(v) -> str | None:
     return None if _is_int(v) and v >= 0 else "must be an integer >= 0"
 
@@ -321,10 +325,6 @@ class SelectionConfig:
     tokens: Literal["all", "last"] = key("all", doc="every token, or each sequence's last (UIDL)")
 
 
-def at_least_two(v) -> str | None:
-    return None if _is_int(v) and v >= 2 else "must be an integer >= 2"
-
-
 def cosine_threshold(v) -> str | None:
     return None if _is_number(v) and -1 <= v < 1 else "must be a cosine similarity in [-1, 1)"
 
@@ -386,6 +386,20 @@ class LinearPatchObjectiveConfig(ObjectiveConfig):
     """objective=linear_patch (LinearPatch): the Hadamard-rotated channel scaling at the cut."""
 
     rotate: bool = key(True, doc="Hadamard rotation around the channel scaling (false: the diagonal patch)")
+
+
+@Group
+class RidgeToIdentityObjectiveConfig(LeastSquaresObjectiveConfig):
+    """Closed-form LS with a ridge toward the identity whose strength the calibration data choose
+    (``objective=ls_ridge_identity``: docs/methods/ridge-to-identity.md)."""
+
+    criterion: Literal["sequence_folds", "gcv"] = key(
+        "sequence_folds", doc="choose the strength on held-out folds of whole sequences, or by GCV over tokens"
+    )
+    folds: int = key(5, doc="folds of whole calibration sequences (>= 2)", check=at_least_two)
+    grid_min: float = key(1.0e-6, doc="smallest strength tried, times the mean eigenvalue", check=finite_positive)
+    grid_max: float = key(1.0e3, doc="largest strength tried, times the mean eigenvalue", check=finite_positive)
+    grid_points: int = key(19, doc="log-spaced strengths tried (and 0 = LS, inf = identity)", check=positive_int)
 
 
 @Group
@@ -732,6 +746,7 @@ GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "objective": (
         ObjectiveConfig,
         LeastSquaresObjectiveConfig,
+        RidgeToIdentityObjectiveConfig,
         LinearPatchObjectiveConfig,
         NumericalObjectiveConfig,
         ReplacementObjectiveConfig,

@@ -36,11 +36,13 @@ class Requirements:
     ``structures``: what it can apply (``structures_without_alpha``: those whose solution ``alpha``
     does not change); ``placements``: the ``lt_placement`` values it applies in; ``solver`` /
     ``solver_schedule``: the solver and the schedule it really runs (None for closed forms);
-    ``method``: the pruning method it makes, by name, when it is not ReplaceMe with a transform of
-    its objective (``LinearPatch``; the row's ``method``); ``replacement``: a trained network
-    replaces the cut instead of a T (LLM-Streamline: ``"ffn"``, a new FFN after the block before
-    the cut; ``"layer"``, the cut's first block retrained, so its selected cut spans one block more
-    than it removes)."""
+    ``statistic_folds``: the statistics wanted per fold of whole calibration sequences
+    (:class:`~replaceme_exp.capture.folds.FoldedStats`; 0: all tokens); ``method``: the pruning
+    method it makes, by name, when it is not ReplaceMe with a transform of its objective
+    (``LinearPatch``; the row's ``method``); ``replacement``: a trained network replaces the cut
+    instead of a T (LLM-Streamline: ``"ffn"``, a new FFN after the block before the cut;
+    ``"layer"``, the cut's first block retrained, so its selected cut spans one block more than it
+    removes)."""
 
     statistics: bool
     tokens: bool = False
@@ -56,6 +58,7 @@ class Requirements:
     solver_schedule: str | None = None
     method: str | None = None
     replacement: str | None = None
+    statistic_folds: int = 0  # >= 2: the statistics kept per fold of whole sequences (capture.folds)
 
     @property
     def fits(self) -> bool:
@@ -82,6 +85,10 @@ class Estimator:
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor | None:
         raise NotImplementedError
+
+    def columns(self) -> dict[str, dict]:
+        """Row columns of what the estimates found, each ``{column: {cut: value}}`` (none by default)."""
+        return {}
 
 
 class LeastSquaresEstimator(Estimator):

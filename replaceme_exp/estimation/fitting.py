@@ -61,13 +61,15 @@ class Fit:
     gram_mean_eigenvalue: dict[str, float] = field(default_factory=dict)
     patch_sequences: dict[str, int] = field(default_factory=dict)
     patch_scale_gap: dict[str, float] = field(default_factory=dict)
+    estimator_columns: dict[str, dict] = field(default_factory=dict)  # {column: {cut label: value}}
 
     def columns(self) -> dict:
         """``transform_rms``: each cut's ``||T||_F / sqrt(d)`` (1 for T = I; how a penalty or a
         scale-free loss left T's scale); for a closed form fitted with ``alpha > 0``,
         ``alpha_effect`` (:func:`alpha_effect`) and ``gram_mean_eigenvalue`` (``trace(M^T M) / d``,
-        the scale a token-sum alpha acts against)."""
-        out: dict = {"fit_tokens": self.fit_tokens}
+        the scale a token-sum alpha acts against); and what the estimator recorded per cut
+        (:meth:`Estimator.columns`)."""
+        out: dict = {"fit_tokens": self.fit_tokens, **self.estimator_columns}
         if self.patch_sequences:  # LinearPatch: sequences averaged, mean |s - 1| (the official "gap")
             out.update(patch_sequences=self.patch_sequences, patch_scale_gap=self.patch_scale_gap)
         if self.alpha_effect:
@@ -105,6 +107,7 @@ class Fit:
             move(self.gram_mean_eigenvalue),
             move(self.patch_sequences),
             move(self.patch_scale_gap),
+            {column: move(values) for column, values in self.estimator_columns.items()},
         )
 
     def merged(self, other: "Fit") -> "Fit":
@@ -119,6 +122,10 @@ class Fit:
             {**self.gram_mean_eigenvalue, **other.gram_mean_eigenvalue},
             {**self.patch_sequences, **other.patch_sequences},
             {**self.patch_scale_gap, **other.patch_scale_gap},
+            {
+                column: {**self.estimator_columns.get(column, {}), **other.estimator_columns.get(column, {})}
+                for column in {**self.estimator_columns, **other.estimator_columns}
+            },
         )
 
 
@@ -246,6 +253,10 @@ def fit_transforms(
             fit.fit_tokens = {label(cut): stats[cut].n_tokens for cut in cuts if cut in stats}
         with stage("estimate"):
             fit.transforms = {cut: estimator.estimate(stats.get(cut), request.alpha, request.structure) for cut in cuts}
+        fit.estimator_columns = {
+            column: {label(cut): value for cut, value in values.items() if cut in fit.transforms}
+            for column, values in estimator.columns().items()
+        }
         fitted = {cut: t for cut, t in fit.transforms.items() if t is not None and cut in stats}
         # closed form: the training loss is the mean squared residual per token
         fit.cut_train_losses = {label(c): residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()}

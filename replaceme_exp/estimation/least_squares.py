@@ -48,6 +48,16 @@ def ridge_solve(stats: LinearStats, alpha: float = 0.0, max_condition: float = M
     return torch.cholesky_solve(stats.mtr.to(torch.float64), factor)
 
 
+def ridge_to_identity_solve(stats: LinearStats, lam: float, max_condition: float = MAX_CONDITION) -> torch.Tensor:
+    """``T(lam) = argmin ||M T - R||^2 + lam ||T - I||^2 = (M^T M + lam I)^{-1} (M^T R + lam I)``, by
+    :func:`ridge_solve` on the statistics with ``lam I`` added to ``M^T R``. ``lam = 0`` is plain LS;
+    as ``lam`` grows T goes to I (plain removal). Returns (hidden, hidden) float64."""
+    eye = torch.eye(stats.mtr.shape[0], dtype=torch.float64, device=stats.mtr.device)
+    shifted = stats.mtr.to(torch.float64) + lam * eye
+    target = LinearStats(stats.cut, stats.mtm, shifted, stats.r_sq, stats.n_tokens)
+    return ridge_solve(target, alpha=lam, max_condition=max_condition)
+
+
 def diagonal_solve(stats: LinearStats, alpha: float = 0.0) -> torch.Tensor:
     """The best diagonal T: ``((M^T M) o I + alpha I)^{-1} ((M^T (L - Y)) o I)`` (Hadamard
     products with I), i.e. one scalar per hidden coordinate, ``t_i = (M^T R)_ii / ((M^T M)_ii + alpha)``.

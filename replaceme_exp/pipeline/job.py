@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch
 from safetensors.torch import save_file
 
-from replaceme_exp.capture import LayerDistances, LinearStatistics, TransformDistances, run_capture
+from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import CaptureExecution, plan_execution
 from replaceme_exp.capture.hooks import input_device
@@ -32,7 +32,7 @@ from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.loading import LoadedModel, resolve_dtype
 from replaceme_exp.pipeline.modality import MODALITIES, Calibration, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
-from replaceme_exp.selection.passes import Selection, select_and_capture
+from replaceme_exp.selection.passes import Selection, linear_statistics, select_and_capture
 from replaceme_exp.stages import stage
 from replaceme_exp.storage import atomic_path
 from replaceme_exp.surgery import (
@@ -52,6 +52,7 @@ log = logging.getLogger("replaceme_exp.job")
 CACHED_STAGE_NAMES = {
     "distances": "selection",
     "linear": "statistics",
+    "linear_folds": "statistics",
     "layer_distances": "layer_distances",
     "ppl_heldout": "baseline_ppl",
     "harness": "baseline_harness",
@@ -349,13 +350,14 @@ class PruningJob:
 
     def stage_statistics(self, shifted, cut) -> dict:
         request = self.spec.fit_request()
-        accumulator = LinearStatistics(
+        accumulator = linear_statistics(
             [shifted],
             self.adapter.hidden_size,
             input_device(self.adapter),
             request.placement,
             request.rule,
             request.precision,
+            self.spec.requirements.statistic_folds,
         )
         with stage("capture", f"capture (stage {list(cut)})"):
             run_capture(self.adapter, self.calibration.estimation, [accumulator], desc=f"capture (stage {list(cut)})")

@@ -300,6 +300,8 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
         raise ConfigError("alpha", c.alpha, reason + "; use alpha=0")
     if needs.replacement is not None:
         check_replacement(c, needs)
+    if needs.statistic_folds:
+        check_folds(c, needs.statistic_folds)
     if c.healing.name == "lt_only" and not needs.fits_transform:
         reason = f"trains the linear transform; objective={name} fits none (heal with lora or full_model)"
         raise ConfigError("healing", c.healing.name, reason)
@@ -327,6 +329,21 @@ def check_replacement(c: schema.JobConfig, needs: Requirements) -> None:
     if float(c.mask_ratio):
         reason = f"not with objective={name} (it trains on the plain sequences)"
         raise ConfigError("mask_ratio", float(c.mask_ratio), reason)
+
+
+def check_folds(c: schema.JobConfig, folds: int) -> None:
+    """An objective that keeps its statistics per fold of whole sequences (``objective=ls_ridge_identity``)
+    needs a sequence in every fold, and sequences that are one each (no masked copy, no padded row)."""
+    name = c.objective.name
+    if c.calibration.n_samples < folds:
+        reason = f"fewer than the {folds} folds of objective={name} (objective.folds)"
+        raise ConfigError("calibration.n_samples", c.calibration.n_samples, reason)
+    if float(c.mask_ratio):
+        reason = f"not with objective={name}: a masked copy of a sequence would fall into another fold than it"
+        raise ConfigError("mask_ratio", float(c.mask_ratio), reason)
+    if c.estimation.padded_positions:
+        reason = f"not with objective={name}: padded positions belong to no sequence of a fold"
+        raise ConfigError("estimation.padded_positions", True, reason)
 
 
 def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:

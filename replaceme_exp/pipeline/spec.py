@@ -382,6 +382,7 @@ class JobSpec:
             "eval": c.eval.name,
             **self.eval_columns(),
             "capture_precision": e.capture_precision,
+            **ridge_columns(c.objective),
         }
 
     def selection_setting_columns(self) -> dict[str, Any]:
@@ -455,6 +456,7 @@ class JobSpec:
             settings=c.selection,
             seed=int(c.seed),
             extra_blocks=1 if self.requirements.replacement == "layer" else 0,
+            folds=self.requirements.statistic_folds,
         )
 
     def fit_request(self) -> FitRequest:
@@ -482,6 +484,7 @@ class JobSpec:
 # objective, else ``objective.name``); an objective of one's own is named by its ``name``.
 OBJECTIVE_METHOD_NAMES = {
     "ls": "LS",
+    "ls_ridge_identity": "LS ridge-to-I",
     "cosine": "cosine",
     "cosine_exact": "cosine (exact)",
     "mse": "MSE",
@@ -524,6 +527,20 @@ def replacement_settings(objective: schema.ObjectiveConfig) -> dict[str, Any]:
     if settings["replacement"] != "ffn":
         settings.pop("ffn_expansion")
     return settings
+
+
+def ridge_columns(objective: schema.ObjectiveConfig) -> dict[str, Any]:
+    """How ``objective=ls_ridge_identity`` chooses its strength (None for every other objective):
+    ``ridge_criterion``, ``ridge_folds`` and ``ridge_grid`` ``[min, max, points]`` (relative to the
+    mean eigenvalue of ``M^T M``; 0 and inf are always candidates)."""
+    ridge = isinstance(objective, schema.RidgeToIdentityObjectiveConfig)
+    return {
+        "ridge_criterion": objective.criterion if ridge else None,
+        "ridge_folds": int(objective.folds) if ridge else None,
+        "ridge_grid": [float(objective.grid_min), float(objective.grid_max), int(objective.grid_points)]
+        if ridge
+        else None,
+    }
 
 
 def data_files(section: dict) -> list[Path]:

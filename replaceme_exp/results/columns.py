@@ -122,6 +122,13 @@ SETTING_COLUMNS: dict[str, str] = {
     "selection_merge": "LaCo: the merge rule, `rdsc` (the paper's Eq. 1) or `official_code` (the notebooks').",
     "eval": "The eval suite option (`eval.name`).",
     "capture_precision": "Precision of the statistics' products: `float64` or `float32`.",
+    "ridge_criterion": "`objective=ls_ridge_identity`: how the strength of the ridge toward I is chosen: "
+    "`sequence_folds` (held-out folds of whole sequences) or `gcv` (generalised cross-validation over tokens); "
+    "None for other objectives.",
+    "ridge_folds": "`objective=ls_ridge_identity`: folds of whole calibration sequences (sequence j in fold j mod "
+    "folds); None for other objectives.",
+    "ridge_grid": "`objective=ls_ridge_identity`: JSON `[min, max, points]`, the log-spaced strengths tried, "
+    "relative to the mean eigenvalue `trace(M^T M) / d` (0 = plain LS and inf = identity are tried too).",
     "evaluated_checkpoint": "An evaluate job's checkpoint directory (None: `model` itself).",
     "pruned_config_hash": "The config hash of the pruning row that saved the evaluated checkpoint.",
     "pruned_run_id": "The run id of the pruning row that saved the evaluated checkpoint.",
@@ -211,6 +218,19 @@ MEASURED_COLUMNS: dict[str, str] = {
     "patch_sequences": "LinearPatch, per cut: the calibration sequences whose channel ratios were averaged.",
     "patch_scale_gap": "LinearPatch, per cut: mean `|s - 1|` of its channel scales (how far magnitudes differ "
     "across the cut).",
+    "ridge_lambda": "`objective=ls_ridge_identity`, per cut: the chosen strength `lam` of `lam ||T - I||^2`, "
+    "added to the statistics of all tokens (0: plain LS; None: the identity won).",
+    "ridge_lambda_relative": "Per cut: the chosen strength over the mean eigenvalue `trace(M^T M) / d` "
+    "(None: the identity won).",
+    "ridge_identity_fallback": "Per cut: true when plain removal (T = I, nothing fused) had the least held-out "
+    "residual.",
+    "ridge_heldout_residual": "Per cut: the mean squared held-out calibration residual per token of the chosen "
+    "strength (each fold's T fitted on the other folds).",
+    "ridge_heldout_residual_ls": "Per cut: the same of plain LS (`lam = 0`; None where a fold's system is singular).",
+    "ridge_heldout_residual_identity": "Per cut: the same of T = I (plain removal).",
+    "ridge_gcv_lambda_relative": "Per cut: the relative strength generalised cross-validation over tokens picks "
+    "(None: the identity).",
+    "ridge_gcv_agrees": "Per cut: whether GCV over tokens picks the same strength as the held-out sequences.",
     "energy_tracking_mode": "CodeCarbon's tracking mode: `process` (this job's share of CPU and RAM) or `machine`.",
     "energy_power": "Per device (cpu, gpu, ram), how its power was obtained: measured (RAPL, NVML; the whole "
     "device) or estimated (TDP, constant).",

@@ -11,6 +11,7 @@ from typing import Any
 from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, gib
+from replaceme_exp.capture.folds import FoldedLinearStatistics
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import SimilarityStatistics
 from replaceme_exp.capture.statistics import LinearStats
@@ -40,11 +41,12 @@ class SelectionRequest:
     ``cuts``: explicit cuts (None: select ``num_lts`` cuts of ``n_prune`` blocks in total by
     ``metric`` over ``tokens``); ``merge_consecutive`` / ``touching_cuts``: what happens to cuts
     that touch (:func:`~replaceme_exp.selection.cuts.select_cuts`); ``sequential``: transforms
-    estimated on the partly pruned model; ``rule``, ``placement``, ``precision``: how the LS
-    statistics are taken; ``alpha``: the ridge of an ``ls_residual`` selection; ``passes`` and ``max_stats_gb``:
-    ``capture.passes`` and ``capture.max_stats_gb``; ``stats_bytes``: the plan's statistics budget;
-    ``settings`` and ``seed``: the ``selection`` option's typed config and the job's seed (what a
-    search reads)."""
+    estimated on the partly pruned model; ``folds``: the statistics kept per fold of whole sequences
+    (:class:`~replaceme_exp.capture.folds.FoldedStats`, a cache entry of their own); ``rule``,
+    ``placement``, ``precision``: how the LS statistics are taken; ``alpha``: the ridge of an
+    ``ls_residual`` selection; ``passes`` and ``max_stats_gb``: ``capture.passes`` and
+    ``capture.max_stats_gb``; ``stats_bytes``: the plan's statistics budget; ``settings`` and
+    ``seed``: the ``selection`` option's typed config and the job's seed (what a search reads)."""
 
     cuts: list[Cut] | None
     n_prune: int | float
@@ -64,6 +66,7 @@ class SelectionRequest:
     settings: Any = None
     seed: int = 0
     extra_blocks: int = 0  # blocks a cut spans beyond those it removes (LLM-Streamline's layer: 1)
+    folds: int = 0  # >= 2: the chosen cuts' statistics per fold of whole sequences (capture.folds)
 
 
 @dataclass
@@ -174,6 +177,7 @@ def select_and_capture(
     distances = None
     stats = {}
     separate_data = stats_batches is not None and stats_batches is not calibration
+    folds = request.folds
     stats_batches = calibration if stats_batches is None else stats_batches
     stats_cache = cache if stats_cache is None else stats_cache
     rule, precision, placement = request.rule, request.precision, request.placement
@@ -192,9 +196,10 @@ def select_and_capture(
                 reason = f"selection={request.metric.name} compares no cut ending at the last block; none is left"
                 raise ConfigError("n_prune", request.n_prune, reason)
         distances, stats = selection_distances(
-            request, adapter, calibration, cache, candidates, needs_stats and not separate_data, extra_statistics
+            request, adapter, calibration, cache, candidates, needs_stats and not separate_data and not folds,
+            extra_statistics,
         )
-        if separate_data:  # selection statistics (ls_residual) are of the plain data, not the estimation data
+        if separate_data or folds:  # selection statistics (ls_residual) are of all plain data, not per fold
             stats = {}
         cuts = select_cuts(distances, request.num_lts, request.merge_consecutive, request.touching_cuts)
         log.info("selected cuts %s", cuts)
@@ -211,14 +216,14 @@ def select_and_capture(
         if cut in stats and cut_placement == placement:
             found[cut] = stats[cut]
             stats_cache.put_stats(stats[cut], placement, rule.key(), precision)
-        elif (cached := stats_cache.get_stats(cut, cut_placement, rule.key(), precision)) is not None:
+        elif (cached := cached_stats(stats_cache, cut, cut_placement, rule, precision, folds)) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
     missing = [cut for cut in cuts if cut not in found]
     if missing and compute_missing:
         device = input_device(adapter)
         accumulators = {
-            where: LinearStatistics(group, adapter.hidden_size, device, where, rule, precision)
+            where: linear_statistics(group, adapter.hidden_size, device, where, rule, precision, folds)
             for where in ("fused", "separate")
             if (group := [cut for cut in missing if selection.placement_of(cut, placement) == where])
         }
@@ -228,7 +233,10 @@ def select_and_capture(
             if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
                 raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
             for cut, s in accumulator.result().items():
-                stats_cache.put_stats(s, where, rule.key(), precision)
+                if folds:
+                    stats_cache.put_folded_stats(s, where, rule.key(), precision)
+                else:
+                    stats_cache.put_stats(s, where, rule.key(), precision)
                 found[cut] = s
     selection.stats = found
     return selection
@@ -249,6 +257,21 @@ def searched(request: SelectionRequest, adapter, calibration: TokenBatches) -> S
     result.check(num_layers)
     log.info("%s removes blocks %s", metric.name, sorted(result.removed))
     return Selection(result.cuts, None, {}, frozenset(), result.block_states, result.columns)
+
+
+def linear_statistics(cuts, hidden: int, device, placement: str, rule: TokenRule, precision: str, folds: int = 0):
+    """The accumulator of the LS statistics of ``cuts``: over all tokens, or per fold of whole
+    sequences (``folds`` >= 2)."""
+    if folds:
+        return FoldedLinearStatistics(cuts, hidden, device, placement, rule, precision, folds)
+    return LinearStatistics(cuts, hidden, device, placement, rule, precision)
+
+
+def cached_stats(cache: StatisticsCache, cut: Cut, placement: str, rule: TokenRule, precision: str, folds: int = 0):
+    """The cached statistics of ``cut`` (per fold with ``folds``), or None."""
+    if folds:
+        return cache.get_folded_stats(cut, folds, placement, rule.key(), precision)
+    return cache.get_stats(cut, placement, rule.key(), precision)
 
 
 def stats_budget(request: SelectionRequest) -> float:
