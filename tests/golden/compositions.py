@@ -49,6 +49,10 @@ IDENTITY_CHANGES = {
     "composed); the official presets become protocol=official with calibration=slimorca",
     "official-transforms": "issue 22: the official code's Adam-path options structure=rank1 (two_vectors), "
     "structure=lower_triangular (thri) and objective=elasticnet (new; objective=ls refuses the two structures)",
+    "peer-methods": "issue 25: the peer depth-pruning methods and the ridge toward the identity (new): "
+    "selection=shortgpt, sleb, laco, channel_cosine; objective=linear_patch, streamline_ffn, streamline_layer, "
+    "ls_ridge_identity; healing=linearpatch_kl, healing/data=wikitext2; their presets and replaceme_ls_sink_aware; "
+    "+paper=llama2_comparison and llama3_main also run experiment=llm_streamline and laco",
 }
 GROUPS = (
     "model",
