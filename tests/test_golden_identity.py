@@ -93,7 +93,7 @@ def as_now_described(pinned: dict, cfg) -> dict:
     out = dict(pinned)
     selects = cfg.cuts is None
     if selects and cfg.get("protocol", "paper") == "paper":  # official rows were recorded as they run
-        out["selection_metric"] = cfg.selection.metric + ("_last" if cfg.selection.tokens == "last" else "")
+        out["selection_metric"] = cfg.selection.metric + ("_last" if cfg.selection.get("tokens") == "last" else "")
     if "solver" in cfg.objective:
         out["solver"] = cfg.objective.solver
     if selects and cfg.num_lts == 1:
@@ -101,7 +101,12 @@ def as_now_described(pinned: dict, cfg) -> dict:
     if cfg.objective.name == "identity":
         out["plain_checkpoint"] = True
     if isinstance(out.get("healing_settings"), dict):
-        out["healing_settings"] = {**out["healing_settings"], "master_weights": cfg.healing.master_weights}
+        out["healing_settings"] = {
+            "loss": "lm",  # issue 25: LinearPatch's distillation settings, at what every earlier healing ran
+            "lr_schedule": "constant",
+            **out["healing_settings"],
+            "master_weights": cfg.healing.master_weights,
+        }
     separate_t = cfg.lt_placement == "separate" and cfg.objective.name != "identity"
     trains = cfg.healing.name == "full_model" or (cfg.healing.name == "lt_only" and separate_t)
     low_precision = cfg.model.dtype in ("bfloat16", "float16")
@@ -133,8 +138,9 @@ def as_now_described(pinned: dict, cfg) -> dict:
     out["job"] = "prune"
     vision = cfg.model.source == "hub_clip_vision" or (cfg.model.get("config") or {}).get("model_type") == "clip"
     text_file = not vision and cfg.eval.get("text") == "text_file" and cfg.eval.get("path")
+    if out.get("method", "<absent>") == "<absent>":  # a composition recorded with it keeps its own (peer methods)
+        out["method"] = described_method(cfg)
     out.update(
-        method=described_method(cfg),
         modality="vision" if vision else "text",
         eval_text=None if vision else cfg.eval.text,
         eval_seq_len=None if vision else cfg.eval.seq_len,
@@ -142,8 +148,9 @@ def as_now_described(pinned: dict, cfg) -> dict:
         eval_text_path=str(Path(cfg.eval.path).absolute()) if text_file else None,
         eval_text_sha256=hashlib.sha256(Path(cfg.eval.path).read_bytes()).hexdigest() if text_file else None,
     )
-    for column in ISSUE_25_COLUMNS:
-        out[column] = None
+    for column in ISSUE_25_COLUMNS:  # as recorded where a composition came with them
+        if out.get(column, "<absent>") == "<absent>":
+            out[column] = None
     healing_data = cfg.healing.data if cfg.healing.name != "none" else {}
     for prefix, section in (("calibration", cfg.calibration), ("healing_data", healing_data)):
         fields = [section.get(k) for k in ("path", "prompts_path", "prompts_data_files")]

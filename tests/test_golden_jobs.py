@@ -26,7 +26,9 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
       removals);
 
     and after it (issue 22): ``healing_settings`` include ``master_weights`` (float32 for a float32
-    model, where it cannot act: the numbers are those of before)."""
+    model, where it cannot act: the numbers are those of before); in issue 25, ``loss`` (``lm``) and
+    ``lr_schedule`` (``constant``), LinearPatch's distillation settings at the values every earlier
+    healing ran with."""
     out = {k: v for k, v in pinned.items() if not volatile(k)}
     if out.get("candidate_distances") is not None and len(out["cuts"]) == 1 and out.get("num_lts") == 1:
         out["merge_consecutive"] = out["multi_lt"] = None
@@ -37,7 +39,12 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
             removed += end - start
         out["solver_steps"] = {shifted.get(k, k): v for k, v in out["solver_steps"].items()}
     if isinstance(out.get("healing_settings"), dict):
-        out["healing_settings"] = {**out["healing_settings"], "master_weights": "float32"}
+        out["healing_settings"] = {
+            **out["healing_settings"],
+            "master_weights": "float32",
+            "loss": "lm",
+            "lr_schedule": "constant",
+        }
     return out
 
 

@@ -234,11 +234,18 @@ def test_quoted_rows_are_labelled_kept_apart_and_sourced(paper_tables):
     labels = [line.split(" | ")[0][2:] for line in body]
     assert labels == [
         "Llama 2 7B (baseline)",
-        *[f"{m} (quoted)" for m in ("LLM-Streamline", "LLMPruner", "SliceGPT", "LaCo", "UIDL")],
+        "LLM-Streamline (quoted)",
+        "LLM-Streamline (this harness)",  # run here, beside its quoted row (no run in this store)
+        "LLMPruner (quoted)",
+        "SliceGPT (quoted)",
+        "LaCo (quoted)",
+        "LaCo (this harness)",
+        "UIDL (quoted)",
         "UIDL + LoRA healing (this harness)",  # UIDL run here, beside its quoted row
         "Ours (Cosine)",
         "Ours (LS)",
     ]
+    assert body[2].split(" | ")[1:3] == ["no", "0"] and body[6].split(" | ")[1:3] == ["yes", "0"]
     # Quoted numbers in the project's units, from the paper's percentages; never in measured rows.
     streamline = body[1].split(" | ")
     assert streamline[1:4] == ["no", "quoted", "0.433"] and body[1].endswith("| 0.416 | 0.92 |")
@@ -247,14 +254,15 @@ def test_quoted_rows_are_labelled_kept_apart_and_sourced(paper_tables):
     assert baseline[2] == "unpruned" and baseline[3] == MISSING
     assert baseline[3 + [h for h, _ in LLAMA2_TABLE_COLUMNS].index("PIQA")] == "0.781"
     assert body[0].endswith("| 0.453 | 1 |")
-    cosine = body[7].split(" | ")
-    assert cosine[1:3] == ["yes", "1"] and cosine[3 + 5] == "0.711" and body[7].endswith("| 0.419 | 0.925 |")
+    cosine = body[9].split(" | ")
+    assert cosine[1:3] == ["yes", "1"] and cosine[3 + 5] == "0.711" and body[9].endswith("| 0.419 | 0.925 |")
     # The one LS run on Llama 2 (the time/emissions row) recorded no task scores: missing cells.
-    assert body[8].split(" | ")[2:4] == ["1", MISSING] and body[8].endswith(f"| {MISSING} | 0.899 |")
-    assert body[6].split(" | ")[1:3] == ["no", "3"] and "| 0.8 ± " in body[6]  # LoRA-healed UIDL
+    assert body[10].split(" | ")[2:4] == ["1", MISSING] and body[10].endswith(f"| {MISSING} | 0.899 |")
+    assert body[8].split(" | ")[1:3] == ["no", "3"] and "| 0.8 ± " in body[8]  # LoRA-healed UIDL
     assert any("Rows marked quoted are not measured here; source: LLM-Streamline" in line for line in lines)
     latex = (out / "llama2_comparison.tex").read_text()
-    assert latex.count(r"\midrule") == 3  # header | baseline | quoted block | measured (UIDL's run first)
+    # header | baseline | each change between quoted rows and the runs beside them | measured
+    assert latex.count(r"\midrule") == 7
     main = (out / "llama3_main.md").read_text()
     assert "| SVD-LLM (quoted) | None | quoted | 29.9 | 0.59 | 0.853 |" in main
     assert "| UIDL | Identity | 1 | — | 0.58 | 0.83 |" in main

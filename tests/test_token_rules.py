@@ -342,6 +342,11 @@ def test_paper_presets_and_templates_fit_on_every_token():
     user_overrides = {"paper/clip": [f"calibration.path={ROOT}"]}
     experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
     assert "replaceme_official" in experiments
+    # the project's own presets beyond the paper, on its default sink-aware estimation on purpose
+    own = {"replaceme_ls_sink_aware", "ls_ridge_identity"}
+    for name in own:
+        assert compose_config([f"experiment={name}"]).estimation.tokens == "rescale_massive", name
+    experiments = [e for e in experiments if e not in own]
     for overrides in [[f"experiment={e}"] for e in experiments] + [
         [template_override(t), *user_overrides.get(t, [])] for t in TEMPLATES if t.startswith("paper/")
     ]:

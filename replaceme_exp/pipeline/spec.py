@@ -367,7 +367,7 @@ class JobSpec:
             "replacement_settings": replacement_settings(c.objective) if r.replacement else None,
             "healing": c.healing.name,
             # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job runs it
-            "healing_settings": dataclasses.asdict(c.healing) if healing else None,
+            "healing_settings": healing_settings(c.healing) if healing else None,
             "healing_data": c.healing.data.name if healing else None,
             "healing_master_weights": e.healing_master_weights,
             **self.file_columns("healing_data", c.healing.data if healing else None),
@@ -491,6 +491,17 @@ OBJECTIVE_METHOD_NAMES = {
     "elasticnet": "elastic net",
 }
 HEALING_METHOD_NAMES = {"lt_only": "LT healing", "full_model": "full healing", "lora": "LoRA healing"}
+
+
+def healing_settings(healing: schema.HealingConfig) -> dict[str, Any]:
+    """Every healing setting as the job runs it, without those that cannot act: ``kl_topk`` unless
+    the loss is LinearPatch's ``topk_kl``, ``min_lr_factor`` under a constant learning rate."""
+    settings = dataclasses.asdict(healing)
+    if settings.get("loss") != "topk_kl":
+        settings.pop("kl_topk", None)
+    if settings.get("lr_schedule") == "constant":
+        settings.pop("min_lr_factor", None)
+    return settings
 
 
 def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str:
