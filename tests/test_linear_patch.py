@@ -17,6 +17,7 @@ from helpers.jobs import SMOKE, job_config
 from helpers.models import tiny_model
 
 from replaceme_exp.capture import run_capture
+from replaceme_exp.pipeline import JobSpec
 from replaceme_exp.capture.channel_scales import ChannelScaleStatistics
 from replaceme_exp.capture.hadamard import ORDERS, hadamard_matrix, hadamard_order, stored_matrix
 from replaceme_exp.capture.statistics import CutDistances, channel_cosine_distance
@@ -252,3 +253,13 @@ def test_the_distillation_preset_trains_the_patch_against_the_unpruned_model(tmp
     assert row["healing_teacher_gb"] > 0 and row["healing_steps"] == 6
     change = value(row["healing_transform_change"])  # the patch moved (its loss falls: the integration test)
     assert list(change) == ["-".join(map(str, value(row["cuts"])[0]))] and 0 < next(iter(change.values())) < 0.1
+
+
+@pytest.mark.unit
+def test_the_unrotated_patch_is_named_apart_in_the_row(tmp_path):
+    """rotate=false moves the number (SmolLM2 [12,20): 72.13 against 58.00): its rows must not fill the
+    LinearPatch cell of a table, which picks runs by their method."""
+    rotated = JobSpec.from_config(job_config(tmp_path, "experiment=linearpatch")).setting_columns()
+    diagonal = JobSpec.from_config(job_config(tmp_path, "experiment=linearpatch", "objective.rotate=false"))
+    assert rotated["method"] == "LinearPatch"
+    assert diagonal.setting_columns()["method"] == "LinearPatch (unrotated)"

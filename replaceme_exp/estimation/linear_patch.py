@@ -61,7 +61,8 @@ class LinearPatchEstimator(Estimator):
             regularizers=("none",),
             structures=("generic",),
             placements=("separate",),
-            method="LinearPatch",
+            # the diagonal patch (rotate=false) is another method's number: never averaged with the rotated one
+            method="LinearPatch" if getattr(objective, "rotate", True) else "LinearPatch (unrotated)",
         )
 
     def estimate(self, stats: ChannelScales | None, alpha: float, structure: str = "generic") -> torch.Tensor:
