@@ -167,7 +167,7 @@ def test_every_shipped_target_is_one_of_the_projects_own():
         (["calibration.seq_len=4096"], "calibration.seq_len=4096: is beyond the 2048 positions of model=tiny_llama"),
         (["eval.seq_len=3000"], "eval.seq_len=3000: is beyond the 2048 positions"),
         (["model.config.num_attention_heads=3"], "model.config.num_attention_heads=3: must divide model.config.hidden"),
-        (["model.config.num_key_value_heads=3"], "model.config.num_key_value_heads=3: must divide model.config.num_att"),
+        (["model.config.num_key_value_heads=3"], "model.config.num_key_value_heads=3: must divide model.config.num_"),
         (["model.config.num_hidden_layers=1"], "model.config.num_hidden_layers=1: pruning needs at least 2 blocks"),
         (["model.config.hidden_size=-4"], "model.config.hidden_size=-4: must be a positive integer"),
         (["+model.config.hidden_act=bogus"], "model.config='llama': describes a model that cannot be built"),
@@ -269,6 +269,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         (["experiment=uidl_basline"], "experiment=uidl_basline: no such option (choose one of"),
         (["+paper=structured_lts"], "paper/structured_lts is a sweep (structure=generic,diagonal,orthonormal)"),
         (["+hydra.callbacks.shared._target_=shutil.rmtree"], "hydra.callbacks.shared._target_='shutil.rmtree': only"),
+        (
+            ["experiment=sleb", "model=tiny_clip", "calibration=bundled_images"],
+            "calibration.seq_len: set by experiment/sleb.yaml for calibration=bundled_images, which has no such key",
+        ),
         (
             ["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline", "eval.samples={prompts:[hi]}"],
             "invalid configuration: the overrides cannot be applied",

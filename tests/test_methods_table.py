@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -204,6 +203,35 @@ def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missi
     markdown = to_markdown(SPEC, table)
     assert "| ReplaceMe cosine | replaceme_cosine | 0 | — | — |" in markdown and "(est.): energy and CO2" in markdown
     assert r"ReplaceMe LS, sink-aware estimation & replaceme\_ls\_sink\_aware & 1 & 70" in to_latex(SPEC, table)
+
+
+@pytest.mark.unit
+def test_a_method_whose_run_failed_says_why_under_the_table_instead_of_no_run():
+    """A failed run records n_prune as asked (0.25) and no depth; its row is still matched by method,
+    model, calibration and suite, and the latest failure is the one named."""
+    error = "ConfigError: selection.threshold=0.45: no merge in blocks 0..23 kept the similarity above it"
+
+    def failed(i, method, **values):
+        recorded = {"status": "failed", "n_prune": 0.25, "num_layers": None, "failed_stage": "selection search"}
+        return smol(i, method, **{**recorded, "error": error, **values})
+
+    runs = frame(
+        smol(1, "UIDL", ppl_heldout=62.2),
+        failed(2, "LaCo", error="ConfigError: an older failure."),
+        failed(3, "LaCo"),
+        failed(4, "SLEB", calibration="pydoc"),  # another calibration: not this table's
+        failed(5, "UIDL", error="RuntimeError: superseded"),  # UIDL has a finished run
+        failed(6, "ShortGPT", n_prune=0.5),  # another compression
+    )
+    table = build_table(SPEC, runs, load_quoted())
+    assert cells(table, "LaCo")["Runs"] == 0 and cells(table, "LaCo")["Held-out ppl"] == MISSING
+    assert table.attrs["failures"] == [
+        f"LaCo: no finished run; its latest run failed in stage selection search: {error}"
+    ]
+    markdown = to_markdown(SPEC, table)
+    assert f"- LaCo: no finished run; its latest run failed in stage selection search: {error}." in markdown
+    assert "superseded" not in markdown and "SLEB: no finished run" not in markdown
+    assert "ShortGPT: no finished run" not in markdown and "— = no finished run" in markdown
 
 
 @pytest.mark.unit

@@ -144,6 +144,28 @@ def finished_runs(runs: pd.DataFrame, modality: str | None = None) -> pd.DataFra
     return runs[kept]
 
 
+def latest_failure(runs: pd.DataFrame, conditions: dict, modality: str | None = None) -> pd.Series | None:
+    """The latest failed pruning run (by ``started_at``) whose columns match ``conditions``, None
+    when there is none: what a cell no finished run fills can say instead of nothing. A failed run
+    records ``n_prune`` as asked, before the depth resolved it (``0.25``, no ``num_layers``), so a
+    :class:`FractionOfDepth` condition also holds for the fraction itself."""
+    if runs.empty or not {"status", "error"} <= set(runs.columns):
+        return None
+    failed = runs[(runs["status"] == "failed") & (runs["job"] != "evaluate" if "job" in runs.columns else True)]
+    if modality is not None:
+        failed = failed[row_modalities(failed) == modality]
+    plain = {k: v for k, v in conditions.items() if not isinstance(v, FractionOfDepth)}
+    mask = matches(failed, plain)
+    for key, value in conditions.items():
+        if isinstance(value, FractionOfDepth):
+            asked = pd.to_numeric(failed.get(key), errors="coerce").sub(value.fraction).abs() < 1e-12
+            mask &= value.mask(failed) | asked
+    found = failed[mask]
+    if found.empty:
+        return None
+    return found.sort_values("started_at").iloc[-1] if "started_at" in found.columns else found.iloc[-1]
+
+
 # Columns only a vision encoder's run records (pipeline/vision.py): a row from before the
 # ``modality`` column is a vision run when it has one of them.
 VISION_ONLY_COLUMNS = ("eval_benchmarks", "vision_compression_ratio")

@@ -61,6 +61,7 @@ from replaceme_exp.reporting.paper_settings import (
     Target,
     baseline_columns,
     finished_runs,
+    latest_failure,
     read_config,
     select_cell,
 )
@@ -608,7 +609,7 @@ def build_table(
     for column in spec.column_specs(suite):
         metric, header = retarget.metric(column.metric)  # e.g. Lambada's perplexity -> the suite's
         columns.append(Column(header or column.header, metric, column.conditions))
-    out, notes, estimated = [], [], False
+    out, notes, failures, estimated = [], [], [], False
     runs_of: dict[str, list[dict]] = {}  # quoted label -> the cells of the rows that run it here
     for row in spec.row_specs():
         prefer = spec.preferences(row)
@@ -638,6 +639,13 @@ def build_table(
             if (note := choice.note(name)) is not None:
                 notes.append(note)
         cells["Runs"] = len(set().union(*(frame.index for frame in shown.values()))) if shown else 0
+        if not cells["Runs"]:
+            conditions = retarget.conditions({**spec.where, **row.conditions})
+            if (failure := latest_failure(runs, conditions, spec.modality)) is not None:
+                stage = failure.get("failed_stage")
+                where = f" in stage {stage}" if isinstance(stage, str) and stage else ""
+                error = str(failure["error"]).rstrip(".")
+                failures.append(f"{row.shown_label}: no finished run; its latest run failed{where}: {error}")
         for column in columns:
             in_cell = shown[_condition_key(column.conditions)]
             metric = column.metric
@@ -668,6 +676,7 @@ def build_table(
     if retargeted and has_quoted:
         retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
     table.attrs.update(notes=notes, retargeted=retargeted, counts=tally.line(spec.name), estimated=estimated)
+    table.attrs["failures"] = failures
     table.attrs["harness_rows"] = bool(runs_of)
     return table
 
@@ -686,8 +695,9 @@ def caption(spec: TableSpec, table: pd.DataFrame | None = None) -> str:
 def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = None, bullet: str = "") -> list[str]:
     lines = [
         "Cells average the finished runs of one setting, which differ only in the seed "
-        f"(mean ± std (n)); {MISSING} = no run; Runs counts the runs shown."
+        f"(mean ± std (n)); {MISSING} = no finished run; Runs counts the runs shown."
     ]
+    lines += [f"{bullet}{failure}." for failure in (table.attrs.get("failures", []) if table is not None else [])]
     retargeted = table is not None and table.attrs.get("retargeted")
     if spec.quoted_at is not None and quoted and spec.name in quoted and not retargeted:
         lines.append(f"Rows marked quoted are not measured here; source: {quoted[spec.name]['source']}.")

@@ -36,17 +36,35 @@ def _keys_of(shape: str) -> str:
     return ", ".join(sorted(f.name for f in dataclasses.fields(cls))) if dataclasses.is_dataclass(cls) else ""
 
 
-def one_line(err: BaseException) -> str:
-    """The error as one line: ``calibration.n_sampels: not a key of calibration/mine.yaml (its keys: ...)``."""
+def _chosen(group: str, overrides: list[str]) -> str:
+    """The option the command line chose for ``group`` (``calibration=bundled_images``), "" when none."""
+    for override in reversed(overrides):
+        name, _, value = override.lstrip("+~").partition("=")
+        if name == group and value:
+            return f"{group}={value}"
+    return ""
+
+
+def one_line(err: BaseException, overrides: list[str] | None = None) -> str:
+    """The error as one line: ``calibration.n_sampels: not a key of calibration/mine.yaml (its keys: ...)``.
+
+    A key that a file of another group sets (``experiment/sleb.yaml`` setting ``calibration.seq_len``
+    on an image calibration) names both the file and the option it does not compose with."""
     text = _chain(err)
     unknown = re.search(r"Key '([^']+)' not in '([^']+)'", text)
     if unknown:
         full = re.search(r"full_key: (\S+)", text)
         where = re.search(r"In '([^']+)'", text)
         key = full.group(1) if full else unknown.group(1)
-        place = f" of {where.group(1)}.yaml" if where and where.group(1) != "config" else ""
         keys = _keys_of(unknown.group(2))
-        return f"{key}: not a key{place} (its keys: {keys})" if keys else f"{key}: not a key{place}"
+        its_keys = f" (its keys: {keys})" if keys else ""
+        group = key.split(".", 1)[0]
+        if where and "." in key and where.group(1).split("/", 1)[0] not in (group, "config"):
+            chosen = _chosen(group, overrides or [])
+            target = f"{chosen}, which has no such key" if chosen else f"the {group} chosen, which has no such key"
+            return f"{key}: set by {where.group(1)}.yaml for {target}{its_keys}: they do not compose"
+        place = f" of {where.group(1)}.yaml" if where and where.group(1) != "config" else ""
+        return f"{key}: not a key{place}{its_keys}"
     missing = re.search(r"Could not find '([^']+)'\s*Available options in '([^']+)':\n((?:\t.*\n?)*)", text)
     if missing:
         options = ", ".join(line.strip() for line in missing.group(3).splitlines() if line.strip())
@@ -80,7 +98,7 @@ def one_line_composition_errors() -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as err:
         logging.basicConfig(format="%(message)s")
-        log.error("invalid configuration: %s", one_line(err))
+        log.error("invalid configuration: %s", one_line(err, sys.argv[1:]))
         sys.exit(2)
     except Exception as err:
         if not raised_while_composing(err):
