@@ -31,7 +31,13 @@ def weights(folder: Path) -> dict:
     "overrides",
     [
         ["cuts=[[2,4]]"],
-        ["cuts=[[1,2],[3,5]]", "multi_lt=sequential", "lt_placement=separate", "objective=cosine", "objective.epochs=1"],
+        [
+            "cuts=[[1,2],[3,5]]",
+            "multi_lt=sequential",
+            "lt_placement=separate",
+            "objective=cosine",
+            "objective.epochs=1",
+        ],
     ],
     ids=["fused", "sequential-separate-cosine"],
 )
@@ -85,7 +91,8 @@ def test_export_refuses_a_run_without_saved_transforms_in_one_line(tmp_path, cap
 
 @pytest.mark.unit
 def test_save_model_does_not_move_the_config_hash_and_healing_saves_the_full_model():
-    specs = {v: JobSpec.from_config(compose_config([*SMOKE, f"save_model={v}"])) for v in ("transform", "full", "false")}
+    values = ("transform", "full", "false")
+    specs = {v: JobSpec.from_config(compose_config([*SMOKE, f"save_model={v}"])) for v in values}
     specs["true"] = JobSpec.from_config(compose_config([*SMOKE, "save_model=true"]))
     default = JobSpec.from_config(compose_config(SMOKE))
     assert {s.config_hash for s in specs.values()} == {default.config_hash}

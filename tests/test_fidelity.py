@@ -292,7 +292,8 @@ def test_codecarbon_measures_the_jobs_own_gpus(monkeypatch):
 
 @pytest.mark.integration
 def test_the_literal_cosine_penalty_runs_with_a_warning_in_the_row_and_the_log(tmp_path, caplog):
-    cfg = job_config(tmp_path, "objective=cosine", "objective.epochs=1", "regularizer=l2", "alpha=0.01", "save_model=false")
+    settings = ("objective=cosine", "objective.epochs=1", "regularizer=l2", "alpha=0.01", "save_model=false")
+    cfg = job_config(tmp_path, *settings)
     row = run_recorded(cfg)
     assert row["status"] == "finished" and "invariant to T's scale" in row["regularizer_warning"]
     assert any("invariant to T's scale" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")

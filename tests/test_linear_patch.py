@@ -17,7 +17,6 @@ from helpers.jobs import SMOKE, job_config
 from helpers.models import tiny_model
 
 from replaceme_exp.capture import run_capture
-from replaceme_exp.pipeline import JobSpec
 from replaceme_exp.capture.channel_scales import ChannelScaleStatistics
 from replaceme_exp.capture.hadamard import ORDERS, hadamard_matrix, hadamard_order, stored_matrix
 from replaceme_exp.capture.statistics import CutDistances, channel_cosine_distance
@@ -26,6 +25,7 @@ from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.linear_patch import LinearPatchEstimator, check_hidden_size, patch_matrix
 from replaceme_exp.healing import attach_trainable_transforms, teacher_targets, topk_kl_loss, train_language_model
 from replaceme_exp.models import adapter_for
+from replaceme_exp.pipeline import JobSpec
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.surgery import prune
 

@@ -132,7 +132,7 @@ def test_identical_saves_at_once_do_not_fail_and_keep_one_model(tmp_path):
         target = tmp_path / f"model{round_}"
         errors = []
 
-        def save(i):
+        def save(i, round_=round_, target=target, errors=errors):
             try:
                 new = tmp_path / f"new{round_}-{i}"
                 new.mkdir()

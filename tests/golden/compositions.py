@@ -78,7 +78,8 @@ COMPANIONS = {
     ("calibration", "text_file"): ["calibration.path=tests/golden/sample.txt"],
     ("paper", "clip"): ["calibration.path=tests/golden"],
 }
-# Spellings whose effective settings differ from what was typed (the rules old results/identity.py applied, now JobSpec's).
+# Spellings whose effective settings differ from what was typed
+# (the rules old results/identity.py applied, now JobSpec's).
 EQUIVALENCES = [
     ["alpha=0"],
     ["alpha=0.0"],
