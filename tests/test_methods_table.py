@@ -360,6 +360,8 @@ if sys.argv[1] == "-c":
     exec(code)
 with open(os.environ["ARGV_LOG"], "a") as log:
     log.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "run.py" and os.environ.get("SWEEP_STATUS"):
+    sys.exit(int(os.environ["SWEEP_STATUS"]))
 """
 INJECTED = "x; touch PWNED_SHELL $(touch PWNED_SUBSHELL) `touch PWNED_BACKTICK`"
 
@@ -395,6 +397,13 @@ def test_make_methods_table_runs_the_sweep_then_renders_the_table_passing_values
     sweep, render = make()  # the defaults: SmolLM2, the template's calibration and suite
     assert sweep == ["run.py", "-m", "+methods=equal_compression", "model=smollm2_135m", "results_dir=results"]
     assert render[4:] == ["--model=smollm2_135m", "--calibration=self_generated", "--eval=offline", render[-1]]
+    # A sweep with a failed job (LaCo on SmolLM2) still renders the table; make exits with the sweep's status.
+    env = {"PATH": "/usr/bin:/bin", "ARGV_LOG": str(log), "SWEEP_STATUS": "1"}
+    log.unlink(missing_ok=True)
+    command = ["make", "-s", "-o", "setup", f"PY={fake}", "methods-table"]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "the table is written; the sweep failed (exit 1)" in proc.stderr
+    assert [argv[0] for argv in map(json.loads, log.read_text().splitlines())] == ["run.py", "-m"]
 
 
 @pytest.mark.integration
