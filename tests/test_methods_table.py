@@ -274,25 +274,29 @@ def llama2(i: int, **values) -> dict:
 UIDL_HEALED = dict(objective="identity", selection_metric="angular_last", healing="lora")
 
 
+# The Llama 2 comparison's rows as rendered: each run in this harness right after its method's quoted row.
+LLAMA2_SETTINGS = [
+    "Llama 2 7B (baseline)",
+    "LLM-Streamline (quoted)",
+    f"LLM-Streamline {HARNESS_MARK}",
+    "LLMPruner (quoted)",
+    "SliceGPT (quoted)",
+    "LaCo (quoted)",
+    f"LaCo {HARNESS_MARK}",
+    "UIDL (quoted)",
+    f"UIDL + LoRA healing {HARNESS_MARK}",
+    "Ours (Cosine)",
+    "Ours (LS)",
+]
+
+
 @pytest.mark.unit
 def test_a_run_of_a_quoted_method_stands_beside_its_quoted_row_labelled_apart():
     spec = SPECS["llama2_comparison"]
     runs = frame(llama2(1, **UIDL_HEALED, avg_acc=0.40, rp=0.88), llama2(2, objective="ls", avg_acc=0.42))
     quoted = load_quoted()
     table = build_table(spec, runs, quoted)
-    assert list(table["Setting"]) == [
-        "Llama 2 7B (baseline)",
-        "LLM-Streamline (quoted)",
-        f"LLM-Streamline {HARNESS_MARK}",
-        "LLMPruner (quoted)",
-        "SliceGPT (quoted)",
-        "LaCo (quoted)",
-        f"LaCo {HARNESS_MARK}",
-        "UIDL (quoted)",
-        f"UIDL + LoRA healing {HARNESS_MARK}",
-        "Ours (Cosine)",
-        "Ours (LS)",
-    ]
+    assert list(table["Setting"]) == LLAMA2_SETTINGS
     quoted_uidl, run_uidl = cells(table, "UIDL (quoted)"), cells(table, f"UIDL + LoRA healing {HARNESS_MARK}")
     assert (quoted_uidl["Runs"], quoted_uidl["AVG"], quoted_uidl["RP"]) == ("quoted", "0.409", "0.903")
     assert (run_uidl["Runs"], run_uidl["AVG"], run_uidl["RP"]) == (1, "0.4", "0.88")  # measured, not quoted
@@ -451,19 +455,7 @@ def test_a_peer_methods_run_is_picked_by_its_method_whatever_its_own_settings():
         llama2(7, objective="ls", avg_acc=0.42),
     )
     table = build_table(spec, runs, load_quoted())
-    assert list(table["Setting"]) == [
-        "Llama 2 7B (baseline)",
-        "LLM-Streamline (quoted)",
-        f"LLM-Streamline {HARNESS_MARK}",
-        "LLMPruner (quoted)",
-        "SliceGPT (quoted)",
-        "LaCo (quoted)",
-        f"LaCo {HARNESS_MARK}",
-        "UIDL (quoted)",
-        f"UIDL + LoRA healing {HARNESS_MARK}",
-        "Ours (Cosine)",
-        "Ours (LS)",
-    ]
+    assert list(table["Setting"]) == LLAMA2_SETTINGS
     assert (cells(table, f"LaCo {HARNESS_MARK}")["Runs"], cells(table, f"LaCo {HARNESS_MARK}")["AVG"]) == (1, "0.37")
     assert cells(table, f"LLM-Streamline {HARNESS_MARK}")["AVG"] == "0.41"
     assert cells(table, "LaCo (quoted)")["AVG"] == "0.374"  # the quoted number, untouched

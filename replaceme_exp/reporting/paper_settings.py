@@ -135,10 +135,14 @@ def finished_runs(runs: pd.DataFrame, modality: str | None = None) -> pd.DataFra
     pruning row of its checkpoint already holds its numbers); with ``modality``, only those of
     that kind of model (:func:`row_modalities`): a table of text models never reads a CLIP run,
     nor the CLIP table a text model's, whatever ``MODEL=`` retargets it to."""
+    return _pruning_runs(runs, "finished", modality)
+
+
+def _pruning_runs(runs: pd.DataFrame, status: str, modality: str | None) -> pd.DataFrame:
     if runs.empty or "status" not in runs.columns:
         return runs.iloc[0:0]
     pruning = runs["job"] != "evaluate" if "job" in runs.columns else True
-    kept = (runs["status"] == "finished") & pruning
+    kept = (runs["status"] == status) & pruning
     if modality is not None:
         kept &= row_modalities(runs) == modality
     return runs[kept]
@@ -149,11 +153,9 @@ def latest_failure(runs: pd.DataFrame, conditions: dict, modality: str | None = 
     when there is none: what a cell no finished run fills can say instead of nothing. A failed run
     records ``n_prune`` as asked, before the depth resolved it (``0.25``, no ``num_layers``), so a
     :class:`FractionOfDepth` condition also holds for the fraction itself."""
-    if runs.empty or not {"status", "error"} <= set(runs.columns):
+    if "error" not in runs.columns:
         return None
-    failed = runs[(runs["status"] == "failed") & (runs["job"] != "evaluate" if "job" in runs.columns else True)]
-    if modality is not None:
-        failed = failed[row_modalities(failed) == modality]
+    failed = _pruning_runs(runs, "failed", modality)
     plain = {k: v for k, v in conditions.items() if not isinstance(v, FractionOfDepth)}
     mask = matches(failed, plain)
     for key, value in conditions.items():

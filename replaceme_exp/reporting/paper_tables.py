@@ -590,6 +590,15 @@ def _condition_key(conditions: dict) -> str:
     return json.dumps(conditions, sort_keys=True, default=str)
 
 
+def _failure_line(label: str, failure: pd.Series | None) -> str | None:
+    """``LaCo: no finished run; its latest run failed in stage <stage>: <error>`` (None: no failure)."""
+    if failure is None:
+        return None
+    stage = failure.get("failed_stage")
+    where = f" in stage {stage}" if isinstance(stage, str) and stage else ""
+    return f"{label}: no finished run; its latest run failed{where}: {str(failure['error']).rstrip('.')}"
+
+
 def build_table(
     spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None, target: Target | None = None
 ) -> pd.DataFrame:
@@ -641,11 +650,8 @@ def build_table(
         cells["Runs"] = len(set().union(*(frame.index for frame in shown.values()))) if shown else 0
         if not cells["Runs"]:
             conditions = retarget.conditions({**spec.where, **row.conditions})
-            if (failure := latest_failure(runs, conditions, spec.modality)) is not None:
-                stage = failure.get("failed_stage")
-                where = f" in stage {stage}" if isinstance(stage, str) and stage else ""
-                error = str(failure["error"]).rstrip(".")
-                failures.append(f"{row.shown_label}: no finished run; its latest run failed{where}: {error}")
+            if (line := _failure_line(row.shown_label, latest_failure(runs, conditions, spec.modality))) is not None:
+                failures.append(line)
         for column in columns:
             in_cell = shown[_condition_key(column.conditions)]
             metric = column.metric
