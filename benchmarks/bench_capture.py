@@ -12,7 +12,9 @@ Prints progress, then as its last line one JSON object:
   tokens, 10 epochs, identity init) on the default cut's stored calibration tokens: fitting time
   and held-out mean cosine distance between L_{end-1} and Y + M T; cosine_fast_*: the fastest
   configuration found that reaches the paper recipe's held-out distance (Adam, lr 1e-3, one
-  epoch); cosine_lbfgs_*: full-batch L-BFGS (25 iterations), slower but lower distance.
+  epoch); cosine_lbfgs_*: full-batch L-BFGS (25 iterations), slower but lower distance;
+  cosine_lbfgs_minibatch_*: one L-BFGS step per 1024-token batch, 10 epochs; *_float32: the same in
+  float32 (``objective.precision``), and cosine_lbfgs*_float64_over_float32 the time ratios.
   store_bytes_per_token: the token store of the cosine objective (M and L - Y in bfloat16).
 - capture_layerwise_over_whole: the one-pass capture with the model in host memory and one block
   at a time on the compute device (``capture.mode=layerwise``) / the same whole-model.
@@ -148,6 +150,11 @@ COSINE_CONFIGS = {
     "lbfgs": dict(solver="lbfgs", max_iter=25, chunk_tokens=32768),
     # The official code's schedule: one L-BFGS step per shuffled 1024-token batch, 10 epochs.
     "lbfgs_minibatch": dict(solver="lbfgs", schedule="minibatch", batch_tokens=1024, epochs=10),
+    # The same two in float32, the official code's precision (objective.precision; float64 is the default).
+    "lbfgs_float32": dict(solver="lbfgs", max_iter=25, chunk_tokens=32768, precision="float32"),
+    "lbfgs_minibatch_float32": dict(
+        solver="lbfgs", schedule="minibatch", batch_tokens=1024, epochs=10, precision="float32"
+    ),
 }
 
 
@@ -175,6 +182,9 @@ def cosine_solvers(adapter, tokenizer, cfg, batches, cut) -> dict:
         print(f"cosine {name} {kwargs}: {seconds:.2f} s, held-out cosine distance {out[f'cosine_{name}_heldout_cos']}")
     out["cosine_fast_config"] = COSINE_CONFIGS["fast"]
     out["cosine_fast_speedup"] = round(out["cosine_paper_time_s"] / out["cosine_fast_time_s"], 2)
+    for name in ("lbfgs", "lbfgs_minibatch"):
+        ratio = out[f"cosine_{name}_time_s"] / out[f"cosine_{name}_float32_time_s"]
+        out[f"cosine_{name}_float64_over_float32"] = round(ratio, 2)
     return out
 
 

@@ -88,7 +88,11 @@ def as_now_described(pinned: dict, cfg) -> dict:
 
     - a selection's own keys, ``selection_<key>`` (ShortGPT's ``window``, SLEB's barriers, LaCo's C, I, T, ...);
     - ``replacement`` and ``replacement_settings`` (LLM-Streamline's trained network).
-    - ``ridge_criterion``, ``ridge_folds``, ``ridge_grid`` (``objective=ls_ridge_identity``'s settings).
+    - ``ridge_criterion``, ``ridge_folds``, ``ridge_grid`` (``objective=ls_ridge_identity``'s settings);
+
+    and after it, ``solver_precision``: the dtype the solver computes T in, float32 for Adam, float64 for
+    the other solvers by default (they had run in float32; their hashes moved, change
+    ``solver-precision``), None for a closed form.
     """
     out = dict(pinned)
     selects = cfg.cuts is None
@@ -148,6 +152,9 @@ def as_now_described(pinned: dict, cfg) -> dict:
         eval_text_path=str(Path(cfg.eval.path).absolute()) if text_file else None,
         eval_text_sha256=hashlib.sha256(Path(cfg.eval.path).read_bytes()).hexdigest() if text_file else None,
     )
+    if out.get("solver_precision", "<absent>") == "<absent>":
+        solver = out.get("solver")
+        out["solver_precision"] = None if solver is None else "float32" if solver == "adam" else "float64"
     for column in ISSUE_25_COLUMNS:  # as recorded where a composition came with them
         if out.get(column, "<absent>") == "<absent>":
             out[column] = None

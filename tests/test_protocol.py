@@ -62,6 +62,17 @@ def test_protocol_official_sets_what_the_official_code_ran_and_keeps_explicit_ch
     # a setting that is not the paper's stays as chosen; a token rule keeps padded positions out
     cka = JobSpec.from_config(compose_config(["protocol=official", "selection=cka"]))
     assert cka.config.selection.metric == "cka" and cka.config.estimation.padded_positions is False
+    # the line-search solvers run in float32 as torchmin did there; Adam always does, and the key does not
+    # move its hash
+    lbfgs = ["objective=cosine", "objective.solver=lbfgs"]
+    official = JobSpec.from_config(compose_config([*lbfgs, "protocol=official"]))
+    assert official.config.objective.precision == "float32"
+    assert official.setting_columns()["solver_precision"] == "float32"
+    assert JobSpec.from_config(compose_config(lbfgs)).setting_columns()["solver_precision"] == "float64"
+    adam = JobSpec.from_config(compose_config(["objective=cosine"]))
+    adam32 = JobSpec.from_config(compose_config(["objective=cosine", "objective.precision=float32"]))
+    assert adam.config_hash == adam32.config_hash and adam.setting_columns()["solver_precision"] == "float32"
+    assert spec.setting_columns()["solver_precision"] == "float32"
     # protocol=paper is this project's configuration, unchanged (and its hash)
     default = JobSpec.from_config(compose_config([]))
     paper_default = JobSpec.from_config(compose_config(["protocol=paper"]))

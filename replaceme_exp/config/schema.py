@@ -415,6 +415,11 @@ class NumericalObjectiveConfig(ObjectiveConfig):
     init: Literal["identity", "ls"] = key("identity", doc="start from I or from the closed form")
     max_iter: int = key(100, doc="iterations of full_batch solvers", check=positive_int)
     chunk_tokens: int = key(8192, doc="tokens per chunk of a full-batch objective", check=positive_int)
+    precision: Literal["float64", "float32"] = key(
+        "float64",
+        doc="dtype of lbfgs/nlcg/trust_ncg/newton_cg (float32: the official code's, whose steps move with the CPU's "
+        "vector kernels); adam runs in float32",
+    )
 
 
 @Group

@@ -36,6 +36,7 @@ class Requirements:
     ``structures``: what it can apply (``structures_without_alpha``: those whose solution ``alpha``
     does not change); ``placements``: the ``lt_placement`` values it applies in; ``solver`` /
     ``solver_schedule``: the solver and the schedule it really runs (None for closed forms);
+    ``solver_precision``: the dtype its solver computes T in (None for closed forms);
     ``statistic_folds``: the statistics wanted per fold of whole calibration sequences
     (:class:`~replaceme_exp.capture.folds.FoldedStats`; 0: all tokens); ``method``: the pruning
     method it makes, by name, when it is not ReplaceMe with a transform of its objective
@@ -56,6 +57,7 @@ class Requirements:
     placements: tuple[str, ...] = ("fused", "separate")
     solver: str | None = None
     solver_schedule: str | None = None
+    solver_precision: str | None = None
     method: str | None = None
     replacement: str | None = None
     statistic_folds: int = 0  # >= 2: the statistics kept per fold of whole sequences (capture.folds)

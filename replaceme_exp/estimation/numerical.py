@@ -50,6 +50,11 @@ solvers (``schedule``):
   starting from the current T with fresh solver state (no L-BFGS history, CG direction or trust
   radius carried over from the previous batch).
 Adam is mini-batch by nature: both schedules run the same thing.
+The non-Adam solvers work in ``precision``, float64 by default (T, the activations of each chunk,
+values and gradients): their line searches and trust regions decide on differences of objective
+values that float32 rounds away, so in float32 (the official code's) their steps depend on the CPU's
+vector kernels: the first L-BFGS step of a tiny model's job was 10x its trial length on AVX-512 and
+5.5x on AVX2. Adam runs in float32, as in the paper's recipe.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ STRUCTURES = ("generic", "diagonal", "rank1", "lower_triangular")
 # squared L2 norm of the prediction M T over a batch.
 ELASTICNET_L1, ELASTICNET_L2 = 0.09, 0.045
 SOLVERS = ("adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg")
+
 SCHEDULES = ("full_batch", "minibatch")
 # Strong-Wolfe line search of a mini-batch L-BFGS step: at most this many trial points (torchmin's
 # default ``max_ls``). torch.optim.LBFGS caps its search at max_eval - 1 evaluations, and its default
@@ -82,6 +88,15 @@ ALPHA_SCALES = {"cosine": "token_mean", "cosine_exact": "token_mean", "mse": "to
 REGULARIZERS = ("none", "l1", "l2", "l1_to_identity", "l2_to_identity")
 # Losses whose value does not change with T's scale: a penalty on T itself has no minimiser.
 SCALE_FREE_LOSSES = ("cosine",)
+
+
+PRECISIONS = ("float64", "float32")
+
+
+def solver_precision(solver: str, precision: str) -> str:
+    """The dtype ``solver`` computes T in: float32 for Adam (the paper's recipe), ``precision`` for the
+    line-search and trust-region solvers (module docstring)."""
+    return "float32" if solver == "adam" else precision
 
 
 def regularizer_warning(loss: str, regularizer: str, alpha: float) -> str | None:
@@ -154,8 +169,8 @@ def rank1_matrix(p: torch.Tensor) -> torch.Tensor:
     return p[:, :1] @ p[:, 1:].T
 
 
-def parametrise(structure: str, start: torch.Tensor, device, official_start: bool):
-    """The parameter of T under ``structure`` (float32 on ``device``), started from ``start``
+def parametrise(structure: str, start: torch.Tensor, device, official_start: bool, dtype=torch.float32):
+    """The parameter of T under ``structure`` (``dtype`` on ``device``), started from ``start``
     (hidden, hidden), and two maps of it: to T (hidden, hidden), and to what a penalty acts on
     (the parameter itself for ``generic`` and ``diagonal``; T for ``rank1`` and ``lower_triangular``,
     whose parameter holds entries that T does not use or only their products).
@@ -170,19 +185,19 @@ def parametrise(structure: str, start: torch.Tensor, device, official_start: boo
     Returns (param, as_matrix, penalised)."""
     start = start.to(torch.float64)
     if structure == "diagonal":
-        return torch.nn.Parameter(start.diagonal().to(device, torch.float32).clone()), torch.diag, None
+        return torch.nn.Parameter(start.diagonal().to(device, dtype).clone()), torch.diag, None
     if structure == "rank1":
         if official_start:
             vectors = torch.ones(start.shape[0], 2, dtype=torch.float64)
         else:
             u, s, vh = torch.linalg.svd(start)
             vectors = torch.stack([u[:, 0], vh[0]], dim=1) * s[0].sqrt()
-        return torch.nn.Parameter(vectors.to(device, torch.float32)), rank1_matrix, rank1_matrix
+        return torch.nn.Parameter(vectors.to(device, dtype)), rank1_matrix, rank1_matrix
     if structure == "lower_triangular":
-        return torch.nn.Parameter(torch.triu(start).to(device, torch.float32)), torch.triu, torch.triu
+        return torch.nn.Parameter(torch.triu(start).to(device, dtype)), torch.triu, torch.triu
     if structure != "generic":
         raise ConfigError("structure", structure, f"numerical objectives support {', '.join(STRUCTURES)}")
-    return torch.nn.Parameter(start.to(device, torch.float32).clone()), (lambda p: p), None
+    return torch.nn.Parameter(start.to(device, dtype).clone()), (lambda p: p), None
 
 
 class NumericalEstimator(Estimator):
@@ -206,6 +221,7 @@ class NumericalEstimator(Estimator):
         max_iter: int = 100,
         chunk_tokens: int = 8192,
         schedule: str = "full_batch",
+        precision: str = "float64",
     ):
         if loss not in LOSSES:
             raise ConfigError("objective.loss", loss, f"choose one of {LOSSES}")
@@ -213,11 +229,14 @@ class NumericalEstimator(Estimator):
             raise ConfigError("objective.solver", solver, f"choose one of {SOLVERS}")
         if schedule not in SCHEDULES:
             raise ConfigError("objective.schedule", schedule, f"choose one of {SCHEDULES}")
+        if precision not in PRECISIONS:
+            raise ConfigError("objective.precision", precision, f"choose one of {PRECISIONS}")
         if init not in ("identity", "ls"):
             raise ConfigError("objective.init", init, "choose identity or ls")
         self.name, self.loss, self.solver, self.schedule = name, loss, solver, schedule
         self.lr, self.batch_tokens, self.epochs, self.init = lr, batch_tokens, epochs, init
         self.max_iter, self.chunk_tokens = max_iter, chunk_tokens
+        self.precision = solver_precision(solver, precision)
         self.alpha_scale = ALPHA_SCALES[loss]
         self.needs_statistics = init == "ls"
         self.loss_curve: list[float] = []
@@ -234,6 +253,7 @@ class NumericalEstimator(Estimator):
             structures=STRUCTURES,
             solver=objective.solver,
             solver_schedule="minibatch" if objective.solver == "adam" else objective.schedule,
+            solver_precision=solver_precision(objective.solver, objective.precision),
         )
 
     def store_names(self) -> tuple[str, ...]:
@@ -274,7 +294,10 @@ class NumericalEstimator(Estimator):
             raise ConfigError("structure", structure, f"objective={self.name} supports {', '.join(STRUCTURES)}")
         device, d = store.compute_device, store.hidden
         start = torch.eye(d, dtype=torch.float64) if init_transform is None else init_transform.cpu()
-        param, as_matrix, penalised = parametrise(structure, start, device, official_start=init_transform is None)
+        dtype = getattr(torch, self.precision)
+        param, as_matrix, penalised = parametrise(
+            structure, start, device, official_start=init_transform is None, dtype=dtype
+        )
         weight = self.penalty_weight(alpha, store.n_tokens)
         if self.solver == "adam":
             curve, steps, batches = self._adam(store, param, as_matrix, penalised, weight, regularizer, seed)
@@ -418,7 +441,7 @@ class NumericalEstimator(Estimator):
                     curve.append(value)
                 # Iterations completed so far: the optimiser counts the one it is in.
                 counter.update(max(0, int(optimiser.state[param].get("n_iter", 0)) - 1) - counter.count)
-                return torch.tensor(value)
+                return torch.tensor(value, dtype=param.dtype)  # the line search reads the value in T's precision
 
             optimiser.step(closure)
             state = optimiser.state[param]
@@ -431,7 +454,7 @@ class NumericalEstimator(Estimator):
         evaluations = [0]
 
         def to_torch(x):
-            return torch.from_numpy(np.asarray(x, dtype=np.float64)).to(device=device, dtype=torch.float32).view(shape)
+            return torch.from_numpy(np.asarray(x, dtype=np.float64)).to(device=device, dtype=param.dtype).view(shape)
 
         def fun(x):
             key = x.tobytes()
@@ -494,18 +517,21 @@ class ChunkedObjective:
     """The exact objective over a store (mean loss over all its tokens + ``alpha`` * penalty, with
     ``alpha`` already on the mean scale; ``elasticnet``: its norms summed over all the tokens), its
     gradient and Hessian-vector products, computed chunk by chunk so that memory does not grow with
-    the number of tokens. ``penalised``: what the penalty acts on (None: the parameter itself)."""
+    the number of tokens, in the parameter's dtype. ``penalised``: what the penalty acts on (None: the
+    parameter itself)."""
 
     def __init__(self, store, loss: str, as_matrix, regularizer: str, alpha: float, chunk_tokens: int, penalised=None):
         self.store, self.loss, self.as_matrix = store, loss, as_matrix
         self.regularizer, self.alpha, self.chunk_tokens = regularizer, alpha, chunk_tokens
         self.penalised = penalised
 
-    def _chunks(self):
+    def _chunks(self, dtype: torch.dtype):
+        """The store's tokens in chunks of ``chunk_tokens`` rows, as ``dtype``, with each chunk's share
+        of the tokens."""
         n = self.store.n_tokens
         for i in range(0, n, self.chunk_tokens):
             idx = torch.arange(i, min(i + self.chunk_tokens, n))
-            yield self.store.rows(idx), idx.numel() / n
+            yield {name: t.to(dtype) for name, t in self.store.rows(idx).items()}, idx.numel() / n
 
     def _chunk_value(self, p: torch.Tensor, rows, weight: float) -> torch.Tensor:
         return weight * batch_loss(self.loss, rows["M"] @ self.as_matrix(p), rows, set_tokens=self.store.n_tokens)
@@ -513,7 +539,7 @@ class ChunkedObjective:
     def value_and_grad(self, param: torch.Tensor) -> tuple[float, torch.Tensor]:
         p = param.detach().clone().requires_grad_(True)
         total, grad = 0.0, torch.zeros_like(p)
-        for rows, weight in self._chunks():
+        for rows, weight in self._chunks(p.dtype):
             value = self._chunk_value(p, rows, weight)
             grad += torch.autograd.grad(value, p)[0]
             total += value.item()
@@ -525,7 +551,7 @@ class ChunkedObjective:
     def hvp(self, param: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         p = param.detach().clone().requires_grad_(True)
         out = torch.zeros_like(p)
-        for rows, weight in self._chunks():
+        for rows, weight in self._chunks(p.dtype):
             (g,) = torch.autograd.grad(self._chunk_value(p, rows, weight), p, create_graph=True)
             out += torch.autograd.grad((g * vector).sum(), p)[0]
         if self.penalised is not None:

@@ -82,6 +82,12 @@ OFFICIAL: tuple[ProtocolSetting, ...] = (
         "objective.schedule", "full_batch", "minibatch", "utils.py optimizing_method: one step per 1024-token batch"
     ),
     ProtocolSetting(
+        "objective.precision",
+        "float64",
+        "float32",
+        "utils.py optimizing_method: torchmin's solvers on float32 activations and a float32 T",
+    ),
+    ProtocolSetting(
         "multi_lt", "independent", _numerical_multi_lt, "cosine_dist.py reloads the pruned model for each cut"
     ),
     ProtocolSetting(

@@ -195,6 +195,8 @@ class JobSpec:
         data.pop("solver_schedule")  # acts only through objective.schedule
         if self.requirements.solver == "adam":  # Adam is mini-batch under either schedule
             data["objective"].pop("schedule")
+        if self.requirements.solver_precision != "float64":  # Adam's, or float32: all solvers' before the key
+            data["objective"].pop("precision", None)
         if self.requirements.replacement == "layer":  # no FFN is built
             data["objective"].pop("ffn_expansion")
         if c.cuts is not None:
@@ -351,6 +353,7 @@ class JobSpec:
             "objective": c.objective.name,
             "solver": r.solver,
             "solver_schedule": r.solver_schedule,
+            "solver_precision": r.solver_precision,
             "alpha_scale": r.alpha_scale if r.uses_alpha else None,
             "structure": e.structure,
             "regularizer": e.regularizer,

@@ -59,6 +59,9 @@ SETTING_COLUMNS: dict[str, str] = {
     "padded_positions": "Whether padded positions enter the fits (the official code's way).",
     "solver": "The numerical objective's solver (`adam`, `lbfgs`, `nlcg`, ...); None for a closed form.",
     "solver_schedule": "`full_batch` or `minibatch` (one solver step per 1024-token batch, as the official code).",
+    "solver_precision": "The dtype the solver computes T in (`objective.precision`): `float32` for Adam; for the "
+    "line-search and trust-region solvers `float64` by default, `float32` as the official code (their steps then "
+    "move with the CPU's vector kernels); None for a closed form.",
     "alpha_scale": "What alpha multiplies: `token_sum` (LS, MSE) or `token_mean` (cosine losses); None "
     "where alpha does not act.",
     "structure": "The transform's structure (`generic`, `diagonal`, `orthonormal`, `rank1`, "

@@ -53,6 +53,9 @@ IDENTITY_CHANGES = {
     "selection=shortgpt, sleb, laco, channel_cosine; objective=linear_patch, streamline_ffn, streamline_layer, "
     "ls_ridge_identity; healing=linearpatch_kl, healing/data=wikitext2; their presets and replaceme_ls_sink_aware; "
     "+paper=llama2_comparison and llama3_main also run experiment=llm_streamline and laco",
+    "solver-precision": "objective.precision: the non-Adam solvers (lbfgs, nlcg, trust_ncg, newton_cg) compute T in "
+    "float64 by default (in float32 their line searches decided on rounding noise: an L-BFGS step moved with the "
+    "CPU's vector kernels); precision=float32, the official code's and protocol=official's, keeps the hash of before",
 }
 GROUPS = (
     "model",
