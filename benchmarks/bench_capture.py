@@ -62,15 +62,17 @@ from replaceme_exp.capture import CutDistances, LinearStatistics, plain_forward,
 from replaceme_exp.capture.execution import CaptureExecution, model_memory, plan_execution  # noqa: E402
 from replaceme_exp.capture.statistics import TokenCollector  # noqa: E402
 from replaceme_exp.capture.token_store import TokenStore  # noqa: E402
+from replaceme_exp.config.store import register_schemas  # noqa: E402
 from replaceme_exp.data import (  # noqa: E402
+    CALIBRATION_SOURCES,
     build_calibration,
-    heldout_windows,  # noqa: E402
+    heldout_windows,
     pack_windows,
 )
-from replaceme_exp.data.calibration import calibration_documents  # noqa: E402
 from replaceme_exp.estimation import ridge_solve  # noqa: E402
 from replaceme_exp.estimation.numerical import NumericalEstimator  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
+from replaceme_exp.pipeline.spec import JobSpec  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
 from replaceme_exp.selection.passes import all_candidates_fit, cut_stats_bytes  # noqa: E402
 
@@ -79,6 +81,7 @@ def config(overrides):
     """The job's config; calibration on pydoc prose and 8 blocks unless overridden (the numbers of
     the table in docs/measurements/benchmarks.md; the default job's self-generated chats would first
     generate)."""
+    register_schemas()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=["calibration=pydoc", "n_prune=8", *overrides])
 
@@ -128,7 +131,8 @@ def ls_path_peak(adapter, tokenizer, cfg, n_windows: int, seq_len: int) -> tuple
     """(tokens, peak live bytes) of the LS path (statistics of one cut, then the solve) on
     ``n_windows`` full windows of calibration text: every batch has the same shape, so only the
     amount of data changes between sizes."""
-    documents = calibration_documents(cfg.calibration, tokenizer, cfg.calibration.n_samples, 0)
+    source = CALIBRATION_SOURCES.get(cfg.calibration.source)
+    documents = source.read(cfg.calibration, tokenizer, cfg.calibration.n_samples, 0, None)
     batches = pack_windows(documents, tokenizer, seq_len, n_windows, cfg.calibration.batch_size)
     if batches.n_sequences < n_windows:
         raise SystemExit(f"only {batches.n_sequences} windows of {seq_len} tokens in the calibration text")
@@ -285,7 +289,8 @@ def fixed_cost(overrides: list[str], forward_s: float) -> dict:
 
 
 def main(overrides):
-    cfg = config(overrides)
+    spec = JobSpec.from_config(config(overrides))
+    cfg = spec.config
     loaded = load_model(cfg.model, str(ROOT / ".cache"))
     adapter = adapter_for(loaded.model)
     batches = build_calibration(cfg.calibration, loaded.tokenizer)
@@ -321,8 +326,9 @@ def main(overrides):
     assert cuts == cuts_two
     print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
     memory = model_memory(cfg.model, str(ROOT / ".cache"))
-    plan = plan_execution(cfg, memory)
-    auto_one = all_candidates_fit(cfg.capture, adapter.hidden_size, len(candidates), plan)
+    seq_len = cfg.calibration.seq_len
+    plan = plan_execution(cfg.capture, cfg.model, cfg.calibration.batch_size, seq_len, memory, cache_dir=".cache")
+    auto_one = all_candidates_fit(spec.selection_request(plan.stats_bytes), adapter.hidden_size, len(candidates))
     whole_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
     stats_bytes = len(candidates) * cut_stats_bytes(adapter.hidden_size)
     act_bytes = memory.forward_activations(int(cfg.calibration.batch_size), int(cfg.calibration.seq_len))
