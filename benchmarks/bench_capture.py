@@ -325,9 +325,10 @@ def main(overrides):
     two_s, cuts_two = timed(two_passes)
     assert cuts == cuts_two
     print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
-    memory = model_memory(cfg.model, str(ROOT / ".cache"))
+    cache_dir = str(ROOT / ".cache")
+    memory = model_memory(cfg.model, cache_dir)
     seq_len = cfg.calibration.seq_len
-    plan = plan_execution(cfg.capture, cfg.model, cfg.calibration.batch_size, seq_len, memory, cache_dir=".cache")
+    plan = plan_execution(cfg.capture, cfg.model, cfg.calibration.batch_size, seq_len, memory, cache_dir=cache_dir)
     auto_one = all_candidates_fit(spec.selection_request(plan.stats_bytes), adapter.hidden_size, len(candidates))
     whole_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
     stats_bytes = len(candidates) * cut_stats_bytes(adapter.hidden_size)

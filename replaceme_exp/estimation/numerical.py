@@ -77,8 +77,8 @@ STRUCTURES = ("generic", "diagonal", "rank1", "lower_triangular")
 # squared L2 norm of the prediction M T over a batch.
 ELASTICNET_L1, ELASTICNET_L2 = 0.09, 0.045
 SOLVERS = ("adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg")
-
 SCHEDULES = ("full_batch", "minibatch")
+PRECISIONS = ("float64", "float32")
 # Strong-Wolfe line search of a mini-batch L-BFGS step: at most this many trial points (torchmin's
 # default ``max_ls``). torch.optim.LBFGS caps its search at max_eval - 1 evaluations, and its default
 # max_eval for max_iter=1 is 1, which would leave a single untested trial step.
@@ -88,9 +88,6 @@ ALPHA_SCALES = {"cosine": "token_mean", "cosine_exact": "token_mean", "mse": "to
 REGULARIZERS = ("none", "l1", "l2", "l1_to_identity", "l2_to_identity")
 # Losses whose value does not change with T's scale: a penalty on T itself has no minimiser.
 SCALE_FREE_LOSSES = ("cosine",)
-
-
-PRECISIONS = ("float64", "float32")
 
 
 def solver_precision(solver: str, precision: str) -> str:
