@@ -14,8 +14,11 @@ from omegaconf import OmegaConf
 from replaceme_exp.data.batching import pack_windows
 from replaceme_exp.evaluation.harness import (
     accuracy_columns,
+    collect_items,
     collect_scores,
     declared_metrics,
+    decode_items,
+    encode_items,
     harness_settings,
     run_harness,
 )
@@ -113,6 +116,54 @@ def test_avg_acc_is_the_mean_of_the_declared_metrics():
         collect_scores(fake_results(), {"boolq": "acc_norm"})
 
 
+def logged(task: str, values: list[float], metric: str = "acc", order=None, filters=("none",)) -> list[dict]:
+    """lm-eval's ``out["samples"][task]`` with ``log_samples``: one entry per document and filter,
+    in any order."""
+    order = order or range(len(values))
+    return [
+        {"doc_id": i, "doc_hash": f"{task}-{i}", "filter": f, metric: values[i] if f == "none" else 1 - values[i]}
+        for f in filters
+        for i in order
+    ]
+
+
+@pytest.mark.unit
+def test_collect_items_keeps_each_items_declared_metric_in_document_order():
+    """Documents arrive out of order and under two filters (the ``none`` one counts); a group's items
+    are its subtasks' items; a perplexity task has a document count and no items."""
+    out = {
+        "samples": {
+            "piqa": logged("piqa", [1, 0, 1, 1], "acc_norm", order=[3, 1, 0, 2], filters=("strict", "none")),
+            "mmlu_a": logged("mmlu_a", [1, 1]),
+            "mmlu_b": logged("mmlu_b", [0, 1, 0]),
+            "lambada_openai": logged("lambada_openai", [1.0, 0.0]),
+        },
+        "group_subtasks": {"mmlu": ["mmlu_a", "mmlu_b"]},
+        "n-samples": {"lambada_openai": {"original": 5153, "effective": 2}},
+    }
+    metrics = {"piqa": "acc_norm", "mmlu": "acc", "lambada_openai": "perplexity"}
+    columns = collect_items(out, metrics)
+    assert columns["score_items_piqa"] == "1011" and columns["n_items_piqa"] == 4
+    assert columns["score_items_mmlu"] == "11010" and columns["n_items_mmlu"] == 5
+    assert columns["n_items_lambada_openai"] == 2 and "score_items_lambada_openai" not in columns
+    assert columns["avg_acc_items"] == 9
+    assert columns["avg_acc_ci_low"] <= (0.75 + 0.6) / 2 <= columns["avg_acc_ci_high"]
+    reordered = {**out["samples"], "mmlu_a": logged("mmlu_a", [1, 1], order=[1, 0])}
+    shuffled = collect_items({**out, "samples": reordered}, metrics)
+    assert shuffled["items_hash_mmlu"] == columns["items_hash_mmlu"]  # the same documents
+    other = collect_items({**out, "samples": {**out["samples"], "mmlu_a": logged("mmlu_c", [1, 1])}}, metrics)
+    assert other["items_hash_mmlu"] != columns["items_hash_mmlu"]
+
+
+@pytest.mark.unit
+def test_items_are_one_character_each_when_binary_and_a_list_otherwise():
+    assert encode_items([1.0, 0.0, 1.0]) == "101"
+    assert decode_items("101").tolist() == [1.0, 0.0, 1.0]
+    assert encode_items([0.5, 1.0]) == [0.5, 1.0]
+    assert decode_items(json.dumps([0.5, 1.0])).tolist() == [0.5, 1.0]  # read back from the store
+    assert decode_items(None) is None and decode_items(float("nan")) is None
+
+
 @pytest.mark.unit
 def test_declared_metrics_must_name_the_suites_tasks():
     h = typed(["eval=paper"]).eval.harness
@@ -156,6 +207,14 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
     }
     assert scores["eval_max_length_used"] == 512
     json.dumps(scores)  # the callers cache it as JSON
+    # item by item: the declared metric of each of the 8 items, their mean the task's score
+    accuracy = [t for t, m in declared_metrics(h).items() if m != "word_perplexity"]
+    for task in accuracy:
+        items = decode_items(scores[f"score_items_{task}"])
+        assert len(items) == scores[f"n_items_{task}"] == 8 and set(items) <= {0.0, 1.0}
+        assert items.mean() == pytest.approx(scores[f"score_{task}"]) and len(scores[f"items_hash_{task}"]) == 16
+    assert scores["n_items_replaceme_pydoc_ppl"] == 8 and scores["avg_acc_items"] == 8 * len(accuracy)
+    assert scores["avg_acc_ci_low"] <= scores["avg_acc"] <= scores["avg_acc_ci_high"]
 
     settings = harness_settings(h)
     assert json.loads(json.dumps(settings)) == settings

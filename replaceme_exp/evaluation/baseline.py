@@ -23,8 +23,9 @@ from replaceme_exp.storage import (
     write_optional,
 )
 
-# 3: entries carry their key under a checksum over key and value.
-BASELINE_VERSION = 3
+# 3: entries carry their key under a checksum over key and value. 4: the held-out perplexity window
+# by window, lm-eval's scores item by item (what paired comparisons resample).
+BASELINE_VERSION = 4
 
 
 class BaselineCache:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -21,6 +22,7 @@ from typing import Any
 from replaceme_exp.config.schema import HarnessConfig
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.evaluation.intervals import mean_interval
 from replaceme_exp.progress import progress_counter, resolved_mode
 
 log = logging.getLogger(__name__)
@@ -96,9 +98,10 @@ def collect_scores(
     metrics and any declared metric, ``ppl_<name>`` / ``ppl_stderr_<name>`` for perplexities,
     ``score_<task>`` / ``score_stderr_<task>`` = the declared metric of each task in ``metrics``,
     and ``avg_acc`` = mean of ``score_<task>`` over the declared tasks whose metric is not a
-    perplexity; ``avg_acc_all`` = the same mean with the ``acc`` of each perplexity task that reports
-    one (Lambada) added as a task. Values that are not numbers are skipped; of several filters the ``none`` one (else
-    the first reported) wins. Raises if a declared metric is missing."""
+    perplexity (``avg_acc_stderr``: ``sqrt(sum se_i^2) / k`` when every task has its standard
+    error); ``avg_acc_all`` = the same mean with the ``acc`` of each perplexity task that reports
+    one (Lambada) added as a task. Values that are not numbers are skipped; of several filters the
+    ``none`` one (else the first reported) wins. Raises if a declared metric is missing."""
     ppl_names = ppl_names or {}
     scores: dict[str, float] = {}
     wanted = set(ACCURACY_METRICS) | set(PERPLEXITY_METRICS) | set(metrics.values())
@@ -131,6 +134,9 @@ def collect_scores(
     accuracy = [t for t, m in metrics.items() if m not in PERPLEXITY_METRICS]
     if accuracy:
         scores["avg_acc"] = sum(scores[f"score_{t}"] for t in accuracy) / len(accuracy)
+        errors = [scores.get(f"score_stderr_{t}") for t in accuracy]
+        if all(e is not None for e in errors):  # the tasks' items are independent of each other
+            scores["avg_acc_stderr"] = math.sqrt(sum(e * e for e in errors)) / len(accuracy)
     # and with the accuracy of the perplexity tasks that report one (Lambada): the paper's
     # "average accuracy over all benchmarks" (its significance study; the 25% cells of its
     # higher-compression table)
@@ -138,6 +144,80 @@ def collect_scores(
     if accuracy and also:
         scores["avg_acc_all"] = (sum(scores[f"score_{t}"] for t in accuracy) + sum(also)) / (len(accuracy) + len(also))
     return scores
+
+
+def encode_items(values: list[float]) -> str | list[float]:
+    """Per-item values of a metric as a row cell: a string of ``0`` / ``1`` when every value is 0 or 1
+    (accuracies: one character an item), else the list of values."""
+    if all(v in (0.0, 1.0) for v in values):
+        return "".join("1" if v else "0" for v in values)
+    return [float(v) for v in values]
+
+
+def decode_items(cell: Any):
+    """A ``score_items_<task>`` cell (from :func:`encode_items`, or a list's JSON text read back from
+    the store) as a float array (items,); None when absent."""
+    import numpy as np
+
+    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        return None
+    if isinstance(cell, str):
+        if cell and set(cell) <= {"0", "1"}:
+            return np.frombuffer(cell.encode(), dtype=np.uint8).astype(np.float64) - ord("0")
+        cell = json.loads(cell)
+    return np.asarray(cell, dtype=np.float64)
+
+
+def _leaf_tasks(task: str, subtasks: dict[str, list[str]]) -> list[str]:
+    """The tasks lm-eval scored item by item under ``task`` (itself, or a group's subtasks, recursively)."""
+    children = subtasks.get(task)
+    if not children:
+        return [task]
+    return [leaf for child in children for leaf in _leaf_tasks(child, subtasks)]
+
+
+def _sample_values(samples: list[dict], metric: str) -> tuple[list[float], list[str]]:
+    """The ``metric`` of each item, by ``doc_id``, and the items' document hashes (of one filter:
+    ``none`` when lm-eval ran it, else the first)."""
+    filters = [s.get("filter") for s in samples]
+    chosen = "none" if "none" in filters else (filters[0] if filters else None)
+    kept = sorted((s for s in samples if s.get("filter") == chosen), key=lambda s: s["doc_id"])
+    return [float(s[metric]) for s in kept], [str(s.get("doc_hash")) for s in kept]
+
+
+def collect_items(out: dict[str, Any], metrics: dict[str, str]) -> dict[str, Any]:
+    """Item-level columns from lm-eval's output with ``log_samples``: for each declared task whose
+    metric is not a perplexity, ``score_items_<task>`` (the declared metric of each item, in document
+    order: :func:`encode_items`), ``items_hash_<task>`` (the items' documents: rows with the same hash
+    were scored on the same items, in the same order) and ``n_items_<task>``; for a perplexity task
+    ``n_items_<task>`` (its documents). With every accuracy task itemised: ``avg_acc_items`` and
+    ``avg_acc_ci_low`` / ``avg_acc_ci_high`` (95% bootstrap over each task's items)."""
+    samples, subtasks = out.get("samples") or {}, out.get("group_subtasks") or {}
+    counts = out.get("n-samples") or {}
+    columns: dict[str, Any] = {}
+    itemised = []
+    for task, metric in metrics.items():
+        leaves = _leaf_tasks(task, subtasks)
+        if metric in PERPLEXITY_METRICS:
+            documents = [int((counts.get(leaf) or {}).get("effective", 0)) for leaf in leaves]
+            columns[f"n_items_{task}"] = sum(documents) if all(documents) else None
+            continue
+        if not all(leaf in samples for leaf in leaves):
+            continue
+        values, hashes = [], []
+        for leaf in leaves:
+            found, digests = _sample_values(samples[leaf], metric)
+            values += found
+            hashes += [f"{leaf}:{d}" for d in digests]
+        columns[f"score_items_{task}"] = encode_items(values)
+        columns[f"items_hash_{task}"] = hashlib.sha256("\n".join(hashes).encode()).hexdigest()[:16]
+        columns[f"n_items_{task}"] = len(values)
+        itemised.append(decode_items(columns[f"score_items_{task}"]))
+    accuracy = [t for t, m in metrics.items() if m not in PERPLEXITY_METRICS]
+    if accuracy and len(itemised) == len(accuracy):
+        columns["avg_acc_items"] = sum(len(v) for v in itemised)
+        columns["avg_acc_ci_low"], columns["avg_acc_ci_high"] = mean_interval(itemised)
+    return columns
 
 
 def lm_eval_version() -> str | None:
@@ -326,6 +406,7 @@ def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str,
     ppl_names = dict(cfg.ppl_names or {})
     results: dict[str, dict] = {}
     versions: dict[str, Any] = {}
+    logged: dict[str, Any] = {"samples": {}, "group_subtasks": {}, "n-samples": {}}
     for fewshot, tasks in by_fewshot.items():
         # Zero-shot tasks that declare no num_fewshot of their own are zero-shot without being told
         # (lm-eval warns "Overwriting default num_fewshot ... from None to 0" when told).
@@ -337,7 +418,7 @@ def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str,
             task_manager=manager,
             limit=cfg.limit,
             bootstrap_iters=bootstrap_iters(cfg),
-            log_samples=False,
+            log_samples=True,  # each item's score: what paired comparisons between rows resample
             # lm-eval's own defaults (the official code's); the job's seed stays out of the scores
             random_seed=0,
             numpy_random_seed=1234,
@@ -346,8 +427,12 @@ def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str,
         )
         results.update(out["results"])
         versions.update({task: _json_version(v) for task, v in (out.get("versions") or {}).items()})
+        for part in logged:
+            logged[part].update(out.get(part) or {})
     scores: dict[str, Any] = collect_scores(results, metrics, ppl_names)
-    log.info("harness: %s", {k: round(v, 4) if math.isfinite(v) else v for k, v in scores.items()})
+    scores.update(collect_items(logged, metrics))
+    shown = {k: v for k, v in scores.items() if isinstance(v, float)}
+    log.info("harness: %s", {k: round(v, 4) if math.isfinite(v) else v for k, v in shown.items()})
     scores["eval_task_versions"] = dict(sorted(versions.items()))
     scores["eval_max_length_used"] = int(lm.max_length)
     return scores

@@ -1,18 +1,87 @@
-"""Perplexity of a causal LM on full windows of held-out text."""
+"""Perplexity of a causal LM on full windows of held-out text, window by window, with its interval."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from replaceme_exp.data.batching import TokenBatches
+from replaceme_exp.evaluation.intervals import LEVEL, RESAMPLES, perplexity_interval
 from replaceme_exp.progress import progress
+
+INTERVAL = f"{LEVEL:.0%} percentile bootstrap over windows ({RESAMPLES} resamples)"
+
+
+@dataclass(frozen=True)
+class WindowPerplexity:
+    """A model's next-token losses on held-out windows: ``nll`` (windows,) each window's summed NLL in
+    nats, ``tokens`` (windows,) its predicted tokens, ``windows_hash`` the windows' content (rows with
+    the same hash were scored on the same tokens and may be compared window by window)."""
+
+    nll: np.ndarray
+    tokens: np.ndarray
+    windows_hash: str | None = None
+
+    @property
+    def value(self) -> float:
+        """``exp(sum nll / sum tokens)``."""
+        return math.exp(float(self.nll.sum()) / float(self.tokens.sum()))
+
+    def interval(self) -> tuple[float, float]:
+        """The value's 95% percentile bootstrap interval over windows."""
+        return perplexity_interval(self.nll, self.tokens)
+
+    def columns(self, name: str) -> dict:
+        """Row columns of this perplexity under ``name`` (``ppl_heldout``, ``ppl_heldout_baseline``):
+        the value, its interval (``<name>_ci_low`` / ``<name>_ci_high``) and the per-window NLL
+        (``<name>_window_nll``, JSON) that paired comparisons between rows resample."""
+        low, high = self.interval()
+        return {
+            name: self.value,
+            f"{name}_ci_low": low,
+            f"{name}_ci_high": high,
+            f"{name}_window_nll": [float(x) for x in self.nll],
+        }
+
+    def unit_columns(self) -> dict:
+        """What the intervals rest on, shared by every perplexity of the job on these windows."""
+        return {
+            "ppl_heldout_interval": INTERVAL,
+            "ppl_heldout_windows": int(len(self.tokens)),
+            "ppl_heldout_tokens": int(self.tokens.sum()),
+            "ppl_heldout_window_tokens": [int(x) for x in self.tokens],
+            "ppl_heldout_windows_hash": self.windows_hash,
+        }
+
+    def to_json(self) -> dict:
+        return {"nll": [float(x) for x in self.nll], "tokens": [int(x) for x in self.tokens]}
+
+    @classmethod
+    def from_json(cls, data: dict, windows_hash: str | None = None) -> "WindowPerplexity":
+        return cls(np.asarray(data["nll"], dtype=np.float64), np.asarray(data["tokens"]), windows_hash)
+
+
+def window_nll_of(cell) -> np.ndarray | None:
+    """A ``*_window_nll`` cell (a list, or its JSON text from the store) as an array; None when absent."""
+    if isinstance(cell, str):
+        cell = json.loads(cell)
+    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        return None
+    return np.asarray(cell, dtype=np.float64)
+
+
+def perplexity(model, windows: TokenBatches) -> float:
+    """:func:`window_perplexity`'s value."""
+    return window_perplexity(model, windows).value
 
 
 @torch.inference_mode()
-def perplexity(model, windows: TokenBatches) -> float:
+def window_perplexity(model, windows: TokenBatches) -> WindowPerplexity:
     """``exp`` of the mean next-token negative log-likelihood over all predicted tokens of the
     windows (each window is scored on its own, no context carried across windows).
 
@@ -30,18 +99,21 @@ def perplexity(model, windows: TokenBatches) -> float:
     rather than per-token normalisation, so it moves with the tokenizer's granularity), and
     lambada's ``perplexity`` (``ppl_lambada``) is ``exp`` of the mean NLL of the *last word* of
     each passage given the whole passage before it.
+
+    Returns each window's summed NLL and predicted tokens (:class:`WindowPerplexity`), in the order
+    of the windows.
     """
     device = model.get_input_embeddings().weight.device
-    nll, count = 0.0, 0
+    nll: list[float] = []
+    count: list[int] = []
     for batch in progress(windows, desc="perplexity", unit="batch"):
         ids = batch.input_ids.to(device)
         mask = batch.attention_mask.to(device)
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
         # With device_map=auto the logits may live on another GPU than the inputs.
         targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).to(logits.device)
-        loss = F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum", ignore_index=-100
-        )
-        nll += float(loss)
-        count += int((targets != -100).sum())
-    return math.exp(nll / count)
+        # (batch, seq_len - 1) per-token losses
+        loss = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none", ignore_index=-100)
+        nll += loss.double().sum(dim=1).tolist()
+        count += (targets != -100).sum(dim=1).tolist()
+    return WindowPerplexity(np.asarray(nll), np.asarray(count), windows.content_hash())

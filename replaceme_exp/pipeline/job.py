@@ -381,7 +381,8 @@ class PruningJob:
         c = self.config
         if c.healing.name == "none":
             return
-        self.row["ppl_heldout_before_healing"] = self.row.pop("ppl_heldout")
+        for suffix in ("", "_ci_low", "_ci_high", "_window_nll"):
+            self.row[f"ppl_heldout_before_healing{suffix}"] = self.row.pop(f"ppl_heldout{suffix}")
         windows = self.healing_windows
         if windows is None:
             with stage("data", "healing data"):

@@ -11,7 +11,7 @@ from replaceme_exp.data.calibration import Answerer, build_calibration, heldout_
 from replaceme_exp.errors import check_finite
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.harness import harness_settings, run_harness
-from replaceme_exp.evaluation.perplexity import perplexity
+from replaceme_exp.evaluation.perplexity import WindowPerplexity, window_perplexity
 from replaceme_exp.evaluation.samples import answers_alone, greedy_answers, side_by_side
 from replaceme_exp.models.loading import LoadedModel
 from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality
@@ -52,7 +52,9 @@ class TextModality(Modality):
         c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
         key = {"model": loaded.identity_hash, "windows": heldout.content_hash(), "metric": "ppl_heldout"}
         with stage("eval", "baseline perplexity"):
-            columns = {"ppl_heldout_baseline": baselines.get_or_compute(key, lambda: finite_perplexity(model, heldout))}
+            found = baselines.get_or_compute(key, lambda: finite_perplexity(model, heldout).to_json())
+            unpruned = WindowPerplexity.from_json(found, heldout.content_hash())
+            columns = {**unpruned.columns("ppl_heldout_baseline"), **unpruned.unit_columns()}
         if (harness := c.eval.harness) is not None:
             with stage("eval", "baseline lm-eval"):
                 settings = harness_settings(harness)
@@ -76,8 +78,8 @@ class TextModality(Modality):
     def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
         which = "healed" if healed else "pruned"
         with stage("eval", f"{which} perplexity"):
-            value = finite_perplexity(loaded.model, heldout, which)
-        return {"ppl_heldout": value}
+            measured = finite_perplexity(loaded.model, heldout, which)
+        return {**measured.columns("ppl_heldout"), **measured.unit_columns()}
 
     def harness_scores(self, loaded: LoadedModel) -> dict:
         """The lm-eval suite's score columns of ``loaded`` (:func:`run_harness`)."""
@@ -101,7 +103,8 @@ class TextModality(Modality):
         c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
         heldout = self.heldout(loaded, adapter)
         with stage("eval", "perplexity"):
-            columns = {"ppl_heldout": finite_perplexity(model, heldout, "evaluated")}
+            measured = finite_perplexity(model, heldout, "evaluated")
+            columns = {**measured.columns("ppl_heldout"), **measured.unit_columns()}
         if (harness := c.eval.harness) is not None:
             with stage("eval", "lm-eval"):
                 columns.update(harness_settings(harness))
@@ -114,9 +117,10 @@ class TextModality(Modality):
         return columns
 
 
-def finite_perplexity(model, windows, which: str = "unpruned") -> float:
-    """The ``which`` model's held-out perplexity, refused (and so, unpruned, never cached) when not finite."""
-    value = perplexity(model, windows)
-    check_finite("eval", f"the {which} model's held-out perplexity is", [value])
-    return value
+def finite_perplexity(model, windows, which: str = "unpruned") -> WindowPerplexity:
+    """The ``which`` model's held-out perplexity, window by window, refused (and so, unpruned, never
+    cached) when not finite."""
+    measured = window_perplexity(model, windows)
+    check_finite("eval", f"the {which} model's held-out perplexity is", [measured.value])
+    return measured
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from replaceme_exp.evaluation.intervals import z_value
 from replaceme_exp.reporting.cells import SETTING_COLUMNS
 from replaceme_exp.reporting.paper_settings import baseline_columns
 from replaceme_exp.reporting.precision import format_number
@@ -178,11 +179,19 @@ def _task_scores(run: pd.Series) -> list[str]:
 
 def stderrs(frame: pd.DataFrame, metric: str, prefix: str = "") -> pd.Series:
     """Per run, the standard error of ``prefix + metric`` (``prefix``: ``baseline_``): lm-eval's
-    recorded one; for ``avg_acc`` (a mean of k task scores) ``sqrt(sum se_i^2) / k`` over the tasks it
-    averages, where each has one; NaN where there is none (a held-out perplexity: none is computed)."""
+    recorded one; where the row records a 95% interval instead (``<metric>_ci_low`` / ``_ci_high``: the
+    held-out perplexity, ``avg_acc``), the one it implies, ``(high - low) / 3.92``; for an older
+    ``avg_acc`` without one (a mean of k task scores) ``sqrt(sum se_i^2) / k`` over the tasks it
+    averages, where each has one; NaN where there is none."""
     column = stderr_column(metric)
     if column is not None and prefix + column in frame.columns:
         return pd.to_numeric(frame[prefix + column], errors="coerce")
+    names = [prefix + metric] + ([f"{metric}_baseline"] if prefix == "baseline_" else [])  # ppl_heldout_baseline
+    for named in names:
+        if f"{named}_ci_low" in frame.columns and f"{named}_ci_high" in frame.columns:
+            # a recorded 95% interval (a bootstrap over windows or items) as the standard error it implies
+            high = pd.to_numeric(frame[f"{named}_ci_high"], errors="coerce")
+            return (high - pd.to_numeric(frame[f"{named}_ci_low"], errors="coerce")) / (2 * z_value())
     if metric == "avg_acc":
 
         def combined(run: pd.Series) -> float:

@@ -507,7 +507,9 @@ def _suite_tasks(frame: pd.DataFrame) -> list[str]:
     recorded = {
         c[len("score_") :]
         for c in frame.columns
-        if c.startswith("score_") and not c.startswith("score_stderr_") and f"baseline_{c}" in frame.columns
+        if c.startswith("score_")
+        and not c.startswith(("score_stderr_", "score_items_"))
+        and f"baseline_{c}" in frame.columns
     }
     recorded = {t for t in recorded if _numeric(frame, f"score_{t}").notna().any()}
     return [t for t in LEADERBOARD_TASKS if t in recorded] + sorted(recorded - set(LEADERBOARD_TASKS))

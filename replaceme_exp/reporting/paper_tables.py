@@ -66,6 +66,7 @@ from replaceme_exp.reporting.paper_settings import (
     select_cell,
 )
 from replaceme_exp.reporting.paths import file_name
+from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, mark_column, stderr_of
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
@@ -544,14 +545,33 @@ def format_value(value: float) -> str:
     return f"{value:.4g}"
 
 
-def format_cell(values: pd.Series) -> str:
+def format_cell(values: pd.Series, interval: tuple[float, float] | None = None) -> str:
+    """One run: its value, with its 95% ``interval`` ``[low, high]`` when it has one; several runs
+    (seeds): ``mean ± std (n=k)``; none: ``—``."""
     values = pd.to_numeric(values, errors="coerce").dropna()
     if values.empty:
         return MISSING
     if len(values) == 1:
-        return format_value(values.iloc[0])
+        shown = format_value(values.iloc[0])
+        return f"{shown} [{format_value(interval[0])}, {format_value(interval[1])}]" if interval else shown
     std = values.std(ddof=1)
     return f"{values.mean():.4g} ± {std:.2g} (n={len(values)})" if not math.isnan(std) else format_value(values.mean())
+
+
+def run_interval(run: pd.Series, metric: str) -> tuple[float, float] | None:
+    """A single run's 95% interval of ``metric``: its recorded ``<metric>_ci_low`` / ``_ci_high`` (held-out
+    perplexity, avg-acc, speedups), else ``±1.96`` of its standard error (a task's score); None without."""
+    low, high = run.get(f"{metric}_ci_low"), run.get(f"{metric}_ci_high")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not (math.isnan(low) or math.isnan(high)):
+        return float(low), float(high)
+    value, se = pd.to_numeric(pd.Series([run.get(metric)]), errors="coerce").iloc[0], stderr_of(run, metric)
+    if se is None or math.isnan(value) or metric.startswith("ppl") or metric.endswith("_speedup"):
+        return None
+    return float(value - 1.96 * se), float(value + 1.96 * se)
+
+
+def bold(text: str) -> str:
+    return f"**{text}**"
 
 
 def with_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
@@ -620,6 +640,7 @@ def build_table(
         columns.append(Column(header or column.header, metric, column.conditions))
     out, notes, failures, estimated = [], [], [], False
     runs_of: dict[str, list[dict]] = {}  # quoted label -> the cells of the rows that run it here
+    ranked: dict[str, dict[int, Cell]] = {}  # header -> {id of the row's cells: the cell}, for the leaders
     for row in spec.row_specs():
         prefer = spec.preferences(row)
         cells = {"Setting": row.shown_label, **{t: row.text.get(t, "") for t in spec.text_columns}}
@@ -655,11 +676,19 @@ def build_table(
         for column in columns:
             in_cell = shown[_condition_key(column.conditions)]
             metric = column.metric
-            cells[column.header] = format_cell(in_cell[metric]) if metric in in_cell.columns else MISSING
+            if metric in in_cell.columns:
+                values = pd.to_numeric(in_cell[metric], errors="coerce").dropna()
+                interval = run_interval(in_cell.iloc[0], metric) if len(values) == 1 else None
+                cells[column.header] = format_cell(in_cell[metric], interval)
+                mean = float(values.mean()) if not values.empty else None
+                ranked.setdefault(column.header, {})[id(cells)] = Cell(mean, in_cell.loc[values.index])
+            else:
+                cells[column.header] = MISSING
             if is_energy_metric(metric) and any_estimated(in_cell):
                 cells[column.header] = marked(cells[column.header], True)
                 estimated = True
         out.append(cells)
+    led = _mark_leaders(out, columns, ranked)
     has_quoted = spec.quoted_at is not None and quoted and spec.name in quoted
     if has_quoted and not retarget.active:
         block = []
@@ -684,7 +713,21 @@ def build_table(
     table.attrs.update(notes=notes, retargeted=retargeted, counts=tally.line(spec.name), estimated=estimated)
     table.attrs["failures"] = failures
     table.attrs["harness_rows"] = bool(runs_of)
+    table.attrs["leaders"] = led
     return table
+
+
+def _mark_leaders(out: list[dict], columns: list[Column], ranked: dict[str, dict[int, Cell]]) -> bool:
+    """Bold, in place, each column's leaders among the measured rows (:func:`ties.mark_column`);
+    returns whether any column was ranked."""
+    by_id = {id(cells): cells for cells in out}
+    led = False
+    for column in columns:
+        marks = mark_column(ranked.get(column.header, {}), column.metric)
+        for key in marks:
+            by_id[key][column.header] = bold(by_id[key][column.header])
+        led = led or bool(marks)
+    return led
 
 
 def table_notes(table: pd.DataFrame) -> list[str]:
@@ -701,8 +744,12 @@ def caption(spec: TableSpec, table: pd.DataFrame | None = None) -> str:
 def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = None, bullet: str = "") -> list[str]:
     lines = [
         "Cells average the finished runs of one setting, which differ only in the seed "
-        f"(mean ± std (n)); {MISSING} = no finished run; Runs counts the runs shown."
+        f"(mean ± std (n)); a single run shows its 95% interval in brackets where it has one (held-out "
+        "perplexity and avg-acc: a bootstrap over windows / items; a task's score: ±1.96 lm-eval standard "
+        f"errors; a speedup: over its timing rounds); {MISSING} = no finished run; Runs counts the runs shown."
     ]
+    if table is not None and table.attrs.get("leaders"):
+        lines.append(LEADERS_NOTE)
     lines += [f"{bullet}{failure}." for failure in (table.attrs.get("failures", []) if table is not None else [])]
     retargeted = table is not None and table.attrs.get("retargeted")
     if spec.quoted_at is not None and quoted and spec.name in quoted and not retargeted:
@@ -733,7 +780,8 @@ def to_markdown(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None
 def to_latex(spec: TableSpec, table: pd.DataFrame, quoted: dict | None = None) -> str:
     def esc(v) -> str:
         text = str(v).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
-        return text.replace("±", r"$\pm$").replace(MISSING, "--")
+        text = text.replace("±", r"$\pm$").replace(MISSING, "--")
+        return rf"\textbf{{{text[2:-2]}}}" if text.startswith("**") and text.endswith("**") else text
 
     headers = list(table.columns)
     lines = [r"\begin{table}[h]", r"\centering", r"\begin{tabular}{l" + "c" * (len(headers) - 1) + "}", r"\toprule"]

@@ -41,7 +41,8 @@ from replaceme_exp.reporting.overview import (
     value_label,
 )
 from replaceme_exp.reporting.paths import file_name
-from replaceme_exp.reporting.precision import format_measure
+from replaceme_exp.reporting.precision import format_measure, format_number
+from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, mark_column
 from replaceme_exp.results.store import ResultsStore, latest_of_each_config, started_text
 
 MISSING = "—"
@@ -165,7 +166,9 @@ def metric_columns(frame: pd.DataFrame) -> list[str]:
         return c in frame.columns and pd.to_numeric(frame[c], errors="coerce").notna().any()
 
     scores = score_columns(frame)
-    accuracy = scores or sorted(c for c in frame.columns if c.startswith(ACCURACY_PREFIXES) and "stderr" not in c)
+    accuracy = scores or sorted(
+        c for c in frame.columns if c.startswith(ACCURACY_PREFIXES) and "stderr" not in c and "_ci_" not in c
+    )
     clip = sorted(c for c in frame.columns if c.startswith(CLIP_PREFIXES))
     return [c for c in TABLE_METRICS if recorded(c)] + [c for c in accuracy + clip if recorded(c)]
 
@@ -195,12 +198,26 @@ def _cuts(value) -> str:
 
 
 def _measure_cells(frame: pd.DataFrame, metric: str) -> pd.Series:
-    """Each run's ``metric`` rounded to its standard error where it has one (:func:`format_measure`)."""
+    """Each run's ``metric``: with its 95% interval ``[low, high]`` where the run records one (held-out
+    perplexity, speedups), else rounded to its standard error where it has one (:func:`format_measure`);
+    the column's leaders (:func:`~.ties.mark_column`) in bold."""
     if metric in AS_RECORDED:
         return frame[metric].map(_cell)
     values = pd.to_numeric(frame[metric], errors="coerce")
     errors = stderrs(frame, metric)
-    return pd.Series([format_measure(v, e) for v, e in zip(values, errors)], index=frame.index, dtype=object)
+    low = pd.to_numeric(frame.get(f"{metric}_ci_low", pd.Series(np.nan, index=frame.index)), errors="coerce")
+    high = pd.to_numeric(frame.get(f"{metric}_ci_high", pd.Series(np.nan, index=frame.index)), errors="coerce")
+    shown = []
+    for index, value, error in zip(frame.index, values, errors):
+        interval = np.isfinite(low[index]) and np.isfinite(high[index])
+        if interval and (metric.startswith("ppl") or not np.isfinite(error)):
+            shown.append(f"{format_number(value)} [{format_number(low[index])}, {format_number(high[index])}]")
+        else:
+            shown.append(format_measure(value, error))
+    cells = {i: Cell(float(v) if np.isfinite(v) else None, frame.loc[[i]]) for i, v in zip(frame.index, values)}
+    for index in mark_column(cells, metric):
+        shown[frame.index.get_loc(index)] = f"**{shown[frame.index.get_loc(index)]}**"
+    return pd.Series(shown, index=frame.index, dtype=object)
 
 
 BASELINE_CONSTANTS = {"rp": 1.0}
@@ -283,7 +300,9 @@ def score_columns(frame: pd.DataFrame) -> list[str]:
     return sorted(
         c
         for c in frame.columns
-        if c.startswith("score_") and "stderr" not in c and pd.to_numeric(frame[c], errors="coerce").notna().any()
+        if c.startswith("score_")
+        and not c.startswith(("score_stderr_", "score_items_"))
+        and pd.to_numeric(frame[c], errors="coerce").notna().any()
     )
 
 
@@ -299,7 +318,7 @@ def overview_figures(frame: pd.DataFrame, folder: Path) -> list[tuple[Path, str]
     """Draw the sweep's overview figures into ``folder``; returns (PNG, caption) of each drawn."""
     axes = sweep_axes(frame)
     plans = [
-        ("ppl_heldout", ["ppl_heldout"], True, "Held-out perplexity (no standard error is computed for it)."),
+        ("ppl_heldout", ["ppl_heldout"], True, "Held-out perplexity (bars: its 95% bootstrap interval over windows)."),
         ("avg_acc", ["avg_acc"], True, "Average accuracy over the suite's tasks (its standard error from the tasks')."),
         ("tasks", score_columns(frame) if len(score_columns(frame)) > 1 else [], False, "Each task's score."),
         ("cos_dist", ["cos_dist_after"], True, "Mean cosine distance across each cut on held-out text, with T."),
@@ -339,6 +358,8 @@ def group_markdown(
             lines += [f"![{path.stem}]({path.relative_to(relative_to)})", "", f"*{caption}*", ""]
     lines += [f"## Runs ({len(shown)})", ""]
     lines += runs_table(group) if not shown.empty else ["No finished runs."]
+    if not shown.empty:
+        lines += ["", LEADERS_NOTE]
     lines += ["", *failed_section(group, show_failed, results)]
     return "\n".join(lines) + "\n"
 

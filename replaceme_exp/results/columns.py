@@ -202,6 +202,26 @@ MEASURED_COLUMNS: dict[str, str] = {
     "ppl_heldout": "Held-out per-token perplexity of the pruned (or evaluated) model.",
     "ppl_heldout_baseline": "The same of the unpruned model.",
     "ppl_heldout_before_healing": "The pruned model's held-out perplexity before healing.",
+    "<ppl_heldout|ppl_heldout_baseline|ppl_heldout_before_healing>_<ci_low|ci_high>": "The 95% interval of that "
+    "held-out perplexity: a percentile bootstrap over the windows (`ppl_heldout_interval`).",
+    "<ppl_heldout|ppl_heldout_baseline|ppl_heldout_before_healing>_window_nll": "JSON: each held-out window's "
+    "summed next-token NLL (nats), in window order: what a paired comparison of two rows scored on the same "
+    "windows (`ppl_heldout_windows_hash`) resamples.",
+    "ppl_heldout_interval": "How the held-out perplexity's interval was obtained (95% percentile bootstrap over "
+    "windows, and the resamples).",
+    "ppl_heldout_windows": "Held-out windows the perplexity and its interval rest on.",
+    "ppl_heldout_tokens": "Held-out tokens predicted (the perplexity's denominator).",
+    "ppl_heldout_window_tokens": "JSON: the predicted tokens of each held-out window, in window order.",
+    "ppl_heldout_windows_hash": "The held-out windows' token ids by content: rows with the same hash were scored on "
+    "the same tokens, window by window.",
+    "avg_acc_stderr": "`sqrt(sum se_i^2) / k` over the k accuracy tasks' standard errors.",
+    "avg_acc_<ci_low|ci_high>": "The 95% interval of `avg_acc`: a bootstrap over each task's items.",
+    "avg_acc_items": "Items `avg_acc` rests on (all its tasks).",
+    "score_items_<task>": "Each item's value of the task's declared metric, in document order: a string of 0/1 "
+    "(one character an item) for accuracies, else a JSON list; what paired comparisons of two rows resample.",
+    "items_hash_<task>": "The task's items (lm-eval's document hashes, in order): rows with the same hash were "
+    "scored on the same items.",
+    "n_items_<task>": "Items (documents) the task's score rests on.",
     "avg_acc": "Mean of the suite's declared metric over its accuracy tasks.",
     "avg_acc_all": "The same with the accuracy of a perplexity task that reports one (Lambada's).",
     "avg_acc_baseline": "`avg_acc` of the unpruned model.",
