@@ -62,7 +62,8 @@ def smol(i: int, method: str, **values) -> dict:
 @pytest.mark.unit
 def test_the_template_sweeps_exactly_the_presets_of_the_tables_rows():
     cfg, jobs = expand(TEMPLATE)
-    assert [job["experiment"] for job in jobs] == PRESETS
+    assert [job["experiment"] for job in jobs] == PRESETS * 2  # at 25%, then at 37.5% of the blocks
+    assert [job["n_prune"] for job in jobs] == [0.25] * len(PRESETS) + [0.375] * len(PRESETS)
     text = (ROOT / "multirun_templates" / f"{TEMPLATE}.yaml").read_text()
     assert "python run.py -m +methods=equal_compression" in text and "make methods-table" in text
 
@@ -96,7 +97,7 @@ def test_each_job_of_the_template_fills_exactly_one_row_and_each_row_one_job():
     """The jobs' rows as JobSpec writes them, with the blocks a finished job records (8 of SmolLM2's 30),
     against the table's cells."""
     written = []
-    for job in expand(TEMPLATE)[1]:
+    for job in expand(TEMPLATE)[1][: len(PRESETS)]:  # the jobs at 25%
         cfg = compose_config([f"+{TEMPLATE.replace('/', '=')}", f"experiment={job['experiment']}"])
         columns = JobSpec.from_config(cfg).setting_columns()
         written.append({**columns, **SMOLLM2_BLOCKS, "preset": job["experiment"]})
@@ -118,6 +119,7 @@ def test_each_job_of_the_template_fills_exactly_one_row_and_each_row_one_job():
         "linearpatch": "LinearPatch",
         "llm_streamline": "LLM-Streamline (FFN)",
         "llm_streamline_layer": "LLM-Streamline (layer)",
+        "ls_ridge_identity": "ReplaceMe LS ridge-to-I",
     }
 
 

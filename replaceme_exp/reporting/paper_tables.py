@@ -222,16 +222,19 @@ METHODS_AT_EQUAL_COMPRESSION = [
     Row("LinearPatch", {"method": "LinearPatch"}, text={"Preset": "linearpatch"}),
     Row("LLM-Streamline (FFN)", {"method": "LLM-Streamline (FFN)"}, text={"Preset": "llm_streamline"}),
     Row("LLM-Streamline (layer)", {"method": "LLM-Streamline (layer)"}, text={"Preset": "llm_streamline_layer"}),
+    Row("ReplaceMe LS, ridge toward I", {"method": "ReplaceMe LS ridge-to-I"}, text={"Preset": "ls_ridge_identity"}),
 ]
 # Where its runs come from unless MODEL= / CALIBRATION= / EVAL= say otherwise: SmolLM2 offline, the model's
-# own chat answers (128 samples), 25% of the blocks whatever the depth.
+# own chat answers (128 samples), a fraction of the blocks whatever the depth (25%, and 37.5%: a deeper cut).
 EQUAL_COMPRESSION_HOME = {"calibration": "self_generated", "n_calib_samples": 128}
-EQUAL_COMPRESSION = {
-    "model": "smollm2_135m",
-    **EQUAL_COMPRESSION_HOME,
-    "eval": "offline",
-    "n_prune": FractionOfDepth(0.25),
-}
+EQUAL_COMPRESSION_RATIOS = {"methods_equal_compression": 0.25, "methods_equal_compression_deeper": 0.375}
+
+
+def equal_compression(fraction: float) -> dict:
+    return {"model": "smollm2_135m", **EQUAL_COMPRESSION_HOME, "eval": "offline", "n_prune": FractionOfDepth(fraction)}
+
+
+EQUAL_COMPRESSION = equal_compression(EQUAL_COMPRESSION_RATIOS["methods_equal_compression"])
 
 TABLES = [
     TableSpec(
@@ -495,26 +498,29 @@ TABLES = [
         ],
         sweeps=(Sweep("paper/calibration_types", 10),),
     ),
-    TableSpec(
-        "methods_equal_compression",
-        "Depth-pruning methods at equal compression (beyond the paper): every method at 25% of the blocks, "
-        "one model, one calibration sample and one eval suite for all (SmolLM2-135M-Instruct, its own chat "
-        "answers as calibration, eval=offline, unless rendered from other runs); compression time and CO2 sum "
-        "the compression stages (capture with selection or search, estimation, healing).",
-        EQUAL_COMPRESSION,
-        [Row("Unpruned", kind="baseline", text={"Preset": ""}), *METHODS_AT_EQUAL_COMPRESSION],
-        [
-            Column("Held-out ppl", "ppl_heldout"),
-            SuiteAccuracies(),
-            Column("Avg-acc", "avg_acc"),
-            Column("RP", "rp"),
-            Column("Compression time (s)", COMPRESSION_TIME),
-            Column("CO2 (kg)", COMPRESSION_CO2),
-        ],
-        text_columns=["Preset"],
-        sweeps=(Sweep("methods/equal_compression", len(METHODS_AT_EQUAL_COMPRESSION)),),
-        home=EQUAL_COMPRESSION_HOME,
-        reference="the table's default",
+    *(
+        TableSpec(
+            name,
+            f"Depth-pruning methods at equal compression (beyond the paper): every method at {100 * fraction:g}% "
+            "of the blocks, one model, one calibration sample and one eval suite for all (SmolLM2-135M-Instruct, "
+            "its own chat answers as calibration, eval=offline, unless rendered from other runs); compression "
+            "time and CO2 sum the compression stages (capture with selection or search, estimation, healing).",
+            equal_compression(fraction),
+            [Row("Unpruned", kind="baseline", text={"Preset": ""}), *METHODS_AT_EQUAL_COMPRESSION],
+            [
+                Column("Held-out ppl", "ppl_heldout"),
+                SuiteAccuracies(),
+                Column("Avg-acc", "avg_acc"),
+                Column("RP", "rp"),
+                Column("Compression time (s)", COMPRESSION_TIME),
+                Column("CO2 (kg)", COMPRESSION_CO2),
+            ],
+            text_columns=["Preset"],
+            sweeps=(Sweep("methods/equal_compression", len(METHODS_AT_EQUAL_COMPRESSION) * 2),),
+            home=EQUAL_COMPRESSION_HOME,
+            reference="the table's default",
+        )
+        for name, fraction in EQUAL_COMPRESSION_RATIOS.items()
     ),
 ]
 
