@@ -463,3 +463,40 @@ def test_a_peer_methods_run_is_picked_by_its_method_whatever_its_own_settings():
     assert cells(table, "LaCo (quoted)")["AVG"] == "0.374"  # the quoted number, untouched
     assert cells(table, "Ours (LS)")["AVG"] == "0.42" and cells(table, "Ours (LS)")["Runs"] == 1
     assert cells(table, f"UIDL + LoRA healing {HARNESS_MARK}")["Runs"] == 0  # a LaCo run is no UIDL
+
+
+@pytest.mark.unit
+def test_the_pareto_front_keeps_the_points_no_other_beats_on_both_axes():
+    from replaceme_exp.reporting.paper_figures import pareto_front
+
+    points = [(1.2, 50.0), (1.3, 60.0), (1.25, 70.0), (1.5, 200.0), (1.5, 300.0), (1.1, 49.0)]
+    # (1.25, 70) is beaten by (1.3, 60); (1.5, 300) by (1.5, 200): the rest trade speed for quality
+    assert pareto_front(points, lower_is_better=True) == [5, 0, 1, 3]
+    accuracy = [(1.2, 0.8), (1.3, 0.7), (1.25, 0.6), (1.4, 0.7)]
+    assert pareto_front(accuracy, lower_is_better=False) == [0, 3]
+
+
+@pytest.mark.unit
+def test_the_quality_against_speedup_figure_draws_each_method_at_each_compression(tmp_path):
+    from replaceme_exp.reporting.paper_figures import quality_speed
+
+    def speed(i, method, ppl, acc, speedup, n_prune=8, **values):
+        return smol(
+            i, method, n_prune=n_prune, ppl_heldout=ppl, avg_acc=acc, speed_decode_b1_speedup=speedup,
+            speed_decode_b1_speedup_min=speedup - 0.05, speed_decode_b1_speedup_max=speedup + 0.05,
+            ppl_heldout_ci_low=ppl * 0.9, ppl_heldout_ci_high=ppl * 1.1, baseline_ppl_heldout=21.2, **values,
+        )  # fmt: skip
+
+    runs = frame(
+        speed(1, "UIDL", 62.0, 0.6, 1.35),
+        speed(2, "ShortGPT", 60.0, 0.62, 1.34),
+        speed(3, "UIDL", 500.0, 0.3, 1.6, n_prune=11),
+        speed(4, "LLM-Streamline (FFN)", 900.0, 0.2, 1.2),  # slower and worse: off the front
+    )
+    plotted = quality_speed(runs, tmp_path / "figure.png")
+    assert (tmp_path / "figure.png").stat().st_size > 0
+    ppl = plotted[plotted["panel"] == "ppl_heldout"].set_index("series")
+    assert set(ppl.index) == {"UIDL (25%)", "ShortGPT (25%)", "UIDL (37.5%)", "LLM-Streamline (FFN) (25%)", "unpruned"}
+    front = {s for s, note in ppl["note"].items() if "Pareto" in str(note)}
+    assert front == {"UIDL (25%)", "ShortGPT (25%)", "UIDL (37.5%)"}
+    assert ppl.loc["UIDL (37.5%)", "x"] == 1.6 and ppl.loc["unpruned", "mean"] == 21.2

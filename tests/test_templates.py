@@ -126,8 +126,12 @@ def test_every_template_belongs_to_exactly_one_table_figure_or_study():
             owners.setdefault(sweep.template, []).append(name)
     assert sorted(owners) == TEMPLATES
     shared = {t: names for t, names in owners.items() if len(names) > 1}
-    assert shared == {  # one sweep fills the methods tables at both compressions
-        "methods/equal_compression": ["methods_equal_compression", "methods_equal_compression_deeper"]
+    assert shared == {  # one sweep fills the methods tables at both compressions, and their figure
+        "methods/equal_compression": [
+            "methods_equal_compression",
+            "methods_equal_compression_deeper",
+            "methods_quality_speed",
+        ]
     }, owners
     counts = {
         sweep.jobs for name in shared["methods/equal_compression"] for sweep in PAPER_ARTIFACTS.get(name).sweeps

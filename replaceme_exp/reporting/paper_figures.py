@@ -59,6 +59,12 @@ from replaceme_exp.reporting.paper_settings import (
     finished_runs,
     select_cell,
 )
+from replaceme_exp.reporting.paper_tables import (
+    EQUAL_COMPRESSION_HOME,
+    EQUAL_COMPRESSION_RATIOS,
+    METHODS_AT_EQUAL_COMPRESSION,
+    equal_compression,
+)
 from replaceme_exp.reporting.paths import file_name
 
 
@@ -572,6 +578,98 @@ def leaderboard(runs: pd.DataFrame, path: Path, target: Target | None = None) ->
     return plotted.frame("leaderboard")
 
 
+# The methods figure's speedup (x) and its two quality panels: (column, title, lower is better).
+SPEEDUP = "speed_decode_b1_speedup"
+QUALITY_PANELS = (("ppl_heldout", "Held-out perplexity", True), ("avg_acc", "Average accuracy", False))
+
+
+def _interval(run: pd.Series, metric: str) -> tuple[float, float]:
+    """``run``'s recorded interval of ``metric`` (``_ci_low`` / ``_ci_high``, or a speedup's ``_min`` /
+    ``_max`` over its timing rounds); NaN where none is recorded."""
+    for low, high in (("_ci_low", "_ci_high"), ("_min", "_max")):
+        if f"{metric}{low}" in run.index and f"{metric}{high}" in run.index:
+            values = pd.to_numeric(pd.Series([run[f"{metric}{low}"], run[f"{metric}{high}"]]), errors="coerce")
+            return float(values.iloc[0]), float(values.iloc[1])
+    return np.nan, np.nan
+
+
+def pareto_front(points: list[tuple[float, float]], lower_is_better: bool) -> list[int]:
+    """The indices of ``points`` ``(speedup, quality)`` that no other point beats on both (as fast or
+    faster and as good or better, strictly on one), sorted by speedup."""
+    sign = 1.0 if lower_is_better else -1.0
+    front = []
+    for i, (x, y) in enumerate(points):
+        beaten = any(
+            (xo >= x and sign * yo <= sign * y) and (xo > x or sign * yo < sign * y)
+            for j, (xo, yo) in enumerate(points)
+            if j != i
+        )
+        if not beaten:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
+    """Beyond the paper, the methods tables' figure: each method's held-out perplexity and average
+    accuracy against its decode speedup at batch 1 (over the unpruned model, measured alternately in its
+    job), at every compression of the tables, with 95% intervals as error bars, the unpruned model at
+    speedup 1, and the Pareto front of each panel."""
+    plotted = Plotted(target)
+    plotted.retarget = Retargeting(target, EQUAL_COMPRESSION_HOME, "the figure's default")
+    found: list[dict] = []
+    unpruned: dict[str, float] = {}
+    for fraction in EQUAL_COMPRESSION_RATIOS.values():
+        for row in METHODS_AT_EQUAL_COMPRESSION:
+            choice = choose_setting(plotted.runs(runs, {**equal_compression(fraction), **row.conditions}))
+            plotted.tally.show(choice.shown)
+            if choice.shown is None:
+                continue
+            run = choice.shown.iloc[-1]  # one run a point: its intervals are the run's
+            found.append({"label": f"{row.label} ({100 * fraction:g}%)", "run": run, "note": choice.note(row.label)})
+            for metric, _, _ in QUALITY_PANELS:
+                if (value := _baseline(choice.shown, metric)) is not None:
+                    unpruned[metric] = value
+    fig, axes = _pyplot().subplots(1, 2, figsize=(11, 4.2))
+    for ax, (metric, title, lower) in zip(axes, QUALITY_PANELS):
+        points = []
+        for entry in found:
+            x, y = (_numeric(entry["run"].to_frame().T, c).iloc[0] for c in (SPEEDUP, metric))
+            if np.isfinite(x) and np.isfinite(y):
+                points.append((entry, float(x), float(y)))
+        if not points:
+            plotted.no_runs(ax, "+methods=equal_compression", len(found), f"{SPEEDUP} and {metric}")
+            ax.set(title=title)
+            continue
+        ordered = pareto_front([(x, y) for _, x, y in points], lower)  # by speedup
+        front = set(ordered)
+        for i, (entry, x, y) in enumerate(points):
+            (xl, xh), (yl, yh) = _interval(entry["run"], SPEEDUP), _interval(entry["run"], metric)
+            xerr = [[x - xl], [xh - x]] if np.isfinite(xl) else None
+            yerr = [[y - yl], [yh - y]] if np.isfinite(yl) else None
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o" if "(25%)" in entry["label"] else "s", capsize=2,
+                        color="tab:red" if i in front else "tab:blue")  # fmt: skip
+            ax.annotate(entry["label"], (x, y), fontsize="xx-small", xytext=(3, 3), textcoords="offset points")
+            note = "; ".join(filter(None, ["on the Pareto front" if i in front else "", entry["note"]]))
+            plotted.add(metric, entry["label"], pd.DataFrame([{"x": x, "mean": y, "std": 0.0, "n": 1, "note": note}]))
+        ax.plot([points[i][1] for i in ordered], [points[i][2] for i in ordered], "--", color="tab:red", alpha=0.5,
+                label="Pareto front")  # fmt: skip
+        if metric in unpruned:
+            ax.axhline(unpruned[metric], color="orange", linestyle="--", label="unpruned (speedup 1)")
+            plotted.add(metric, "unpruned", pd.DataFrame([{"x": 1.0, "mean": unpruned[metric], "std": 0.0, "n": 1}]))
+        if lower:
+            ax.set_yscale("log")
+        ax.set(title=f"{title} vs. decode speedup", xlabel="Decode speedup at batch 1 (x unpruned)", ylabel=title)
+        ax.grid(alpha=0.3)
+    _legend(*axes)
+    footnote = (
+        "Circles: 25% of the blocks, squares: 37.5%; red: the Pareto front (no other point is both faster and "
+        "better). Bars: 95% intervals (perplexity: bootstrap over windows; avg-acc: over items; speedup: the "
+        "range of its timing rounds)."
+    )
+    _save(fig, path, plotted.footnote(footnote, _settings_footnote(plotted)))
+    return plotted.frame("methods_quality_speed")
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     """A figure of the paper: its name, how it is drawn (``draw(runs, png, target=None)`` -> the
@@ -595,6 +693,7 @@ FIGURES: dict[str, FigureSpec] = {
         FigureSpec("block_selection", block_selection, (Sweep("paper/block_selection", 72),)),
         FigureSpec("layer_distances", layer_distances, (Sweep("paper/layer_distances", 1),)),
         FigureSpec("leaderboard", leaderboard, (Sweep("paper/leaderboard", 6),)),
+        FigureSpec("methods_quality_speed", quality_speed, (Sweep("methods/equal_compression", 22),)),
     )
 }
 for _figure in FIGURES.values():
