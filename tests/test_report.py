@@ -246,17 +246,20 @@ def test_a_sweep_of_two_presets_is_one_sweep_named_for_both_with_one_overview(ti
     # the sweep's summary says that UIDL ignores alpha
     assert "alpha does nothing for objective=identity takes no alpha: its jobs at alpha=100" in sweep_log
     sweep_id = swept["sweep_id"].iloc[0]
-    assert f"experiment=replaceme_ls,uidl_baseline (sweep {sweep_id}): read 3 rows, showing 3 finished runs" in out
+    # UIDL at alpha 100 is a job of the sweep, skipped as its alpha-0 configuration: counted, its run shown once
+    title = f"experiment=replaceme_ls,uidl_baseline (sweep {sweep_id})"
+    assert f"{title}: 3 finished, 1 skipped (finished before), 0 failed; read 4 rows" in out
     page = (results / "report" / "sweeps" / f"{sweep_id}.md").read_text()
     assert "Swept: method (ReplaceMe LS, UIDL); alpha (0, 100)." in page
     assert "![ppl_heldout](" in page and (results / "report" / "sweeps" / sweep_id / "ppl_heldout.png").is_file()
+    assert "## Runs (3)" in page and page.count("| finished + 1 skipped |") == 1
     assert len(list((results / "report").rglob("*.png"))) <= 2  # ppl_heldout and cos_dist: eval=quick has no lm-eval
     everything = (results / "report" / "all.md").read_text()
     assert "n_prune=99" not in everything and "1 failed run hidden" in everything
 
 
 @pytest.mark.unit
-def test_skipped_rows_are_counted_with_their_reason():
+def test_rows_not_shown_are_counted_with_their_reason():
     rows = pd.DataFrame(
         [
             {"run_id": "a", "config_hash": "c1", "status": "failed", "started_at": "1", "alpha": 0.0},
@@ -269,13 +272,13 @@ def test_skipped_rows_are_counted_with_their_reason():
     )
     group = split_runs(rows, "all", "All runs")
     assert list(group.shown["run_id"]) == ["c"] and list(group.failed["run_id"]) == ["e"]
-    assert group.skipped == {
+    assert group.not_shown == {
         "older finished runs of a configuration shown by its latest run": 1,
         "failed runs of a configuration that also finished": 1,
         "older failures of a configuration listed by its latest failure": 1,
         "rows with status=running (unfinished: killed or still running)": 1,
     }
-    assert group.counts().startswith("read 6 rows, showing 1 finished runs, 1 failed, 4 skipped")
+    assert group.counts().startswith("1 finished, 0 skipped (finished before), 1 failed; read 6 rows, 4 not shown (")
 
 
 @pytest.mark.unit

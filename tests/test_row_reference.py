@@ -28,6 +28,10 @@ def test_the_declared_columns_are_the_code_s():
     assert {"run_id", "config_hash", "setting_hash", "status", "run_seq", "failed_stage"} <= set(declared["identity"])
     assert {"alpha", "selection_metric", "estimation_tokens", "protocol"} <= set(declared["pruning settings"])
     assert {"evaluated_checkpoint", "pruned_config_hash", "pruned_run_id"} == set(declared["evaluate settings"])
+    # a skipped job's row: its own identity and the finished run it stands for, no setting or measurement
+    assert {"run_id", "sweep_id", "config_hash", "status", "finished_run_id", "job_dir"} <= set(declared["skipped job"])
+    assert not set(declared["skipped job"]) & set(declared["pruning settings"])
+    assert "## A skipped job's row" in render()
 
 
 def test_every_column_of_the_golden_jobs_rows_has_a_meaning():

@@ -10,6 +10,12 @@ line and standard errors as bars, and a table of its runs with an ``unpruned`` r
 rounded to the digits its standard error supports (:mod:`.precision`). Unlike the paper's tables nothing
 is averaged in the tables: one line per run, a missing number stays ``—``.
 
+A sweep's page covers every job of the sweep. A job skipped because its configuration had finished
+before (its row under ``skips/``: :meth:`~replaceme_exp.results.store.ResultsStore.load_skips`) is
+shown by the run that finished it, marked ``skipped: run of sweep <id>`` in the runs table, drawn in
+the figures like any run, and counted: ``2 finished, 1 skipped (finished before), 0 failed``. A run is
+shown once per table, however many of the sweep's jobs it stands for.
+
 Failed runs (killed, stopped, refused: a typo) are out of the way: counted, listed only with
 ``--show-failed`` (``make report SHOW_FAILED=1``); a sweep with no finished run is listed in the index
 only then. ``make clean-failed RESULTS=dir`` removes them from the store
@@ -43,7 +49,7 @@ from replaceme_exp.reporting.overview import (
 from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.reporting.precision import format_measure, format_number
 from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, mark_column
-from replaceme_exp.results.store import ResultsStore, latest_of_each_config, started_text
+from replaceme_exp.results.store import SKIPPED, ResultsStore, latest_of_each_config, started_text
 
 MISSING = "—"
 # Settings that can vary within a group (pruning or evaluate job and what it evaluated, the setting
@@ -78,53 +84,113 @@ CLIP_PREFIXES = ("acc1_", "acc5_", "mean_avg_p_", "text_recall5_", "vision_recal
 
 @dataclass
 class Group:
-    """The runs of one sweep (or of all sweeps): ``shown`` the finished runs (the latest per
-    config hash), ``failed`` the failed ones whose configuration never finished (the latest per
-    config hash), ``skipped`` the number of other rows per reason."""
+    """The jobs of one sweep (or of all sweeps): ``shown`` the finished runs (the latest per config
+    hash) of its finished jobs, then those its skipped jobs stand for (the runs that finished their
+    configuration before: column :data:`FINISHED_HERE` false), each once, with :data:`SKIPPED_JOBS`
+    the group's skipped jobs a line stands for; ``failed`` the failed runs whose configuration never
+    finished (the latest per config hash); ``n_finished`` / ``n_skipped`` its finished and skipped
+    jobs; ``not_shown`` the number of other rows per reason. The all-runs group (``name`` ``all``)
+    shows each configuration's latest finished run and counts the skipped jobs, without marking them."""
 
     name: str
     title: str
     n_read: int
     shown: pd.DataFrame
     failed: pd.DataFrame
-    skipped: dict[str, int] = field(default_factory=dict)
+    not_shown: dict[str, int] = field(default_factory=dict)
+    n_finished: int = 0
+    n_skipped: int = 0
 
     @property
-    def n_skipped(self) -> int:
-        return sum(self.skipped.values())
+    def n_not_shown(self) -> int:
+        return sum(self.not_shown.values())
 
     def counts(self) -> str:
-        reasons = "; ".join(f"{n} {why}" for why, n in self.skipped.items())
+        """``2 finished, 1 skipped (finished before), 0 failed; read 4 rows`` and the rows not shown."""
+        reasons = "; ".join(f"{n} {why}" for why, n in self.not_shown.items())
         return (
-            f"read {self.n_read} rows, showing {len(self.shown)} finished runs, {len(self.failed)} failed, "
-            f"{self.n_skipped} skipped" + (f" ({reasons})" if reasons else "")
+            f"{self.n_finished} finished, {self.n_skipped} skipped (finished before), {len(self.failed)} failed; "
+            f"read {self.n_read} rows" + (f", {self.n_not_shown} not shown ({reasons})" if reasons else "")
         )
 
 
-def split_runs(rows: pd.DataFrame, name: str, title: str) -> Group:
-    """Sort the rows of one group into shown, failed and skipped (with the reason of each skip).
-    The latest run of a configuration is its latest by ``run_seq`` (``oldest_first``: not by a
-    node's clock); the tables list runs by ``started_at``."""
-    status = rows["status"] if "status" in rows.columns else pd.Series(None, index=rows.index)
+# Columns the report adds to a group's shown runs.
+FINISHED_HERE = "_finished_here"  # the run is one of the group's own jobs (false: a skipped job's earlier run)
+SKIPPED_JOBS = "_skipped_jobs"  # how many of the group's skipped jobs the run stands for
+
+
+def _statuses(rows: pd.DataFrame) -> pd.Series:
+    return rows["status"] if "status" in rows.columns else pd.Series(None, index=rows.index, dtype=object)
+
+
+def skipped_runs(skips: pd.DataFrame, finished: pd.DataFrame) -> list:
+    """For each skipped job's row in ``skips``, the index in ``finished`` (the store's finished runs)
+    of the run it stands for: the one its ``finished_run_id`` names, else (that row was removed, or
+    predates the column) the latest finished run of its configuration; None when there is none."""
+    if skips.empty:
+        return []
+    latest = latest_of_each_config(finished) if not finished.empty else finished
+    by_config = dict(zip(latest["config_hash"], latest.index)) if not latest.empty else {}
+    by_id = dict(zip(finished["run_id"], finished.index)) if not finished.empty else {}
+    named = skips["finished_run_id"] if "finished_run_id" in skips.columns else pd.Series(None, index=skips.index)
+    return [by_id.get(run_id, by_config.get(chash)) for run_id, chash in zip(named, skips["config_hash"])]
+
+
+def split_runs(
+    rows: pd.DataFrame,
+    name: str,
+    title: str,
+    skips: pd.DataFrame | None = None,
+    store_finished: pd.DataFrame | None = None,
+) -> Group:
+    """Sort one group's rows (its runs' ``rows`` and its skipped jobs' ``skips``) into shown, failed
+    and not shown (with the reason of each). A skipped job is shown by the run that finished its
+    configuration before (looked up among ``store_finished``, the store's finished runs; default:
+    ``rows``' own), once per configuration, beside the group's own finished runs. The latest run of
+    a configuration is its latest by ``run_seq`` (``oldest_first``: not by a node's clock); the
+    tables list runs by ``started_at``."""
+    skips = skips if skips is not None else pd.DataFrame()
+    if "config_hash" not in rows.columns:  # a sweep whose every job was skipped: no run of its own
+        rows = pd.DataFrame(columns=["run_id", "config_hash", "status"], index=rows.index)
+    status = _statuses(rows)
     ordered = rows.assign(_started=started_text(rows)).sort_values("_started", kind="mergesort")
     finished = ordered[status.loc[ordered.index] == "finished"]
-    shown = latest_of_each_config(finished)
-    skipped: dict[str, int] = {}
-    if len(finished) > len(shown):
-        skipped["older finished runs of a configuration shown by its latest run"] = len(finished) - len(shown)
+    here = latest_of_each_config(finished)
+    not_shown: dict[str, int] = {}
+    if len(finished) > len(here):
+        not_shown["older finished runs of a configuration shown by its latest run"] = len(finished) - len(here)
+    pool = store_finished if store_finished is not None else rows[status == "finished"]
+    shown_hashes, stand_for, earlier = set(here["config_hash"]), {}, []
+    lost = 0
+    for index in skipped_runs(skips, pool):
+        if index is None:
+            lost += 1
+            continue
+        chash = pool.loc[index, "config_hash"]
+        stand_for[chash] = stand_for.get(chash, 0) + 1
+        if chash not in shown_hashes:
+            shown_hashes.add(chash)
+            earlier.append(index)
+    if lost:
+        not_shown["skipped jobs whose finished run is no longer in the store"] = lost
+    mine = here.drop(columns=["_started"]).assign(**{FINISHED_HERE: True})
+    theirs = pool.loc[earlier].assign(**{FINISHED_HERE: False})
+    shown = pd.concat([mine, theirs]) if len(mine) and len(theirs) else theirs if len(theirs) else mine
+    shown[SKIPPED_JOBS] = shown["config_hash"].map(lambda h: stand_for.get(h, 0)) if len(shown) else []
     failed_all = ordered[status.loc[ordered.index] == "failed"]
-    later_finished = failed_all["config_hash"].isin(set(shown["config_hash"]))
+    later_finished = failed_all["config_hash"].isin(shown_hashes)
     if int(later_finished.sum()):
-        skipped["failed runs of a configuration that also finished"] = int(later_finished.sum())
+        not_shown["failed runs of a configuration that also finished"] = int(later_finished.sum())
     failed_only = failed_all[~later_finished]
     failed = latest_of_each_config(failed_only)
     if len(failed_only) > len(failed):
-        skipped["older failures of a configuration listed by its latest failure"] = len(failed_only) - len(failed)
-    other = ordered[~status.loc[ordered.index].isin(["finished", "failed"])]
+        not_shown["older failures of a configuration listed by its latest failure"] = len(failed_only) - len(failed)
+    other = ordered[~status.loc[ordered.index].isin(["finished", "failed", SKIPPED])]
     for value, count in other["status"].fillna("none").value_counts().items() if len(other) else []:
-        skipped[f"rows with status={value} (unfinished: killed or still running)"] = int(count)
-    drop = ["_started"]
-    return Group(name, title, len(rows), shown.drop(columns=drop), failed.drop(columns=drop), skipped)
+        not_shown[f"rows with status={value} (unfinished: killed or still running)"] = int(count)
+    return Group(
+        name, title, len(rows) + len(skips), shown, failed.drop(columns=["_started"]), not_shown, len(here), len(skips)
+    )
 
 
 def _plain(value):
@@ -239,26 +305,49 @@ def baseline_cell(frame: pd.DataFrame, metric: str) -> str:
     return format_measure(present.iloc[0], errors.loc[present.index[0]])
 
 
+def job_cell(run: pd.Series) -> str:
+    """What a shown run is to its group: ``finished`` (its own job), ``finished + 1 skipped`` (and
+    the configuration of a skipped job of the group), ``skipped: run of sweep <id>`` (the earlier run
+    of a skipped job's configuration; ``2 skipped: ...`` for two such jobs)."""
+    jobs = int(run.get(SKIPPED_JOBS) or 0)
+    if bool(run.get(FINISHED_HERE, True)):
+        return "finished" + (f" + {jobs} skipped" if jobs else "")
+    sweep = run.get("sweep_id")
+    origin = f"run of sweep {sweep}" if isinstance(sweep, str) and sweep else "run of no sweep"
+    return f"{jobs if jobs > 1 else ''} skipped: {origin}".strip()
+
+
+def marks_jobs(group: Group) -> bool:
+    """Whether a sweep's runs table needs its ``job`` column: a run stands for a skipped job."""
+    frame = group.shown
+    if group.name == "all" or SKIPPED_JOBS not in frame.columns:
+        return False
+    return bool((pd.to_numeric(frame[SKIPPED_JOBS], errors="coerce") > 0).any())
+
+
 def runs_table(group: Group) -> list[str]:
     """Markdown lines: the unpruned model, then one row per shown run sorted by the swept settings
-    (:func:`~.overview.sweep_axes`), each metric rounded to its precision; the run id last."""
+    (:func:`~.overview.sweep_axes`), each metric rounded to its precision; where the group has skipped
+    jobs, what each run is to it (:func:`job_cell`); the run id last."""
     frame = group.shown
     axes = sweep_axes(frame)
     metrics = [m for m in metric_columns(frame) if m not in IN_UNPRUNED_ROW]
     settings = axes + ([] if "cuts" in axes else ["cuts"])
-    headers = [*settings, *metrics, "run_id"]
+    jobs = marks_jobs(group)
+    headers = [*settings, *metrics, *(["job"] if jobs else []), "run_id"]
     if axes:
         keys = pd.DataFrame({a: sort_keys(frame, a) for a in axes}, index=frame.index)
         frame = frame.loc[keys.sort_values(axes, kind="mergesort").index]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     if any(baseline_cell(frame, m) != MISSING for m in metrics if m not in BASELINE_CONSTANTS):
-        cells = ["unpruned"] + [""] * (len(settings) - 1) + [baseline_cell(frame, m) for m in metrics] + [""]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = ["unpruned"] + [""] * (len(settings) - 1) + [baseline_cell(frame, m) for m in metrics]
+        lines.append("| " + " | ".join(cells + [""] * (1 + jobs)) + " |")
     columns = {m: _measure_cells(frame, m) for m in metrics}
     shown = {a: axis_values(frame, a).map(value_label) for a in axes}
     for index, run in frame.iterrows():
         cells = [shown[a][index] if a in shown else _cuts(run.get(a)) for a in settings]
         cells += [marked(columns[m][index], is_energy_metric(m) and any_estimated(run)) for m in metrics]
+        cells += [job_cell(run)] if jobs else []
         cells += [str(run["run_id"])]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return lines
@@ -360,8 +449,18 @@ def group_markdown(
     lines += runs_table(group) if not shown.empty else ["No finished runs."]
     if not shown.empty:
         lines += ["", LEADERS_NOTE]
+    if marks_jobs(group):
+        lines += ["", SKIPPED_NOTE]
     lines += ["", *failed_section(group, show_failed, results)]
     return "\n".join(lines) + "\n"
+
+
+SKIPPED_NOTE = (
+    "A job skipped as finished before (its configuration already had a finished row) is shown by that run: "
+    "`skipped: run of sweep <id>` for a run of another sweep or an earlier single job; `finished + k skipped` "
+    "when another job of this sweep ran its configuration (e.g. an alpha its objective ignores). One line per "
+    "configuration: a run is never shown twice."
+)
 
 
 def sorted_values(frame: pd.DataFrame, axis: str) -> list:
@@ -384,18 +483,30 @@ def failed_section(group: Group, show_failed: bool, results: str = "") -> list[s
         "",
     ]
 
-def build_groups(table: pd.DataFrame) -> list[Group]:
+
+def build_groups(table: pd.DataFrame, skips: pd.DataFrame | None = None) -> list[Group]:
     """One group for all runs, then one per sweep (by ``sweep_id``; rows without one form the
-    group ``no_sweep``)."""
-    if table.empty:
+    group ``no_sweep``) with its skipped jobs (``skips``: :meth:`ResultsStore.load_skips`), each shown
+    by the run of the store that finished its configuration."""
+    skips = skips if skips is not None else pd.DataFrame()
+    if table.empty and skips.empty:
         return [Group("all", "All runs", 0, table, table)]
-    groups = [split_runs(table, "all", "All runs")]
-    sweeps = table["sweep_id"].fillna("no_sweep") if "sweep_id" in table.columns else pd.Series("no_sweep", table.index)
-    names = table["sweep_name"] if "sweep_name" in table.columns else pd.Series(None, index=table.index)
-    for sweep in sorted(sweeps.unique(), key=str):
-        rows = table[sweeps == sweep]
-        group = split_runs(rows, str(sweep), "")
-        label = sweep_label([n for n in names[rows.index] if isinstance(n, str)], sweep_axes(group.shown))
+    store_finished = table[_statuses(table) == "finished"] if not table.empty else table
+    groups = [split_runs(table, "all", "All runs", skips, store_finished)]
+
+    def sweep_ids(frame: pd.DataFrame) -> pd.Series:
+        if "sweep_id" not in frame.columns:
+            return pd.Series("no_sweep", index=frame.index, dtype=object)
+        return frame["sweep_id"].astype(object).where(frame["sweep_id"].notna(), "no_sweep")
+
+    def names(frame: pd.DataFrame) -> list[str]:
+        return [n for n in frame.get("sweep_name", pd.Series(dtype=object)) if isinstance(n, str)]
+
+    sweeps, skip_sweeps = sweep_ids(table), sweep_ids(skips)
+    for sweep in sorted(set(sweeps) | set(skip_sweeps), key=str):
+        rows, its_skips = table[sweeps == sweep], skips[skip_sweeps == sweep]
+        group = split_runs(rows, str(sweep), "", its_skips, store_finished)
+        label = sweep_label(names(rows) + names(its_skips), sweep_axes(group.shown))
         group.title = f"{label} (sweep {sweep})" if label else f"Sweep {sweep}"
         groups.append(group)
     return groups
@@ -423,17 +534,21 @@ def sweep_label(names: list[str], axes: list[str]) -> str | None:
 def write_report(results_dir: str | Path, out_dir: str | Path | None = None, show_failed: bool = False) -> list[str]:
     """Write the report; returns the lines to print (counts per group, then the files)."""
     store = ResultsStore(results_dir)
-    table = store.load()
+    table, skips = store.load(), store.load_skips()
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / "report"
     n_files = len(list(store.runs.glob("*/*.parquet"))) if store.runs.is_dir() else 0
-    unreadable = n_files - len(table)
+    n_skip_files = len(list(store.skips.glob("*/*.parquet"))) if store.skips.is_dir() else 0
+    unreadable = n_files + n_skip_files - len(table) - len(skips)
     lines = [f"read {len(table)} rows from {n_files} row files under {store.runs}"]
+    if n_skip_files:
+        lines[0] += f" and {len(skips)} skipped jobs' rows from {n_skip_files} files under {store.skips}"
     if unreadable > 0:
         lines[0] += f"; {unreadable} unreadable file(s) skipped (named in the warnings above)"
-    index = ["# Report", "", lines[0] + ".", "", "| sweep | read | finished shown | failed | skipped | swept |"]
-    index.append("|---|---|---|---|---|---|")
+    index = ["# Report", "", lines[0] + ".", ""]
+    index += ["| sweep | finished | skipped (finished before) | failed | rows read | not shown | swept |"]
+    index.append("|---|---|---|---|---|---|---|")
     hidden = 0
-    for group in build_groups(table):
+    for group in build_groups(table, skips):
         if group.name == "all":
             markdown, folder = out / "all.md", None
         else:
@@ -446,7 +561,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None, sho
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(group_markdown(group, images, markdown.parent, show_failed, str(results_dir)))
         link = markdown.relative_to(out)
-        counts = f"{group.n_read} | {len(group.shown)} | {len(group.failed)} | {group.n_skipped}"
+        counts = f"{group.n_finished} | {group.n_skipped} | {len(group.failed)} | {group.n_read} | {group.n_not_shown}"
         swept = ", ".join(sweep_axes(group.shown)) or "—"
         index.append(f"| [{group.title}]({link}) | {counts} | {swept} |")
         lines.append(f"{group.title}: {group.counts()} -> {markdown} ({len(images)} figures)")

@@ -4,7 +4,8 @@ columns, so it cannot drift from what a job writes:
     python -m replaceme_exp.reporting.row_reference > docs/row-columns.md     (make docs-reference)
 
 The names come from running that code: :func:`~replaceme_exp.results.row.start_row` and
-:func:`~replaceme_exp.results.row.refused_row` (the columns every row starts with) and
+:func:`~replaceme_exp.results.row.refused_row` (the columns every row starts with),
+:func:`~replaceme_exp.results.row.skip_row` (a skipped job's row) and
 :meth:`~replaceme_exp.pipeline.spec.JobSpec.setting_columns` of the default pruning job and of an
 evaluate job (the settings as they act); the meanings from :mod:`replaceme_exp.results.columns`.
 ``tests/test_row_reference.py`` fails when the file differs from what this prints or a declared
@@ -21,7 +22,7 @@ from omegaconf import OmegaConf
 import replaceme_exp.pipeline  # noqa: F401  (the config schema in Hydra's ConfigStore, as run.py has it)
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.results.columns import MEASURED_COLUMNS, meaning
-from replaceme_exp.results.row import refused_row, start_row
+from replaceme_exp.results.row import refused_row, skip_row, start_row
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 UNDESCRIBED = "*(no meaning in `replaceme_exp/results/columns.py` yet)*"
@@ -41,10 +42,12 @@ def declared_columns() -> dict[str, list[str]]:
     started = [c for c in start_row("", "", None, {}) if c not in settings]
     refused = [c for c in refused_row(OmegaConf.create({}), ValueError("x"), None) if c not in started + settings]
     evaluation = [c for c in evaluate.setting_columns() if c not in settings]
+    skipped = list(skip_row({"config_hash": "", "run_id": ""}, None))
     return {
         "identity": started + refused,
         "pruning settings": settings,
         "evaluate settings": evaluation,
+        "skipped job": skipped,
     }
 
 
@@ -93,6 +96,17 @@ def render() -> str:
         "| column | meaning |",
         "|---|---|",
         *_rows(declared["evaluate settings"]),
+        "",
+        "## A skipped job's row",
+        "",
+        "A job whose configuration already has a finished row is skipped (unless `force=true`): it runs",
+        "nothing and writes this small row, `results_dir/skips/<config_hash>/<run_id>.parquet`, so that",
+        "its sweep's report lists it with the run that finished it. It is no run: `ResultsStore.load()`",
+        "and every table read `runs/` only; `ResultsStore.load_skips()` reads these.",
+        "",
+        "| column | meaning |",
+        "|---|---|",
+        *_rows(declared["skipped job"]),
         "",
         "## Measured columns",
         "",

@@ -41,14 +41,32 @@ DEFAULT_PROJECT = "replaceme-exp"
 
 
 def sweep_rows(results_dir: str | Path, sweep: str) -> pd.DataFrame:
-    """The rows of ``sweep`` (a sweep id, or a sweep folder whose name is one)."""
+    """The rows of ``sweep``'s runs (a sweep id, or a sweep folder whose name is one): the W&B runs of
+    its group. Its skipped jobs ran nothing and have no W&B run (:func:`skipped_note`)."""
     table = ResultsStore(results_dir).load()
     sweep_id = Path(sweep).name
     if table.empty or "sweep_id" not in table.columns or not (table["sweep_id"] == sweep_id).any():
+        if note := skipped_note(results_dir, sweep_id):
+            raise SystemExit(f"SWEEP={sweep}: no run of its own to show: {note}")
         known = sorted(set(table["sweep_id"].dropna())) if "sweep_id" in table.columns else []
         hint = f"; sweeps there: {', '.join(known[-5:])}" if known else ""
         raise SystemExit(f"SWEEP={sweep}: no rows of sweep {sweep_id!r} under {Path(results_dir) / 'runs'}{hint}")
     return table[table["sweep_id"] == sweep_id]
+
+
+def skipped_note(results_dir: str | Path, sweep_id: str) -> str | None:
+    """``2 jobs of the sweep were skipped as finished before: their W&B runs are in the groups of
+    sweeps <ids>`` (from the skipped jobs' rows: the runs they stand for); None without one."""
+    store = ResultsStore(results_dir)
+    skips = store.load_skips()
+    if skips.empty or "sweep_id" not in skips.columns or not (skips["sweep_id"] == sweep_id).any():
+        return None
+    mine = skips[skips["sweep_id"] == sweep_id]
+    runs = store.load()
+    origin = runs[runs["run_id"].isin(set(mine["finished_run_id"]))] if "run_id" in runs.columns else runs
+    groups = sorted({str(g) for g in origin.get("sweep_id", pd.Series(dtype=object)).dropna()})
+    where = f"the groups of sweeps {', '.join(groups)}" if groups else "earlier sweeps"
+    return f"{len(mine)} job(s) of the sweep were skipped as finished before (no W&B run): their runs are in {where}"
 
 
 def swept_settings(rows: pd.DataFrame) -> list[str]:
@@ -156,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     workspace = build_workspace(sweep_rows(args.results, args.sweep), args.entity, args.project, args.group)
     for line in describe(workspace):
         print(line)
+    if note := skipped_note(args.results, Path(args.sweep).name):
+        print(f"  {note}")
     if args.dry_run:
         return 0
     if not args.entity:

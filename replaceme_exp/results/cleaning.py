@@ -11,7 +11,9 @@ typo; or any other unfinished status):
   ``transforms/<config_hash>.safetensors``.
 
 Never a finished row, nor anything a finished row points to (its model, its transforms, its job
-folder): a failed rerun of a finished configuration loses only its own row and job folder.
+folder): a failed rerun of a finished configuration loses only its own row and job folder. Nor a
+skipped job's row (``skips/``: a job skipped as finished before, which its sweep's report lists):
+it is no failure, and no row of ``runs/`` (:meth:`ResultsStore.load` does not read it).
 
     python -m replaceme_exp.results.cleaning --results results [--confirm]
 """

@@ -2,11 +2,12 @@
 :mod:`replaceme_exp.reporting.row_reference`).
 
 The columns a row starts with are declared in :mod:`replaceme_exp.results.row` (``start_row``,
-``refused_row``) and its setting columns in :meth:`replaceme_exp.pipeline.spec.JobSpec.setting_columns`;
-the generator reads their names from that code, and ``tests/test_row_reference.py`` fails when one of
-them has no meaning here. The stages add the measured columns: :data:`MEASURED_COLUMNS` describes
-them, by name or by a pattern (``acc_<task>``), and the test checks it against the rows of the golden
-jobs (``tests/golden/job_results.json``).
+``refused_row``; a skipped job's row: ``skip_row``) and its setting columns in
+:meth:`replaceme_exp.pipeline.spec.JobSpec.setting_columns`; the generator reads their names from that
+code, and ``tests/test_row_reference.py`` fails when one of them has no meaning here. The stages add
+the measured columns: :data:`MEASURED_COLUMNS` describes them, by name or by a pattern
+(``acc_<task>``), and the test checks it against the rows of the golden jobs
+(``tests/golden/job_results.json``).
 """
 
 from __future__ import annotations
@@ -15,17 +16,22 @@ import re
 
 # Identity and provenance: the columns every row starts with (results/row.py).
 IDENTITY_COLUMNS: dict[str, str] = {
-    "run_id": "This run's id (12 hex digits); the row file is `runs/<config_hash>/<run_id>.parquet`.",
-    "sweep_id": "The Hydra sweep's id (its timestamp folder); None for a single job.",
+    "run_id": "This run's id (12 hex digits); the row file is `runs/<config_hash>/<run_id>.parquet` "
+    "(a skipped job's: `skips/<config_hash>/<run_id>.parquet`).",
+    "sweep_id": "The Hydra sweep's id (its timestamp folder; a single job's: its run folder's); None for a job "
+    "run from Python without one.",
     "config_hash": "Hash of the job's effective settings, model weights by content and `SEMANTICS_VERSION`: "
     "a finished row with this hash makes a rerun skip (`invalid-<hash>` for a configuration refused before "
     "its settings could be derived).",
     "setting_hash": "The config hash without the seed: rows that share it differ only in the seed (the only "
     "runs a paper-table cell averages).",
-    "status": "`running` while the job runs, then `finished` or `failed`.",
+    "status": "`running` while the job runs, then `finished` or `failed`; `skipped` in a skipped job's row "
+    "(under `skips/`: not a run).",
+    "finished_run_id": "A skipped job's row: the run id of the finished row of its configuration that made it "
+    "skip (the run its sweep's report shows for it).",
     "error": "A failed run's error in one line (`<ErrorType>: <message>`); None when it finished.",
     "failed_stage": "The stage a failed run stopped in (`validation` for a configuration refused before it ran).",
-    "started_at": "When the run started (UTC, ISO 8601).",
+    "started_at": "When the run started (a skipped job: when it was skipped; UTC, ISO 8601).",
     "run_seq": "The run's place among its configuration's runs (taken under its lock): the largest is the latest.",
     "git_sha": "The commit of the code the process imported (None outside a git checkout).",
     "cached_stages": "Which results came from a cache (`selection`, `statistics`, `layer_distances`, "

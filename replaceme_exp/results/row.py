@@ -1,6 +1,7 @@
 """A job's row: the columns every row starts with, the row of a configuration refused before it ran,
-and the codec of its cells (lists and dicts are stored as JSON text; :func:`decode_cell` and
-:func:`cuts_of` read them back, whether a row comes from the store or from a running job)."""
+the row of a job skipped as finished before, and the codec of its cells (lists and dicts are stored
+as JSON text; :func:`decode_cell` and :func:`cuts_of` read them back, whether a row comes from the
+store or from a running job)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,30 @@ def refused_row(cfg: DictConfig, err: Exception, sweep_id: str | None) -> dict:
         "job": OmegaConf.select(cfg, "job", default=None, throw_on_resolution_failure=False),
         "model": OmegaConf.select(cfg, "model.name", default=None, throw_on_resolution_failure=False),
         "objective": OmegaConf.select(cfg, "objective.name", default=None, throw_on_resolution_failure=False),
+    }
+
+
+def skip_row(
+    finished: dict,
+    sweep_id: str | None,
+    sweep_name: str | None = None,
+    job_dir: str | None = None,
+) -> dict:
+    """The row of a job skipped because its configuration has the finished row ``finished``: the
+    job's own identity (its run id, sweep, Hydra job folder, when it was skipped) and, in
+    ``finished_run_id``, the run it stands for. No setting or measured column: the finished row
+    holds them (:meth:`~replaceme_exp.results.store.ResultsStore.load_skips`)."""
+    return {
+        "run_id": new_run_id(),
+        "sweep_id": sweep_id,
+        "config_hash": finished["config_hash"],
+        "status": "skipped",
+        "finished_run_id": finished["run_id"],
+        "started_at": now(),
+        "git_sha": git_sha(),
+        "sweep_name": sweep_name,
+        "sweep_group": " ".join(filter(None, [sweep_name, sweep_id])) or None,
+        "job_dir": job_dir,
     }
 
 

@@ -3,6 +3,12 @@
 Many jobs on many nodes may write at once: each writes ``runs/<config_hash>/<run_id>.parquet``
 through a temporary file and an atomic rename, so no row is lost or half-written.
 
+A job skipped because its configuration already has a finished row is no run: its row
+(``status=skipped``, :func:`~replaceme_exp.results.row.skip_row`, pointing at the finished run by
+``finished_run_id``) goes to ``skips/<config_hash>/<run_id>.parquet``, the same way, so that a sweep's
+report lists every job of the sweep whatever launched it. :meth:`ResultsStore.load` never returns
+these rows (``runs/`` holds one row per run); :meth:`ResultsStore.load_skips` does.
+
 Which run of a configuration is its latest is decided by ``run_seq`` (:func:`oldest_first`), a
 number each run takes when it starts, under the configuration's lock: 1 + the largest among the
 configuration's rows. Wall-clock ``started_at`` is not used for that: a rerun on a node whose clock
@@ -23,15 +29,18 @@ from replaceme_exp.storage import HOST, atomic_path, left_by_killed_writer, pid_
 log = logging.getLogger(__name__)
 
 RUN_SEQ = "run_seq"  # the row's place among its configuration's runs: 1, 2, ... (ResultsStore.next_run_seq)
+SKIPPED = "skipped"  # the status of a skipped job's row: no run (it points at the finished one)
 
 
 class ResultsStore:
     def __init__(self, results_dir: str | os.PathLike):
         self.root = Path(results_dir)
         self.runs = self.root / "runs"
+        self.skips = self.root / "skips"
 
     def write(self, row: dict) -> Path:
-        """Write one row atomically; returns its path."""
+        """Write one row atomically (a skipped job's row under ``skips/``, any other under ``runs/``);
+        returns its path."""
         target = self.row_path(row)
         with atomic_path(target) as tmp:  # a full disk leaves no partial file behind
             pd.DataFrame([{k: encode_cell(v) for k, v in row.items()}]).to_parquet(tmp, index=False)
@@ -39,7 +48,8 @@ class ResultsStore:
 
     def row_path(self, row: dict) -> Path:
         """Where ``row`` is (or will be) stored."""
-        return self.runs / row["config_hash"] / f"{row['run_id']}.parquet"
+        folder = self.skips if row.get("status") == SKIPPED else self.runs
+        return folder / row["config_hash"] / f"{row['run_id']}.parquet"
 
     def rows_for(self, config_hash_: str) -> pd.DataFrame:
         return _read_rows(sorted((self.runs / config_hash_).glob("*.parquet")))
@@ -61,12 +71,13 @@ class ResultsStore:
         return None if done.empty else oldest_first(done).iloc[-1].to_dict()
 
     def remove_leftovers(self, config_hash_: str) -> list[Path]:
-        """Remove the temporary row files (``.<run_id>.parquet.<pid>.tmp``) that killed runs of a
-        configuration left in its folder; returns them. The caller holds the configuration's lock,
-        so no run of it is writing one; a file named by a live process other than this one is
-        kept all the same."""
+        """Remove the temporary row files (``.<run_id>.parquet.<pid>.tmp``) that killed runs (or
+        skipped jobs) of a configuration left in its folders; returns them. The caller holds the
+        configuration's lock, so no run of it is writing one; a file named by a live process other
+        than this one is kept all the same."""
         removed = []
-        for tmp in (self.runs / config_hash_).glob(".*.parquet.*.tmp"):
+        folders = (self.runs / config_hash_, self.skips / config_hash_)
+        for tmp in (tmp for folder in folders for tmp in folder.glob(".*.parquet.*.tmp")):
             if _written_by_other_live_process(tmp):
                 continue
             try:
@@ -86,6 +97,12 @@ class ResultsStore:
             return table
         if latest_per_config:
             table = latest_finished_per_config(table)
+        return table.reset_index(drop=True)
+
+    def load_skips(self) -> pd.DataFrame:
+        """The rows of skipped jobs (``skips/``) as one table: each names its job's sweep and, in
+        ``finished_run_id``, the run of :meth:`load` it stands for."""
+        table = _read_rows(sorted(self.skips.glob("*/*.parquet")))
         return table.reset_index(drop=True)
 
 
@@ -144,9 +161,17 @@ def oldest_first(table: pd.DataFrame) -> pd.DataFrame:
     return table.loc[keys.sort_values(["has_seq", "seq", "started", "run_id"], kind="mergesort").index]
 
 
+def runs_only(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` without skipped jobs' rows (no run: :meth:`ResultsStore.load_skips`)."""
+    if "status" not in table.columns:
+        return table
+    return table[table["status"] != SKIPPED]
+
+
 def latest_of_each_config(table: pd.DataFrame) -> pd.DataFrame:
     """The latest run (:func:`oldest_first`) of each ``config_hash`` among ``table``'s rows, in
-    ``table``'s order."""
+    ``table``'s order; a skipped job's row is no run."""
+    table = runs_only(table)
     if table.empty:
         return table
     latest = oldest_first(table).groupby("config_hash", sort=False).tail(1).index
@@ -155,7 +180,8 @@ def latest_of_each_config(table: pd.DataFrame) -> pd.DataFrame:
 
 def latest_finished_per_config(table: pd.DataFrame) -> pd.DataFrame:
     """One row per ``config_hash``: the latest finished one, else the latest one; the rows not
-    finished first, then by ``started_at``."""
+    finished first, then by ``started_at``. A skipped job's row is no run: never one of them."""
+    table = runs_only(table)
     if table.empty:
         return table
     finished = (table["status"] == "finished") if "status" in table.columns else pd.Series(False, index=table.index)

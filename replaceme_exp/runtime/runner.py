@@ -2,10 +2,12 @@
 
 :func:`run_recorded` checks the configuration (one failed row naming key, value and reason; no
 model is loaded for a bad value), skips a configuration that already has a finished row (unless
-forced), reads what a job that runs will read (its files' contents, the hub datasets it needs) before
-its model loads, runs identical jobs one at a time, opens the job's W&B run when the job starts, and
-writes a ``finished`` or ``failed`` row (with its error and the stage that failed). A failed job
-does not stop a sweep; a stop signal does, after its row.
+forced; the skipped job writes a small row of its own under ``skips/``, pointing at that finished
+row, and opens no W&B run and no CodeCarbon tracker), reads what a job that runs will read (its
+files' contents, the hub datasets it needs) before its model loads, runs identical jobs one at a
+time, opens the job's W&B run when the job starts, and writes a ``finished`` or ``failed`` row
+(with its error and the stage that failed). A failed job does not stop a sweep; a stop signal
+does, after its row.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from replaceme_exp.pipeline.rules import (
 )
 from replaceme_exp.progress import configure_from, progress_listener, quiet_library_bars
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.row import refused_row, start_row
+from replaceme_exp.results.row import refused_row, skip_row, start_row
 from replaceme_exp.runtime.locks import config_lock
 from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only, log_files
 from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
@@ -59,7 +61,7 @@ def run_recorded(
     always leave a row behind. Everything the job writes besides its row and model goes to
     ``job_dir`` (the Hydra job directory; default ``results_dir/jobs/<run_id>``): the W&B run and
     CodeCarbon's files. ``overrides``: the command line's (keys given together are checked
-    together). Returns the row (the existing one when skipped)."""
+    together). Returns the row (the existing finished one, with status ``skipped``, when skipped)."""
     try:
         spec = JobSpec.from_config(cfg)
         check_given_together(spec.config, overridden_keys(overrides or []))
@@ -87,6 +89,7 @@ def run_recorded(
         if done is not None:
             # said once, by the job's summary line ("job skipped: finished before as run ...")
             log.debug("skipping: a finished row exists for config_hash=%s", chash)
+            record_skip(store, done, sweep_id, sweep_name, job_dir)
             done["status"] = "skipped"
             done["row_path"] = str(store.row_path(done))
             return done
@@ -103,6 +106,20 @@ def run_recorded(
         paths = JobPaths(results_dir, cache_dir, job_dir)
         tracker = WandbRun(c.tracking.wandb, OmegaConf.to_container(cfg, resolve=True), row, job_dir, run_name)
         return run_and_record(spec, paths, row, store, tracker, raise_on_failure)
+
+
+def record_skip(
+    store: ResultsStore, finished: dict, sweep_id: str | None, sweep_name: str | None, job_dir
+) -> Path | None:
+    """Write the skipped job's own row (:func:`~replaceme_exp.results.row.skip_row`: its sweep and the
+    finished run it stands for), so that its sweep's report lists it; returns its path. A row that
+    cannot be written costs the skip nothing: a warning says so."""
+    row = skip_row(finished, sweep_id, sweep_name, str(job_dir) if job_dir else None)
+    try:
+        return store.write(row)
+    except OSError as err:
+        log.warning("skipped job's row not written under %s: %s", store.skips / row["config_hash"], err)
+        return None
 
 
 def missing_output(spec: JobSpec, results_dir: Path) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from replaceme_exp.results.row import format_cuts
+from replaceme_exp.results.row import decode_cell, format_cuts
 from replaceme_exp.storage import write_json
 
 log = logging.getLogger("replaceme_exp")
@@ -109,6 +109,13 @@ def _float(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _per_cut(value) -> dict:
+    """A per-cut column (``{"4-6": 0.3}``) as a mapping, whether the job's row held it as one or a
+    skipped job's finished row, read back from parquet, as JSON text; {} when it has none."""
+    value = decode_cell(value)
+    return value if isinstance(value, dict) else {}
+
+
 def alpha_notes(statuses: list[dict]) -> list[str]:
     """What the sweep's alphas did, per objective: jobs whose given alpha > 0 ran as alpha 0 (an
     objective that takes no alpha, such as identity: T = I; or ``regularizer=none``); and for closed
@@ -125,9 +132,9 @@ def alpha_notes(statuses: list[dict]) -> list[str]:
         if given and acted == 0:
             reason = "takes no alpha" if s.get("alpha_scale") is None else "has regularizer=none"
             ignored.setdefault(f"objective={objective} {reason}", set()).add(given)
-        effects = [v for v in (s.get("alpha_effect") or {}).values() if _float(v) is not None]
+        effects = [v for v in _per_cut(s.get("alpha_effect")).values() if _float(v) is not None]
         if acted and effects:
-            scales = [_float(v) for v in (s.get("gram_mean_eigenvalue") or {}).values() if _float(v) is not None]
+            scales = [_float(v) for v in _per_cut(s.get("gram_mean_eigenvalue")).values() if _float(v) is not None]
             measured[(str(objective), acted)] = (max(effects), min(scales) if scales else None, str(s.get("dtype")))
     for what, alphas in ignored.items():
         values = ",".join(f"{a:g}" for a in sorted(alphas))
@@ -154,9 +161,15 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         statuses = read_statuses(config.hydra.sweep.dir)
-        for line in summary_lines(statuses):
+        try:
+            lines = summary_lines(statuses)
+        except Exception:  # noqa: BLE001 - Hydra would turn it into a warning and lose the exit code below
+            log.exception("the sweep's summary table failed (the project's bug); its jobs' statuses are in %s",
+                          config.hydra.sweep.dir)  # fmt: skip
+            lines = []
+        for line in lines:
             log.info(line)
-        failed = [s for s in statuses if s["status"] == "failed"]
+        failed = [s for s in statuses if s.get("status") == "failed"]
         if failed:
             log.error("%d of %d jobs failed", len(failed), len(statuses))
             sys.exit(1)
