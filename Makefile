@@ -98,7 +98,7 @@ clean-cache:
 	rm -rf -- "$$cache/stats" "$$cache/fingerprints"; \
 	find "$$cache" -maxdepth 1 -type d -name '.convert-*' -mmin +10 -exec rm -rf -- {} + 2>/dev/null; \
 	find "$$results/models" -maxdepth 1 -name '.save-*' -exec rm -rf -- {} + 2>/dev/null; \
-	find "$$cache" "$$results/runs" "$$results/baselines" "$$results/transforms" -type f -name '.*.tmp' -mmin +10 \
+	find "$$cache" "$$results/runs" "$$results/skips" "$$results/baselines" "$$results/transforms" -type f -name '.*.tmp' -mmin +10 \
 		-exec rm -f -- {} + 2>/dev/null; \
 	find "$${TMPDIR:-/tmp}" -maxdepth 1 -name 'token-store-*' -exec rm -rf -- {} + 2>/dev/null; \
 	true
