@@ -120,6 +120,7 @@ def test_each_job_of_the_template_fills_exactly_one_row_and_each_row_one_job():
         "llm_streamline": "LLM-Streamline (FFN)",
         "llm_streamline_layer": "LLM-Streamline (layer)",
         "ls_ridge_identity": "ReplaceMe LS ridge-to-I",
+        "replaceme_ls_shortgpt_cuts": "ReplaceMe LS on ShortGPT cuts",
     }
 
 

@@ -10,14 +10,19 @@ import copy
 import pytest
 import torch
 from helpers.batches import batches_of, random_sequences
+from helpers.explicit import explicit_blocks
 from helpers.jobs import job_config
 from helpers.models import tiny_model
 
+from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config.schema import ShortGptSelectionConfig
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models import adapter_for
 from replaceme_exp.pipeline import JobSpec
 from replaceme_exp.runtime import run_recorded
+from replaceme_exp.selection.metrics import METRICS
+from replaceme_exp.selection.passes import SelectionRequest, select_and_capture
 from replaceme_exp.selection.search import SearchContext
 from replaceme_exp.selection.shortgpt import shortgpt_search
 
@@ -131,3 +136,69 @@ def test_the_shortgpt_preset_removes_its_blocks_and_records_them(tmp_path):
 def test_a_selection_carries_its_own_metrics_keys_only(tmp_path, overrides, key):
     with pytest.raises(ConfigError, match=rf"^{key}="):
         JobSpec.from_config(job_config(tmp_path, *overrides))
+
+
+def weakened(model, blocks: list[int]):
+    """``model`` with ``blocks`` adding almost nothing to the residual stream (their Block Influence lowest)."""
+    with torch.no_grad():
+        for i in blocks:
+            model.model.layers[i].self_attn.o_proj.weight.mul_(1e-3)
+            model.model.layers[i].mlp.down_proj.weight.mul_(1e-3)
+    return model
+
+
+@pytest.mark.integration
+def test_a_transform_is_fitted_over_each_run_of_the_blocks_block_influence_removes():
+    """Blocks 2, 3 and 5 have the lowest influence: the cuts [2,4) and [5,6), each with the LS statistics
+    of M of the block before it against L_{end-1} - Y_{start-1}, by a hand-written forward pass."""
+    model = weakened(tiny_model(num_layers=7, seed=4), [2, 3, 5])
+    sequences = random_sequences(5, 6, 12, seed=8)
+    request = SelectionRequest(
+        cuts=None,
+        n_prune=3,
+        num_lts=1,
+        merge_consecutive=True,
+        metric=METRICS.get("shortgpt"),
+        tokens="all",
+        alpha=0.0,
+        placement="fused",
+        rule=TokenRule(),
+        precision="float64",
+        settings=ShortGptSelectionConfig(metric="shortgpt"),
+    )
+    cache = StatisticsCache("unused", "model", "data", enabled=False)
+    selection = select_and_capture(request, adapter_for(model), batches_of(sequences, 2), cache, needs_stats=True)
+    assert selection.cuts == [(2, 4), (5, 6)] and sorted(selection.stats) == [(2, 4), (5, 6)]
+    assert sorted(selection.columns["shortgpt_order"][:3]) == [2, 3, 5]  # the search's own columns kept
+    for (start, end), found in selection.stats.items():
+        mtm, mtr = 0.0, 0.0
+        for seq in sequences:
+            blocks = explicit_blocks(model, torch.tensor(seq))
+            m = blocks[start - 1]["M"].double()
+            r = blocks[end - 1]["L"].double() - blocks[start - 1]["Y"].double()
+            mtm, mtr = mtm + m.T @ m, mtr + m.T @ r
+        torch.testing.assert_close(found.mtm.double(), mtm, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(found.mtr.double(), mtr, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["experiment=shortgpt", "objective=cosine"], "fitted from the LS statistics alone"),
+        (["selection=laco", "objective=ls"], "nothing is fitted: use objective=identity"),
+    ],
+)
+def test_only_a_removal_search_takes_a_transform_and_only_from_the_ls_statistics(tmp_path, overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        JobSpec.from_config(job_config(tmp_path, *overrides))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ls_on_block_influence_cuts_is_a_method_of_its_own_and_refuses_block_zero(tmp_path):
+    spec = JobSpec.from_config(job_config(tmp_path, "selection=shortgpt", "objective=ls"))
+    assert spec.setting_columns()["method"] == "ReplaceMe LS on ShortGPT cuts"
+    row = run_recorded(job_config(tmp_path, "selection=shortgpt", "objective=ls"), raise_on_failure=False)
+    # the smoke model's block 0 has the lowest influence: no block before it to fuse a transform into
+    assert row["status"] == "failed" and "removed block 0 (cut [0, 1))" in row["error"]

@@ -235,7 +235,7 @@ def check_selection(c: schema.JobConfig, needs: Requirements) -> None:
     metric = METRICS.get(c.selection.metric)
     check_selection_keys(c.selection, metric)
     if metric.searches and c.cuts is None:
-        check_search(c, metric.name, needs)
+        check_search(c, metric, needs)
     if metric.whole_sequence and c.selection.tokens != "all":
         raise ConfigError(
             "selection.tokens", c.selection.tokens, f"selection.metric={metric.name} is computed over all tokens"
@@ -266,11 +266,20 @@ def check_selection_keys(selection: schema.SelectionConfig, metric) -> None:
         raise ConfigError("selection.metric", metric.name, reason)
 
 
-def check_search(c: schema.JobConfig, name: str, needs: Requirements) -> None:
-    """A selection by search removes (or merges) blocks itself: no transform, one set of removed
-    blocks (``num_lts`` does not act), run on the model in its own dtype."""
-    if needs.fits_transform or needs.fits:
+def check_search(c: schema.JobConfig, metric, needs: Requirements) -> None:
+    """A selection by search removes (or merges) blocks itself: one set of removed blocks (``num_lts``
+    does not act), run on the model in its own dtype; nothing fitted, except a transform from the LS
+    statistics over each run of removed blocks after a search that only removes them
+    (``fits_after``: ShortGPT, SLEB), fused into the block before it."""
+    name = metric.name
+    if (needs.fits_transform or needs.fits) and not metric.fits_after:
         reason = f"selection.metric={name} removes the blocks it finds, nothing is fitted: use objective=identity"
+        raise ConfigError("objective", c.objective.name, reason)
+    if needs.fits and (needs.tokens or needs.replacement is not None or needs.method is not None):
+        reason = (
+            f"after selection.metric={name} a transform is fitted from the LS statistics alone "
+            "(objective=ls or ls_ridge_identity)"
+        )
         raise ConfigError("objective", c.objective.name, reason)
     if c.num_lts != 1:
         raise ConfigError(

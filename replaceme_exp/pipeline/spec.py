@@ -521,6 +521,8 @@ def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str
     elif r.fits_transform:
         objective = getattr(c.objective, "loss", None) or c.objective.name
         method = f"ReplaceMe {OBJECTIVE_METHOD_NAMES.get(objective, objective)}"
+        if metric is not None and metric.searches:  # a transform over the blocks a removal search chose
+            method += f" on {metric.method} cuts"
     elif metric is not None and metric.method is not None:
         method = metric.method
     else:

@@ -223,6 +223,11 @@ METHODS_AT_EQUAL_COMPRESSION = [
     Row("LLM-Streamline (FFN)", {"method": "LLM-Streamline (FFN)"}, text={"Preset": "llm_streamline"}),
     Row("LLM-Streamline (layer)", {"method": "LLM-Streamline (layer)"}, text={"Preset": "llm_streamline_layer"}),
     Row("ReplaceMe LS, ridge toward I", {"method": "ReplaceMe LS ridge-to-I"}, text={"Preset": "ls_ridge_identity"}),
+    Row(
+        "ReplaceMe LS on ShortGPT's cuts",
+        {"method": "ReplaceMe LS on ShortGPT cuts"},
+        text={"Preset": "replaceme_ls_shortgpt_cuts"},
+    ),
 ]
 # Where its runs come from unless MODEL= / CALIBRATION= / EVAL= say otherwise: SmolLM2 offline, the model's
 # own chat answers (128 samples), a fraction of the blocks whatever the depth (25%, and 37.5%: a deeper cut).

@@ -45,7 +45,9 @@ class SelectionMetric:
     final block's output); ``method``: the name of the pruning method it makes with the blocks
     removed and nothing fitted (``SLEB``; the row's ``method``; None: block removal);
     ``settings``: the schema shape of its ``selection`` option when it has keys of its own (a
-    search's, e.g. ``SlebSelectionConfig``; None: the plain one)."""
+    search's, e.g. ``SlebSelectionConfig``; None: the plain one); ``fits_after``: a search that only
+    removes blocks, over whose runs of removed blocks a transform may then be fitted (ShortGPT's
+    Block Influence, SLEB's greedy removal; not a merge)."""
 
     name: str
     kind: str
@@ -58,6 +60,7 @@ class SelectionMetric:
     last_cut: bool = True
     method: str | None = None
     settings: type | None = None
+    fits_after: bool = False
 
     @property
     def whole_sequence(self) -> bool:

@@ -181,9 +181,21 @@ def select_and_capture(
     stats_batches = calibration if stats_batches is None else stats_batches
     stats_cache = cache if stats_cache is None else stats_cache
     rule, precision, placement = request.rule, request.precision, request.placement
+    search_columns: dict[str, Any] = {}
     if request.cuts is None and request.metric.searches:
-        return searched(request, adapter, calibration)
-    if request.cuts is not None:
+        found = searched(request, adapter, calibration)
+        if not needs_stats or found.block_states:
+            return found
+        # a transform over each run of the blocks the search removed (metric.fits_after)
+        if any(start == 0 for start, _ in found.cuts):
+            end = next(e for s, e in found.cuts if s == 0)
+            reason = (
+                f"removed block 0 (cut [0, {end})): a transform is fused into the block before its cut and "
+                "no block comes before block 0 (objective=identity removes it)"
+            )
+            raise ConfigError("selection.metric", request.metric.name, reason)
+        cuts, search_columns = found.cuts, found.columns
+    elif request.cuts is not None:
         cuts = validate_cuts(
             [list(c) for c in request.cuts], num_layers, request.merge_consecutive, request.touching_cuts
         )
@@ -207,7 +219,7 @@ def select_and_capture(
     # partly pruned model, it is an ordinary fused cut of that model
     composes = request.touching_cuts == "compose" and not request.merge_consecutive and not request.sequential
     composed = composed_cuts(cuts) if composes else frozenset()
-    selection = Selection(cuts, distances, {}, composed)
+    selection = Selection(cuts, distances, {}, composed, columns=search_columns)
     if not needs_stats:
         return selection
     found = {}

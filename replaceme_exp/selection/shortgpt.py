@@ -103,6 +103,11 @@ def shortgpt_search(context: SearchContext) -> SearchResult:
 
 register(
     SelectionMetric(
-        "shortgpt", "search", search=shortgpt_search, method="ShortGPT", settings=schema.ShortGptSelectionConfig
+        "shortgpt",
+        "search",
+        search=shortgpt_search,
+        method="ShortGPT",
+        settings=schema.ShortGptSelectionConfig,
+        fits_after=True,
     )
 )

@@ -130,4 +130,8 @@ def sleb_search(context: SearchContext) -> SearchResult:
     return SearchResult(order, columns=columns)
 
 
-register(SelectionMetric("sleb", "search", search=sleb_search, method="SLEB", settings=schema.SlebSelectionConfig))
+register(
+    SelectionMetric(
+        "sleb", "search", search=sleb_search, method="SLEB", settings=schema.SlebSelectionConfig, fits_after=True
+    )
+)
