@@ -275,15 +275,11 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
         tokenizer.save_pretrained(tmp)
         if processor is not None:  # a vision model's image processor
             processor.save_pretrained(tmp)
-        separate = getattr(model, "_replaceme_separate_transforms", None)
-        if separate:
+        if extra := beside_weights(model):
             from safetensors.torch import save_file
 
-            save_file({f"after_block.{i}": t.contiguous() for i, t in separate.items()}, tmp / SEPARATE_TRANSFORMS_FILE)
-        if networks := getattr(model, "_replaceme_replacement_networks", None):
-            from safetensors.torch import save_file
-
-            save_file(network_tensors(networks), tmp / REPLACEMENT_NETWORKS_FILE)
+            for name, tensors in extra.items():
+                save_file(tensors, tmp / name)
         (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str))
         write_manifest(tmp)
         readable_by_others(tmp)
@@ -291,6 +287,19 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def beside_weights(model) -> dict[str, dict[str, torch.Tensor]]:
+    """What a pruned model carries beyond its own state dict, as :func:`save_checkpoint` writes it
+    beside the weights: ``{file name: {tensor name: tensor}}``, the separate transforms
+    (``after_block.<i>``: (d, d) T in its stored dtype) and LLM-Streamline's FFNs
+    (``after_block.<i>.<fc1|fc2>.<weight|bias>``); empty for a plain pruned (or unpruned) model."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    if separate := getattr(model, "_replaceme_separate_transforms", None):
+        out[SEPARATE_TRANSFORMS_FILE] = {f"after_block.{i}": t.contiguous() for i, t in separate.items()}
+    if networks := getattr(model, "_replaceme_replacement_networks", None):
+        out[REPLACEMENT_NETWORKS_FILE] = network_tensors(networks)
+    return out
 
 
 def write_manifest(directory: Path) -> None:

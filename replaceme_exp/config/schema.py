@@ -15,6 +15,8 @@ value and reason. Stages receive these dataclasses (typed), never the Hydra conf
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -143,6 +145,8 @@ def key(default: Any = ..., *, doc: str = "", check: Callable | None = None, cho
         return field(metadata=metadata)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):  # a nested group's defaults
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
@@ -573,6 +577,24 @@ class SamplesConfig:
 
 
 @Group
+class SpeedConfig:
+    """What pruning buys on the job's device (replaceme_exp/evaluation/speed.py): prefill and greedy
+    decode throughput of the pruned and the unpruned model on seeded random token ids, measured
+    alternately in one process (warm-up rounds, then medians over timed rounds), peak inference
+    memory, parameters and checkpoint size. It measures the machine, not the model: not in the
+    config hash; every key is a row column (``speed_<key>``)."""
+
+    enabled: bool = key(True, doc="measure speed and memory of the pruned against the unpruned model")
+    prompt_len: int = key(64, doc="tokens of each random prompt: the prefill's length", check=positive_int)
+    gen_len: int = key(8, doc="greedy single-token decode steps timed after the prefill", check=positive_int)
+    batch: int = key(
+        4, doc="the larger batch: prefill, decode and peak memory at it (decode also at batch 1)", check=at_least_two
+    )
+    rounds: int = key(3, doc="timed rounds; each metric is their median", check=positive_int)
+    warmup: int = key(1, doc="untimed rounds before them", check=non_negative_int)
+
+
+@Group
 class EvalConfig:
     name: str = key(doc="the suite's name in rows and tables")
     text: Literal["pydoc_heldout", "text_file"] = key("pydoc_heldout", doc="held-out perplexity text")
@@ -582,6 +604,7 @@ class EvalConfig:
     batch_size: int = key(4, doc="windows per batch", check=positive_int)
     harness: Optional[HarnessConfig] = key(None, doc="lm-eval suite (null: perplexity only)")
     samples: Optional[SamplesConfig] = key(None, doc="greedy answers shown side by side (null: none)")
+    speed: SpeedConfig = key(SpeedConfig(), doc="speed and memory of the pruned against the unpruned model")
 
 
 @Group

@@ -70,10 +70,10 @@ def twin(cls: type) -> type:
         if f.default is not dataclasses.MISSING:
             default = f.default
             spec = dataclasses.field(default=default)
+        elif dataclasses.is_dataclass(inner) and not issubclass(inner, POLYMORPHIC):
+            spec = dataclasses.field(default_factory=twin(inner))  # a nested group: its own defaults
         elif f.default_factory is not dataclasses.MISSING:
             spec = dataclasses.field(default_factory=f.default_factory)
-        elif dataclasses.is_dataclass(inner) and not issubclass(inner, POLYMORPHIC):
-            spec = dataclasses.field(default_factory=twin(inner))
         else:
             spec = dataclasses.field(default=MISSING)
         fields.append((f.name, annotation, spec))
