@@ -147,6 +147,27 @@ def resident_bytes(model: nn.Module) -> int:
     return own + sum(t.numel() * size for t in _extra_tensors(model))
 
 
+# Room a second copy of the model needs beyond its weights (activations, the KV cache, the allocator).
+COPY_HEADROOM = 1.25
+
+
+def room_for_a_copy(model: nn.Module, unpruned_bytes: int) -> str | None:
+    """Why an unpruned copy of ``unpruned_bytes`` cannot be loaded beside ``model`` on its device for
+    the comparison (None: it fits): ``COPY_HEADROOM`` times its weights in free GPU memory (CUDA), or in
+    the host's available memory (CPU)."""
+    device, need = _device(model), int(unpruned_bytes * COPY_HEADROOM)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        where = f"GPU {device}"
+    else:
+        import psutil
+
+        free, where = psutil.virtual_memory().available, "host memory"
+    if free < need:
+        return f"an unpruned copy needs {need / 2**30:.1f} GiB, {where} has {free / 2**30:.1f} GiB free"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # one run: prefill, then greedy decode from the KV cache
 

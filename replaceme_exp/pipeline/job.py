@@ -27,6 +27,7 @@ from replaceme_exp.estimation.fitting import Fit, fit_transforms, label
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.calibration_similarity import calibration_similarity_columns
 from replaceme_exp.evaluation.heldout import heldout_distances, sequential_checks
+from replaceme_exp.evaluation.speed import compare_speed, resident_bytes, room_for_a_copy
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows, teacher_targets
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.loading import LoadedModel, resolve_dtype
@@ -91,6 +92,7 @@ class PruningJob:
         self.prune()
         self.heal()
         self.evaluate_pruned()
+        self.measure_speed()
         self.save()
         return self.row
 
@@ -262,6 +264,7 @@ class PruningJob:
                 "params_before": count_parameters(self.loaded.model),
             }
         )
+        self.unpruned_bytes = resident_bytes(self.loaded.model)
 
     def evaluate_unpruned(self) -> None:
         """Held-out data and the unpruned model's scores (cached per model and evaluation)."""
@@ -401,6 +404,28 @@ class PruningJob:
 
     def evaluate_pruned(self) -> None:
         self.record(self.modality.evaluate_pruned(self.loaded, self.adapter, self.heldout))
+
+    def measure_speed(self) -> None:
+        """What pruning buys (``eval.speed``): the pruned model against a fresh copy of the unpruned one,
+        loaded beside it on the job's device and measured alternately
+        (:func:`~replaceme_exp.evaluation.speed.compare_speed`); not measured, and said in the row
+        (``speed_skipped``), when that copy does not fit."""
+        settings = self.config.eval.speed
+        if not settings.enabled:
+            return
+        with stage("speed"):
+            if (problem := room_for_a_copy(self.loaded.model, self.unpruned_bytes)) is not None:
+                log.warning("speed not measured: %s", problem)
+                self.record({"speed_skipped": problem})
+                return
+            unpruned = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
+            try:
+                comparison = compare_speed({"unpruned": unpruned.model, "pruned": self.loaded.model}, settings)
+            finally:
+                del unpruned
+                gc.collect()
+                torch.cuda.empty_cache()
+        self.record(comparison.row())
 
     def save(self) -> None:
         """What ``save_model`` asks for (:attr:`JobSpec.model_save`): ``full``, the pruned model as a

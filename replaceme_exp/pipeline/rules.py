@@ -225,6 +225,9 @@ def check_eval_kind(c: schema.JobConfig) -> None:
             raise ConfigError("eval", c.eval.name, f"has no image benchmarks for model={c.model.name} (eval=clip)")
         for benchmark in c.eval.benchmarks:
             benchmark_task(benchmark)
+        if c.eval.speed.enabled:
+            reason = f"times prefill and decoding of a language model; model={c.model.name} is a vision encoder"
+            raise ConfigError("eval.speed.enabled", True, reason + " (eval.speed.enabled=false)")
     elif isinstance(c.eval, schema.ImageEvalConfig):
         raise ConfigError(
             "eval.benchmarks", c.eval.benchmarks, "are image benchmarks, for vision encoders (model=clip_vit_l14)"

@@ -23,7 +23,7 @@ The config hash (:attr:`JobSpec.config_hash`), the setting hash and the row's se
 alpha 0) share one hash and one description. Keys that change where or how a job runs, not what
 it computes, stay out of the hash (``results_dir``, ``cache_dir``, ``save_model``, ``save_transforms``, ``force``,
 ``capture`` except a float32 precision that acts, ``store``, ``tracking``, ``progress``,
-``model.device``, ``model.device_map``, ``eval.samples``, ``healing.log_every``,
+``model.device``, ``model.device_map``, ``eval.samples``, ``eval.speed``, ``healing.log_every``,
 ``healing.gradient_checkpointing``); local data files and the model's weights enter by content.
 ``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
 
@@ -185,6 +185,7 @@ class JobSpec:
         if self.weights is not None:
             data["model"]["weights"] = self.weights
         data["eval"].pop("samples")  # what the job shows, not what it measures
+        data["eval"].pop("speed")  # measures the machine, not the model (its settings are row columns)
         data["alpha"] = e.alpha
         data["regularizer"] = {"name": e.regularizer}
         data["structure"] = {"name": e.structure}
@@ -261,6 +262,7 @@ class JobSpec:
                 model.pop("pretrained")  # the same weights elsewhere are the same model
         evaluation = dataclasses.asdict(c.eval)
         evaluation.pop("samples")  # what the job shows, not what it measures
+        evaluation.pop("speed")  # measures the machine, not the model
         self.add_file_digests(evaluation)
         data = {"job": "evaluate", "model": model, "eval": evaluation, "semantics_version": SEMANTICS_VERSION}
         return _by_value(data)

@@ -66,7 +66,7 @@ from replaceme_exp.reporting.paper_settings import (
     select_cell,
 )
 from replaceme_exp.reporting.paths import file_name
-from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, mark_column, stderr_of
+from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, interval_of, mark_column, stderr_of
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
@@ -517,6 +517,8 @@ TABLES = [
                 SuiteAccuracies(),
                 Column("Avg-acc", "avg_acc"),
                 Column("RP", "rp"),
+                Column("Decode speedup (batch 1)", "speed_decode_b1_speedup"),
+                Column("Prefill speedup", "speed_prefill_speedup"),
                 Column("Compression time (s)", COMPRESSION_TIME),
                 Column("CO2 (kg)", COMPRESSION_CO2),
             ],
@@ -570,11 +572,12 @@ def format_cell(values: pd.Series, interval: tuple[float, float] | None = None) 
 
 
 def run_interval(run: pd.Series, metric: str) -> tuple[float, float] | None:
-    """A single run's 95% interval of ``metric``: its recorded ``<metric>_ci_low`` / ``_ci_high`` (held-out
-    perplexity, avg-acc, speedups), else ``±1.96`` of its standard error (a task's score); None without."""
-    low, high = run.get(f"{metric}_ci_low"), run.get(f"{metric}_ci_high")
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not (math.isnan(low) or math.isnan(high)):
-        return float(low), float(high)
+    """A single run's interval of ``metric``: its recorded one (:func:`ties.interval_of`: held-out
+    perplexity and avg-acc, 95%; a speedup, its rounds' range), else ``±1.96`` of its standard error (a
+    task's score); None without."""
+    low, high = interval_of(run, metric)
+    if low is not None and high is not None:
+        return low, high
     value, se = pd.to_numeric(pd.Series([run.get(metric)]), errors="coerce").iloc[0], stderr_of(run, metric)
     if se is None or math.isnan(value) or metric.startswith("ppl") or metric.endswith("_speedup"):
         return None

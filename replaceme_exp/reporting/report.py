@@ -48,7 +48,7 @@ from replaceme_exp.reporting.overview import (
 )
 from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.reporting.precision import format_measure, format_number
-from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, mark_column
+from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, interval_of, mark_column
 from replaceme_exp.results.store import SKIPPED, ResultsStore, latest_of_each_config, started_text
 
 MISSING = "—"
@@ -69,6 +69,11 @@ TABLE_METRICS = (
     "cos_dist_after",
     "compression_ratio",
     "vision_compression_ratio",
+    "speed_prefill_speedup",
+    "speed_decode_b1_speedup",
+    "speed_decode_batch_speedup",
+    "peak_infer_mem_gb",
+    "checkpoint_bytes",
     "time_capture_s",
     "time_estimate_s",
     "time_heal_s",
@@ -271,13 +276,11 @@ def _measure_cells(frame: pd.DataFrame, metric: str) -> pd.Series:
         return frame[metric].map(_cell)
     values = pd.to_numeric(frame[metric], errors="coerce")
     errors = stderrs(frame, metric)
-    low = pd.to_numeric(frame.get(f"{metric}_ci_low", pd.Series(np.nan, index=frame.index)), errors="coerce")
-    high = pd.to_numeric(frame.get(f"{metric}_ci_high", pd.Series(np.nan, index=frame.index)), errors="coerce")
     shown = []
     for index, value, error in zip(frame.index, values, errors):
-        interval = np.isfinite(low[index]) and np.isfinite(high[index])
-        if interval and (metric.startswith("ppl") or not np.isfinite(error)):
-            shown.append(f"{format_number(value)} [{format_number(low[index])}, {format_number(high[index])}]")
+        low, high = interval_of(frame.loc[index], metric)
+        if low is not None and high is not None and (metric.startswith("ppl") or not np.isfinite(error)):
+            shown.append(f"{format_number(value)} [{format_number(low)}, {format_number(high)}]")
         else:
             shown.append(format_measure(value, error))
     cells = {i: Cell(float(v) if np.isfinite(v) else None, frame.loc[[i]]) for i, v in zip(frame.index, values)}

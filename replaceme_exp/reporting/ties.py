@@ -107,11 +107,21 @@ def units_of(run: pd.Series, metric: str) -> Units | None:
     return Units("items", tuple(keys), tuple(items))
 
 
+def interval_of(run: pd.Series, metric: str) -> tuple[float | None, float | None]:
+    """``run``'s recorded interval of ``metric``: ``<metric>_ci_low`` / ``_ci_high`` (a 95% bootstrap),
+    or for a speedup ``<metric>_min`` / ``_max`` (the range of its per-round paired ratios); (None, None)."""
+    for low, high in (("_ci_low", "_ci_high"), ("_min", "_max")):
+        found = _number(run.get(f"{metric}{low}")), _number(run.get(f"{metric}{high}"))
+        if None not in found:
+            return found
+    return None, None
+
+
 def stderr_of(run: pd.Series, metric: str) -> float | None:
     """``run``'s standard error of ``metric`` (on the log scale for :func:`on_log_scale` metrics):
-    lm-eval's, ``avg_acc_stderr``, or the one its 95% interval (``<metric>_ci_low`` / ``_ci_high``)
-    implies; None when the row records none."""
-    low, high = _number(run.get(f"{metric}_ci_low")), _number(run.get(f"{metric}_ci_high"))
+    lm-eval's, ``avg_acc_stderr``, or the one its recorded interval (:func:`interval_of`) implies as a
+    95% interval; None when the row records none."""
+    low, high = interval_of(run, metric)
     if low is not None and high is not None:
         if on_log_scale(metric):
             return stderr_from_interval(math.log(low), math.log(high)) if low > 0 and high > 0 else None

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from replaceme_exp.evaluation.speed import SPEED_COLUMNS
+
 # Identity and provenance: the columns every row starts with (results/row.py).
 IDENTITY_COLUMNS: dict[str, str] = {
     "run_id": "This run's id (12 hex digits); the row file is `runs/<config_hash>/<run_id>.parquet` "
@@ -239,7 +241,8 @@ MEASURED_COLUMNS: dict[str, str] = {
     "generation_samples": "JSON: the greedy answers of the unpruned and pruned model to `eval.samples`.",
     "healing_<quantity>": "Healing's steps, tokens, windows, epochs, trainable parameters, seconds (per "
     "step), first / last loss, loss curve, and for `lt_only` how far each T moved.",
-    "time_<stage>_s": "Seconds spent in a stage (`capture`, `estimate`, `eval`, `heal`, ...); `time_total_s`: the job.",
+    "time_<stage>_s": "Seconds spent in a stage (`capture`, `estimate`, `eval`, `heal`, `speed`, ...); `time_total_s`: "
+    "the job.",
     "stage_seconds": "JSON: seconds per announced stage.",
     "alpha_effect": "Per cut, with a closed-form fit and alpha > 0: `||T(alpha) - T(0)||_F / ||T(0)||_F` "
     "(below the dtype's resolution: alpha did nothing; the sweep summary says so).",
@@ -272,7 +275,8 @@ MEASURED_COLUMNS: dict[str, str] = {
     "co2_kg": "CO2-equivalent emissions of the job (CodeCarbon), kg.",
     "<energy_kwh|co2_kg>_<stage>": "The same per stage.",
     "codecarbon_gpu_ids": "The GPUs CodeCarbon measured (the job's own).",
-    "peak_mem_gb": "Peak CUDA memory on a GPU; the process's peak resident memory on a CPU.",
+    "peak_mem_gb": "Peak CUDA memory on a GPU; the process's peak resident memory on a CPU; the job's own, "
+    "read before the speed measurement loads its unpruned copy.",
     "device": "The device the model ran on.",
     "sweep_name": "The sweep's name: the presets it sweeps (`experiment=replaceme_ls,uidl_baseline`), else "
     "`paper/<template>`, `experiment/<preset>`, `sweep`, `single`.",
@@ -286,6 +290,13 @@ MEASURED_COLUMNS: dict[str, str] = {
     "<acc1|acc5|mean_per_class_recall|mean_avg_p>_<benchmark>": "CLIP zero-shot classification scores.",
     "<text|vision>_recall5_<benchmark>": "CLIP retrieval recall@5.",
 }
+
+
+MEASURED_COLUMNS.update(SPEED_COLUMNS)
+MEASURED_COLUMNS["speed_skipped"] = (
+    "Why the speed and memory were not measured (the unpruned copy they compare with did not fit beside the "
+    "pruned model); None when measured or `eval.speed.enabled=false`."
+)
 
 
 def _pattern(name: str) -> re.Pattern:
