@@ -1,7 +1,7 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
 # make test  : set up what is missing and run the test suite offline (all of it, on 2 processes: what CI runs)
 # make test-fast : the inner loop: every test not marked slow, on 2 processes (about 2 minutes)
-# make bench : capture/forward time and LS memory ratios on SmolLM2 (last line: JSON)
+# make bench : capture/forward time, LS memory ratios, and what pruning buys (speed, memory) on SmolLM2 (last line: JSON)
 # make battery : the adversarial battery (bad inputs, injected faults, security probes; figures and results/battery.json)
 # make report : tables and figures of any results (RESULTS=dir) under RESULTS/report (SHOW_FAILED=1: with the failed runs)
 # make clean-failed RESULTS=dir : list the failed runs' rows and leftovers; CONFIRM=1 removes them

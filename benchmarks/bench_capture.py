@@ -35,10 +35,20 @@ Prints progress, then as its last line one JSON object:
   of that job's time outside its stages (before the first, ``between_stages_s`` between them,
   ``after_last_stage_s`` from the last one to the process's exit), from the stage lines' log
   timestamps (1 ms).
+- what pruning buys (``eval.speed``; ``eval.speed.enabled=false`` leaves it out): the unpruned model
+  against two pruned copies, ``n_prune`` blocks of the selected cut removed by plain removal
+  (``speed_plain_*``: the structure and so the speed of a fused T too) and with the cut's LS
+  transform as a separate T (``speed_separate_*``), measured alternately in one process
+  (replaceme_exp/evaluation/speed.py): ``*_speedup`` (the unpruned model's median time over the pruned
+  one's) of the prefill (``batch x prompt_len``), of greedy decoding at batch 1 and at ``batch``, each
+  with ``*_speedup_min`` / ``*_speedup_max`` (the range of the per-round paired ratios); the ratios
+  pruned / unpruned of peak inference memory, parameters and checkpoint bytes; ``speed_*_tok_s`` the
+  unpruned model's throughputs, and the settings.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -71,10 +81,12 @@ from replaceme_exp.data import (  # noqa: E402
 )
 from replaceme_exp.estimation import ridge_solve  # noqa: E402
 from replaceme_exp.estimation.numerical import NumericalEstimator  # noqa: E402
+from replaceme_exp.evaluation.speed import METRICS, compare_speed  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
 from replaceme_exp.pipeline.spec import JobSpec  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
 from replaceme_exp.selection.passes import all_candidates_fit, cut_stats_bytes  # noqa: E402
+from replaceme_exp.surgery import prune  # noqa: E402
 
 
 def config(overrides):
@@ -288,6 +300,45 @@ def fixed_cost(overrides: list[str], forward_s: float) -> dict:
     return out
 
 
+def pruning_speed(model, cuts, transform, settings) -> dict:
+    """The unpruned ``model`` against two pruned copies (plain removal of ``cuts``; the same with
+    ``transform`` as a separate T after the block before the first cut), measured alternately:
+    speedups with their per-round ranges, memory / parameter / checkpoint ratios, the unpruned
+    throughputs and the settings, as flat keys."""
+    plain, separate = copy.deepcopy(model), copy.deepcopy(model)
+    prune(adapter_for(plain), cuts, {cut: None for cut in cuts})
+    prune(adapter_for(separate), cuts, {cuts[0]: transform}, placement="separate")
+    started = time.perf_counter()
+    comparison = compare_speed({"unpruned": model, "plain": plain, "separate": separate}, settings)
+    seconds = time.perf_counter() - started
+    out = dict(comparison.settings, speed_seconds=round(seconds, 1))
+    base = comparison.models["unpruned"]
+    for metric in METRICS:
+        out[f"speed_{metric}_tok_s"] = round(base.tok_s(metric), 2)
+    for kind in ("plain", "separate"):
+        row = comparison.row(kind, "unpruned")
+        for metric in METRICS:
+            for suffix in ("speedup", "speedup_min", "speedup_max"):
+                out[f"speed_{kind}_{metric}_{suffix}"] = round(row[f"speed_{metric}_{suffix}"], 3)
+        for ratio in ("peak_infer_mem_ratio", "param_count_ratio", "checkpoint_bytes_ratio"):
+            value = row[ratio]
+            out[f"speed_{kind}_{ratio}"] = round(value, 4) if value is not None else None
+        print(
+            f"speed, {kind} ({adapter_for(plain).num_layers} of {adapter_for(model).num_layers} blocks) against "
+            f"unpruned: prefill {row['speed_prefill_speedup']:.2f}x "
+            f"[{row['speed_prefill_speedup_min']:.2f}, {row['speed_prefill_speedup_max']:.2f}], "
+            f"decode batch 1 {row['speed_decode_b1_speedup']:.2f}x "
+            f"[{row['speed_decode_b1_speedup_min']:.2f}, {row['speed_decode_b1_speedup_max']:.2f}], "
+            f"decode batch {settings.batch} {row['speed_decode_batch_speedup']:.2f}x "
+            f"[{row['speed_decode_batch_speedup_min']:.2f}, {row['speed_decode_batch_speedup_max']:.2f}]; "
+            f"peak memory x{out[f'speed_{kind}_peak_infer_mem_ratio']}, parameters x{row['param_count_ratio']:.3f}, "
+            f"checkpoint x{row['checkpoint_bytes_ratio']:.3f}",
+            flush=True,
+        )
+    print(f"speed: {seconds:.1f} s for the three models", flush=True)
+    return out
+
+
 def main(overrides):
     spec = JobSpec.from_config(config(overrides))
     cfg = spec.config
@@ -342,7 +393,7 @@ def main(overrides):
     print(f"statistics of every candidate: float64 {float64_s:.2f} s, float32 {float32_s:.2f} s", flush=True)
     solve_stats = LinearStatistics(cuts[:1], adapter.hidden_size, device)
     run_capture(adapter, batches, [solve_stats])
-    solve_s, _ = timed(lambda: ridge_solve(solve_stats.result()[cuts[0]], 0.0), repeats=3)
+    solve_s, cut_transform = timed(lambda: ridge_solve(solve_stats.result()[cuts[0]], 0.0), repeats=3)
 
     # Layer-wise: the model in host memory, blocks one at a time on the compute device.
     loaded.model.to("cpu")
@@ -363,6 +414,8 @@ def main(overrides):
         f"LS path peak: {peak_1x / 2**20:.1f} MiB with {tokens_1x} tokens, {peak_4x / 2**20:.1f} MiB with {tokens_4x}",
         flush=True,
     )
+
+    speed = pruning_speed(loaded.model, cuts, cut_transform, cfg.eval.speed) if cfg.eval.speed.enabled else {}
 
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
@@ -389,6 +442,7 @@ def main(overrides):
         "ls_peak_mem_mb_4x": round(peak_4x / 2**20, 2),
         "ls_peak_mem_ratio_4x_data": round(peak_4x / peak_1x, 3),
         **fixed,
+        **speed,
     }
     print(json.dumps(result))
 

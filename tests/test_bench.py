@@ -1,5 +1,6 @@
 """``make bench``'s script (benchmarks/bench_capture.py) runs on a tiny model and prints its JSON: it
-had stopped importing when the pipeline was restructured, and nothing ran it."""
+had stopped importing when the pipeline was restructured, and nothing ran it. Its speed section
+(the unpruned model against plain removal and a separate T) reports every ratio with its range."""
 
 from __future__ import annotations
 
@@ -38,3 +39,13 @@ def test_the_benchmark_runs_on_a_tiny_model_and_reports_its_ratios():
     lbfgs, lbfgs32 = result["cosine_lbfgs_heldout_cos"], result["cosine_lbfgs_float32_heldout_cos"]
     assert lbfgs < result["cosine_paper_heldout_cos"]
     assert abs(lbfgs - lbfgs32) < 0.01 * lbfgs
+    # what pruning buys: 2 of 6 blocks removed, plainly and with a separate T, against the unpruned model
+    assert result["speed_rounds"] == 3 and result["speed_memory_method"] == "profiler_memory_events"
+    for kind in ("plain", "separate"):
+        for metric in ("prefill", "decode_b1", "decode_batch"):
+            low, mid, high = (result[f"speed_{kind}_{metric}_{s}"] for s in ("speedup_min", "speedup", "speedup_max"))
+            assert 0 < low <= high and isinstance(mid, float), (kind, metric)
+        for ratio in ("peak_infer_mem_ratio", "param_count_ratio", "checkpoint_bytes_ratio"):
+            assert 0 < result[f"speed_{kind}_{ratio}"] < 1, (kind, ratio)
+    # the separate T adds d x d parameters to plain removal
+    assert result["speed_separate_param_count_ratio"] > result["speed_plain_param_count_ratio"]

@@ -7,7 +7,9 @@ without a cache."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import re
 import statistics
 import struct
 from functools import partial
@@ -22,6 +24,7 @@ from replaceme_exp.config.schema import SpeedConfig
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.evaluation.speed import (
     METRICS,
+    SPEED_COLUMNS,
     ModelSpeed,
     SpeedComparison,
     checkpoint_bytes,
@@ -29,6 +32,7 @@ from replaceme_exp.evaluation.speed import (
     parameter_count,
     peak_working_bytes,
     round_order,
+    setting_columns,
     timed_run,
 )
 from replaceme_exp.models import adapter_for
@@ -122,6 +126,21 @@ def test_a_row_holds_medians_of_the_rounds_and_the_range_of_paired_ratios():
     assert kept["unpruned"]["prefill_s"] == [2.0, 4.0, 3.0] and kept["pruned"]["decode_batch_s"] == [3, 1, 4]
 
 
+def column_names(pattern: str) -> set[str]:
+    """``a_<b|c>`` -> {a_b, a_c}."""
+    parts = [p[1:-1].split("|") if p.startswith("<") else [p] for p in re.split(r"(<[^>]+>)", pattern)]
+    return {"".join(choice) for choice in itertools.product(*parts)}
+
+
+@pytest.mark.unit
+def test_every_row_column_is_described():
+    times = {m: [1.0, 2.0] for m in METRICS}
+    settings = setting_columns(SpeedConfig(), torch.device("cpu"), torch.float32, "profiler_memory_events")
+    row = SpeedComparison(settings, {"unpruned": synthetic(times, 3, 10), "pruned": synthetic(times, 2, 8)}, []).row()
+    described = set().union(*(column_names(name) for name in SPEED_COLUMNS))
+    assert set(row) == described
+
+
 @pytest.mark.unit
 def test_unmeasured_memory_stays_missing():
     times = {m: [1.0] for m in METRICS}
@@ -141,7 +160,7 @@ def test_the_cpu_peak_counts_the_tensors_alive_together():
         return b, c
 
     before = torch.empty(10_000)
-    peak, method = peak_working_bytes(run, torch.device("cpu"))
+    peak, method = peak_working_bytes(run, [torch.device("cpu")])
     del before
     assert (peak, method) == (12_000, "profiler_memory_events")
 

@@ -172,20 +172,27 @@ def room_for_a_copy(model: nn.Module, unpruned_bytes: int) -> str | None:
 # one run: prefill, then greedy decode from the KV cache
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+def _synchronize(devices: Iterable[torch.device]) -> None:
+    """Wait for the work queued on ``devices`` (a model spread over GPUs: each of them)."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elif device.type == "mps":
+            torch.mps.synchronize()
 
 
 def _device(model: nn.Module) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
+def _devices(model: nn.Module) -> list[torch.device]:
+    """Every device holding a parameter of ``model`` (several with ``device_map=auto``)."""
+    return sorted({p.device for p in model.parameters()}, key=str)
+
+
 def _cache_keyword(model: nn.Module) -> str:
-    """The forward's keyword of the KV cache (``cache`` since transformers 5.2x, before it
-    ``past_key_values``)."""
+    """The forward's keyword of the KV cache: ``cache`` in recent transformers (5.24 here; the old
+    ``past_key_values`` is deprecated), ``past_key_values`` in earlier ones."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -209,27 +216,27 @@ def timed_run(model: nn.Module, ids: torch.Tensor, gen_len: int, clock: Callable
     feeding the previous step's argmax (batch, 1) with the cache. Returns the prefill's seconds, the
     decode loop's (from after the prefill's argmax to after the last step's) and the ``gen_len``
     tokens the steps chose. Call under :func:`torch.inference_mode`."""
-    device = _device(model)
-    ids = ids.to(device)
+    devices = _devices(model)
+    ids = ids.to(_device(model))
     keyword = _cache_keyword(model)
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    _synchronize(device)
+    _synchronize(devices)
     start = clock()
     out = model(input_ids=ids, use_cache=True, **last_only)
-    _synchronize(device)
+    _synchronize(devices)
     prefill = clock() - start
     cache = _cache_of(out)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     del out
     chosen = []
-    _synchronize(device)
+    _synchronize(devices)
     start = clock()
     for _ in range(gen_len):
         out = model(input_ids=token, use_cache=True, **{keyword: cache})
         cache = _cache_of(out)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         chosen.append(token)
-    _synchronize(device)
+    _synchronize(devices)
     decode = clock() - start
     return RunTimes(prefill, decode, torch.cat(chosen, dim=1))
 
@@ -238,21 +245,25 @@ def timed_run(model: nn.Module, ids: torch.Tensor, gen_len: int, clock: Callable
 # peak working memory
 
 
-def peak_working_bytes(fn: Callable[[], object], device: torch.device) -> tuple[int | None, str]:
-    """(peak bytes of tensors alive while ``fn`` runs above those alive before it, the method).
+def peak_working_bytes(fn: Callable[[], object], devices: list[torch.device]) -> tuple[int | None, str]:
+    """(peak bytes of tensors alive while ``fn`` runs above those alive before it, the method), for a
+    model on ``devices``.
 
-    CUDA: ``max_memory_allocated`` (reset first) minus what was allocated before. CPU: the maximum of
-    the running sum of the torch profiler's allocation (+) and free (-) events in time order (frees of
-    tensors allocated before the run have no event, so they cannot lower the count). Other devices:
-    ``(None, "unmeasured")``."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    CUDA: ``max_memory_allocated`` (reset first) minus what was allocated before, summed over the
+    GPUs (an upper bound when their peaks fall at different times). CPU: the maximum of the running
+    sum of the torch profiler's allocation (+) and free (-) events in time order (frees of tensors
+    allocated before the run have no event, so they cannot lower the count). Other devices, or a mix
+    of CPU and GPU: ``(None, "unmeasured")``."""
+    kinds = {d.type for d in devices}
+    if kinds == {"cuda"}:
+        _synchronize(devices)
+        base = {d: torch.cuda.memory_allocated(d) for d in devices}
+        for d in devices:
+            torch.cuda.reset_peak_memory_stats(d)
         fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base, "cuda_max_memory_allocated"
-    if device.type != "cpu":
+        _synchronize(devices)
+        return sum(torch.cuda.max_memory_allocated(d) - base[d] for d in devices), "cuda_max_memory_allocated"
+    if kinds != {"cpu"}:
         return None, "unmeasured"
     from torch.profiler import ProfilerActivity, profile
 
@@ -345,6 +356,22 @@ class SpeedComparison:
         return out
 
 
+def setting_columns(settings: SpeedConfig, device: torch.device, dtype: torch.dtype, memory_method: str) -> dict:
+    """The ``speed_*`` setting columns: ``eval.speed``'s keys, torch's CPU threads now, the device,
+    the weights' dtype and how memory was measured."""
+    return {
+        "speed_prompt_len": settings.prompt_len,
+        "speed_gen_len": settings.gen_len,
+        "speed_batch": settings.batch,
+        "speed_rounds": settings.rounds,
+        "speed_warmup": settings.warmup,
+        "speed_threads": torch.get_num_threads(),
+        "speed_device": str(device),
+        "speed_dtype": str(dtype).removeprefix("torch."),
+        "speed_memory_method": memory_method,
+    }
+
+
 def round_order(names: list[str], r: int) -> list[str]:
     """The models' order in timed round ``r`` (0-based): as given when ``r`` is even, reversed when odd."""
     return list(names) if r % 2 == 0 else list(reversed(names))
@@ -424,29 +451,15 @@ def compare_speed(
             for name in names:
                 model = models[name]
                 peak, method = peak_working_bytes(
-                    lambda model=model: timed_run(model, ids_batch, settings.gen_len, clock), device
+                    lambda model=model: timed_run(model, ids_batch, settings.gen_len, clock), _devices(model)
                 )
                 results[name].peak_work_bytes = peak
                 counter.update()
     finally:
         for name, m in models.items():
             m.train(modes[name])
-    first = next(iter(models.values()))
-    comparison = SpeedComparison(
-        settings={
-            "speed_prompt_len": settings.prompt_len,
-            "speed_gen_len": settings.gen_len,
-            "speed_batch": settings.batch,
-            "speed_rounds": settings.rounds,
-            "speed_warmup": settings.warmup,
-            "speed_threads": torch.get_num_threads(),
-            "speed_device": str(device),
-            "speed_dtype": str(next(first.parameters()).dtype).removeprefix("torch."),
-            "speed_memory_method": method,
-        },
-        models=results,
-        orders=orders,
-    )
+    dtype = next(next(iter(models.values())).parameters()).dtype
+    comparison = SpeedComparison(setting_columns(settings, device, dtype, method), results, orders)
     for name in names[1:]:
         ratios = ", ".join(f"{m} {comparison.speedup(m, name, names[0])[0]:.2f}x" for m in METRICS)
         log.info("speed of %s against %s: %s", name, names[0], ratios)
