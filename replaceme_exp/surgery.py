@@ -197,9 +197,13 @@ def attach_replacement_networks(adapter: DecoderAdapter, networks: dict[int, Rep
 
 
 def replacement_parameters(model) -> int:
-    """Parameters of the replacement networks attached to ``model`` (not in its own count)."""
+    """Parameters ``model`` carries beside its own (not in its own count): LLM-Streamline's replacement
+    networks, and each separate transform's d x d."""
     networks = getattr(model, "_replaceme_replacement_networks", {})
-    return sum(p.numel() for network in networks.values() for p in network.parameters())
+    separate = getattr(model, "_replaceme_separate_transforms", None) or {}
+    return sum(p.numel() for network in networks.values() for p in network.parameters()) + sum(
+        t.numel() for t in separate.values()
+    )
 
 
 def network_tensors(networks: dict[int, ReplacementFFN], prefix: str = "after_block.") -> dict[str, torch.Tensor]:

@@ -31,7 +31,8 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
     and after it (issue 22): ``healing_settings`` include ``master_weights`` (float32 for a float32
     model, where it cannot act: the numbers are those of before); in issue 25, ``loss`` (``lm``) and
     ``lr_schedule`` (``constant``), LinearPatch's distillation settings at the values every earlier
-    healing ran with."""
+    healing ran with; in issue 35, ``params_after`` (and so ``compression_ratio``) counts each separate
+    transform's d x d parameters (a separate T is weights the pruned model carries)."""
     out = {k: v for k, v in pinned.items() if not volatile(k)}
     if out.get("candidate_distances") is not None and len(out["cuts"]) == 1 and out.get("num_lts") == 1:
         out["merge_consecutive"] = out["multi_lt"] = None
@@ -41,6 +42,9 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
             shifted[f"{start - removed}-{end - removed}"] = f"{start}-{end}"
             removed += end - start
         out["solver_steps"] = {shifted.get(k, k): v for k, v in out["solver_steps"].items()}
+    if out.get("lt_placement") == "separate" and out.get("objective") != "identity":
+        out["params_after"] += len(out["cuts"]) * TINY_HIDDEN**2
+        out["compression_ratio"] = 1.0 - out["params_after"] / out["params_before"]
     if isinstance(out.get("healing_settings"), dict):
         out["healing_settings"] = {
             **out["healing_settings"],
@@ -50,6 +54,8 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
         }
     return out
 
+
+TINY_HIDDEN = 64  # conf/model/tiny_llama.yaml, the golden jobs' model
 
 # Float32 kernels of another vector width (AVX2, AVX-512, scalar) move a tiny model's perplexities and
 # distances by up to 1e-6 relative (measured: the unpruned held-out perplexity by 9.7e-7), so the pins
