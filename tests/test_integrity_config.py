@@ -20,8 +20,8 @@ from replaceme_exp.config import schema
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models.loading import load_model
 from replaceme_exp.models.shape import model_shape
-from replaceme_exp.pipeline.rules import check_job, check_shape
-from replaceme_exp.pipeline.spec import ALLOWED_TARGET_PREFIXES, JobSpec
+from replaceme_exp.pipeline.rules import ALLOWED_TARGET_PREFIXES, check_job, check_shape
+from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.runtime.composition import raised_while_composing
 from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only

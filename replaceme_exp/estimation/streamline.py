@@ -20,6 +20,7 @@ mean squared error over the non-padding tokens and hidden features.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import tempfile
 from dataclasses import dataclass, field
@@ -150,23 +151,33 @@ def masked_mse(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tenso
 
 class BlockRunner:
     """Runs one decoder block alone on padded sequences, with the attention mask and rotary
-    embeddings its model would give it (``create_causal_mask``, the backbone's ``rotary_emb``):
+    embeddings its model would give it (the backbone's ``rotary_emb``; ``create_causal_mask``, or
+    ``create_sliding_window_causal_mask`` for a block whose attention is ``sliding_attention``):
     the layer variant's forward. Families whose blocks take ``position_embeddings`` (Llama,
-    Mistral, Qwen 2/3)."""
+    Mistral, Qwen 2/3, Gemma 3, whose rotary embedding differs between its local and global layers
+    and is asked for the block's own ``layer_type``)."""
 
     def __init__(self, adapter, block: torch.nn.Module):
-        from transformers.masking_utils import create_causal_mask
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-        self.block, self.config, self.create_causal_mask = block, adapter.config, create_causal_mask
+        self.block, self.config = block, adapter.config
         self.rotary = getattr(adapter.backbone, "rotary_emb", None)
         if self.rotary is None:
             family = self.config.model_type
             raise ValueError(f"LLM-Streamline's layer replacement needs a model with rotary embeddings, not {family}")
+        # the block's attention kind, fixed when the block was built (its index in the unpruned model)
+        layer_type = getattr(getattr(block, "self_attn", None), "layer_type", None)
+        sliding = layer_type == "sliding_attention"
+        self.create_mask = create_sliding_window_causal_mask if sliding else create_causal_mask
+        per_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        self.rotary_kwargs = {"layer_type": layer_type} if per_type else {}
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``x`` (batch, seq, hidden) with ``positions`` and ``mask`` (batch, seq) -> the block's
+        output (batch, seq, hidden)."""
         rotary = self.rotary.to(x.device)
-        embeddings = rotary(x, position_ids=positions)
-        attention = self.create_causal_mask(
+        embeddings = rotary(x, position_ids=positions, **self.rotary_kwargs)
+        attention = self.create_mask(
             config=self.config, inputs_embeds=x, attention_mask=mask, past_key_values=None, position_ids=positions
         )
         out = self.block(x, attention_mask=attention, position_ids=positions, position_embeddings=embeddings)

@@ -19,6 +19,12 @@ from replaceme_exp.errors import ConfigError, UnsupportedModelError
 from replaceme_exp.registry import Registry
 
 
+def unfusable_error(reason: str) -> ConfigError:
+    """The refusal of a T fused into the down-projection of a family where that is inexact
+    (``reason``: its adapter's ``unfusable_reason``)."""
+    return ConfigError("lt_placement", "fused", f"{reason}; use lt_placement=separate (T on the block output)")
+
+
 class DecoderAdapter:
     """Llama-style decoder: ``model.model.layers[i]`` with ``.mlp.down_proj`` and
     ``.self_attn.layer_idx``; block output ``L = Y + MLP(norm(Y))``."""
@@ -91,9 +97,7 @@ class DecoderAdapter:
 
     def require_fusable(self) -> None:
         if self.unfusable_reason is not None:
-            raise ConfigError(
-                "lt_placement", "fused", f"{self.unfusable_reason}; use lt_placement=separate (T on the block output)"
-            )
+            raise unfusable_error(self.unfusable_reason)
 
     def replace_layers(self, layers: nn.ModuleList) -> None:
         """Put the kept blocks where the family keeps its blocks."""

@@ -58,6 +58,31 @@ def file_digest(path: str | os.PathLike, memo_dir: str | os.PathLike | None = No
     return digest
 
 
+def concatenation_digest(paths: list[str | os.PathLike], memo_dir: str | os.PathLike | None = None) -> str:
+    """SHA-256 of the files' contents one after another (a file shipped in parts), memoised by
+    the stamps of all of them (a part replaced or rewritten is read again); for one file, its
+    :func:`file_digest` (the same memo)."""
+    if len(paths) == 1:
+        return file_digest(paths[0], memo_dir)
+    stamps = [file_stamp(path) for path in paths]
+    key = {"concatenation": stamps}
+    memo = None
+    if memo_dir is not None:
+        memo = Path(memo_dir) / (content_key(key, 24) + ".json")
+        known = read_keyed_json(memo, key, "fingerprint memo")
+        if isinstance(known, str):
+            return known
+    h = hashlib.sha256()
+    for stamp in stamps:
+        with open(stamp["path"], "rb") as f:
+            while chunk := f.read(2**24):
+                h.update(chunk)
+    digest = h.hexdigest()
+    if memo is not None:
+        write_optional("fingerprint memo", memo, lambda: write_keyed_json(memo, key, digest))
+    return digest
+
+
 def directory_digest(directory: str | os.PathLike, memo_dir: str | os.PathLike | None = None) -> str:
     """One digest over the weight and config files of a checkpoint directory (names and contents)."""
     root = Path(directory)

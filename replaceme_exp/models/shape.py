@@ -19,7 +19,7 @@ from torch import nn
 from replaceme_exp.config.schema import ModelConfig
 from replaceme_exp.errors import ConfigError, first_line
 from replaceme_exp.models.adapters import adapter_for
-from replaceme_exp.models.embedded import embedded_checkpoint
+from replaceme_exp.models.embedded import embedded_checkpoint, embedded_model
 from replaceme_exp.models.loading import check_safetensors_files, is_vision_config, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,15 @@ log = logging.getLogger(__name__)
 class ModelShape:
     """``num_layers``: the blocks an adapter sees; ``max_positions``: the longest sequence a text
     model's position embeddings take (None: no limit known, or a vision encoder); ``hidden_size``:
-    the width of the blocks' residual stream."""
+    the width of the blocks' residual stream; ``unfusable_reason``: why T cannot be fused into its
+    down-projections (its family's :attr:`~replaceme_exp.models.adapters.DecoderAdapter.unfusable_reason`;
+    None: it can)."""
 
     num_layers: int
     max_positions: int | None
     model: nn.Module  # on the meta device: parameter counts and block structure, no storage
     hidden_size: int | None = None
+    unfusable_reason: str | None = None
 
 
 _IMPORTS = threading.Lock()
@@ -96,7 +99,7 @@ def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
             raise ConfigError(key, value, f"is not a config transformers can build: {first_line(err)}") from err
     try:
         if cfg.source == "embedded":
-            return AutoConfig.from_pretrained(embedded_checkpoint(cache_dir))
+            return AutoConfig.from_pretrained(embedded_checkpoint(cache_dir, embedded_model(cfg.pretrained)))
         return AutoConfig.from_pretrained(cfg.pretrained, revision=cfg.revision)
     except ConfigError:
         raise
@@ -146,4 +149,10 @@ def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> Mo
         raise ConfigError(*_named(cfg, "num_key_value_heads"), reason)
     positions = None if is_vision_config(cfg) else getattr(text, "max_position_embeddings", None)
     hidden = getattr(text, "hidden_size", None)
-    return ModelShape(num_layers=num_layers, max_positions=positions, model=model, hidden_size=hidden)
+    return ModelShape(
+        num_layers=num_layers,
+        max_positions=positions,
+        model=model,
+        hidden_size=hidden,
+        unfusable_reason=getattr(adapter, "unfusable_reason", None),
+    )

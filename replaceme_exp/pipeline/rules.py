@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 
 from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build_option
@@ -25,10 +26,12 @@ from replaceme_exp.data import CALIBRATION_SOURCES
 from replaceme_exp.data.files import check_readable, check_text
 from replaceme_exp.data.hub import HubDataset, require_available
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.estimators import Requirements
+from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.estimation.linear_patch import check_hidden_size
 from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets, benchmark_task
 from replaceme_exp.evaluation.task_datasets import suite_datasets
+from replaceme_exp.models.adapters import unfusable_error
+from replaceme_exp.models.embedded import embedded_model
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.selection.cuts import blocks_to_prune, cut_length, validate_cuts
@@ -36,6 +39,26 @@ from replaceme_exp.selection.laco import LacoPlan
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
+
+# ``objective._target_`` is imported and instantiated: only the project's own modules may be named
+# (a shared sweep file or template must not run arbitrary code); an estimator of one's own goes under
+# replaceme_exp/estimation/ (docs/extending/estimator.md).
+ALLOWED_TARGET_PREFIXES = ("replaceme_exp.",)  # docs/extending/estimator.md
+
+
+def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
+    """The estimator class ``objective._target_`` names, one of the project's own."""
+    target = objective._target_
+    if not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
+        reason = "only the project's estimator classes (replaceme_exp.*) are instantiated"
+        raise ConfigError("objective._target_", target, reason)
+    try:
+        found = get_class(objective._target_)
+    except Exception as err:  # noqa: BLE001 - hydra raises several types for an unknown path
+        raise ConfigError("objective._target_", objective._target_, f"no such estimator class ({err})") from err
+    if not (isinstance(found, type) and issubclass(found, Estimator)):
+        raise ConfigError("objective._target_", objective._target_, "is not an Estimator")
+    return found
 
 
 def modality_of(model: schema.ModelConfig) -> str:
@@ -103,6 +126,7 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     for key, value in (("checkpoint", c.evaluate.checkpoint), ("dtype", c.evaluate.dtype)):
         if value is not None:
             raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")
+    check_embedded(c.model)
     check_selection(c, needs)
     check_method(c, needs)
     check_official_settings(c, needs)
@@ -116,6 +140,14 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     else:
         check_eval_kind(c)
     check_hardware(c)
+
+
+def check_embedded(model: schema.ModelConfig) -> None:
+    """An embedded model (``source: embedded``) is named by ``model.pretrained`` among those the
+    project embeds. Whether its wheels are installed is checked when its shape is read, before the
+    load (it depends on the machine, not on the configuration)."""
+    if model.source == "embedded":
+        embedded_model(model.pretrained)
 
 
 def overridden_keys(overrides: list[str]) -> set[str]:
@@ -142,10 +174,12 @@ def check_given_together(c: schema.JobConfig, given: set[str]) -> None:
 
 
 def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
-    """The keys that need the model's depth, width or positions, against its config (before the
-    load): the cuts (or ``n_prune`` and ``num_lts``) fit its blocks, LinearPatch's rotation has a
-    Hadamard matrix of its hidden size, no sequence is longer than its position embeddings."""
+    """The keys that need the model's depth, width, positions or family, against its config (before
+    the load): the cuts (or ``n_prune`` and ``num_lts``) fit its blocks, LinearPatch's rotation has a
+    Hadamard matrix of its hidden size, no sequence is longer than its position embeddings, no T is
+    fused where its family makes that inexact (:func:`check_fusable`)."""
     if c.job == "prune":
+        check_fusable(c, shape)
         if c.cuts is not None:
             validate_cuts(c.cuts, shape.num_layers, c.merge_consecutive, c.touching_cuts)
         elif METRICS.get(c.selection.metric).searches:  # the search decides the cuts: any removed blocks
@@ -181,6 +215,19 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
             raise ConfigError(key, value, reason)
 
 
+def check_fusable(c: schema.JobConfig, shape: ModelShape) -> None:
+    """A pruning job that fuses T into the down-projection (``lt_placement=fused`` with an objective
+    that fits T, or a selection that ranks cuts by the LS residual in that placement) on a family
+    with a norm after it (OLMo 2, Gemma 2, Gemma 3: ``shape.unfusable_reason``) is refused here, as
+    its adapter would refuse it after the load."""
+    if shape.unfusable_reason is None or c.lt_placement != "fused":
+        return
+    fits_transform = estimator_class(c.objective).requirements(c.objective).fits_transform
+    selects_by_ls = c.cuts is None and METRICS.get(c.selection.metric).uses_statistics
+    if fits_transform or selects_by_ls:
+        raise unfusable_error(shape.unfusable_reason)
+
+
 def check_checkpoint(key: str, value) -> None:
     """``value`` names a model directory: ``config.json`` and weights (``*.safetensors`` / ``*.bin``)."""
     path = Path(str(value)).expanduser()
@@ -200,6 +247,7 @@ def check_evaluation(c: schema.JobConfig) -> None:
     Calibration, selection, method and healing keys do not act and are not checked."""
     writable_directory("results_dir", c.results_dir, results_subfolders(c))
     writable_directory("cache_dir", c.cache_dir)
+    check_embedded(c.model)
     check_eval_suite(c)
     check_eval_kind(c)
 

@@ -48,7 +48,6 @@ from replaceme_exp.capture.execution import compute_device, resolve_precision
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config import schema
 from replaceme_exp.config.validate import typed_config
-from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.estimation.numerical import regularizer_warning
@@ -60,6 +59,7 @@ from replaceme_exp.pipeline.rules import (
     check_evaluation,
     check_inputs,
     check_job,
+    estimator_class,
     modality_of,
     model_save,
 )
@@ -594,27 +594,6 @@ def evaluated(config: schema.JobConfig) -> tuple[schema.JobConfig, dict | None]:
         capture_4bit=False,
     )
     return dataclasses.replace(c, model=model), metadata
-
-
-# ``objective._target_`` is imported and instantiated: only the project's own modules may be named
-# (a shared sweep file or template must not run arbitrary code); an estimator of one's own goes under
-# replaceme_exp/estimation/ (docs/extending/estimator.md).
-ALLOWED_TARGET_PREFIXES = ("replaceme_exp.",)  # docs/extending/estimator.md
-
-
-def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
-    """The estimator class ``objective._target_`` names, one of the project's own."""
-    target = objective._target_
-    if not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
-        reason = "only the project's estimator classes (replaceme_exp.*) are instantiated"
-        raise ConfigError("objective._target_", target, reason)
-    try:
-        found = get_class(objective._target_)
-    except Exception as err:  # noqa: BLE001 - hydra raises several types for an unknown path
-        raise ConfigError("objective._target_", objective._target_, f"no such estimator class ({err})") from err
-    if not (isinstance(found, type) and issubclass(found, Estimator)):
-        raise ConfigError("objective._target_", objective._target_, "is not an Estimator")
-    return found
 
 
 def resolve(config: schema.JobConfig, requirements: Requirements) -> EffectiveSettings:

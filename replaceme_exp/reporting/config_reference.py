@@ -91,7 +91,9 @@ def options(group: str) -> list[tuple[str, str]]:
             if not line.startswith("#"):
                 break
             text = line[1:].strip()
-            if text.startswith(("@package", "python run.py")) or not text:
+            if text.startswith("@package"):  # an option that also sets top-level keys (gemma3_270m)
+                continue
+            if text.startswith("python run.py") or not text:
                 break
             comment.append(text)
         sentence = " ".join(comment).split(". ")[0].rstrip(".")

@@ -56,6 +56,8 @@ IDENTITY_CHANGES = {
     "solver-precision": "objective.precision: the non-Adam solvers (lbfgs, nlcg, trust_ncg, newton_cg) compute T in "
     "float64 by default (in float32 their line searches decided on rounding noise: an L-BFGS step moved with the "
     "CPU's vector kernels); precision=float32, the official code's and protocol=official's, keeps the hash of before",
+    "gemma3-models": "model=gemma3_270m (Gemma 3 270M embedded in wheels) and model=tiny_gemma3 (new); both set "
+    "lt_placement=separate (a norm follows the MLP down-projection)",
 }
 GROUPS = (
     "model",
