@@ -56,6 +56,9 @@ IDENTITY_CHANGES = {
     "solver-precision": "objective.precision: the non-Adam solvers (lbfgs, nlcg, trust_ncg, newton_cg) compute T in "
     "float64 by default (in float32 their line searches decided on rounding noise: an L-BFGS step moved with the "
     "CPU's vector kernels); precision=float32, the official code's and protocol=official's, keeps the hash of before",
+    "offline-tasks": "eval=quick (the default job's suite) runs lm-eval on the first 40 items of the offline tasks "
+    "(world facts, docstring cloze, docstring minimal pairs) besides held-out perplexity, eval=offline runs all their "
+    "items instead of the two toy tasks, and the perplexity-only suite is eval=heldout (new)",
 }
 GROUPS = (
     "model",
