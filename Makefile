@@ -10,6 +10,7 @@
 # make wandb-dashboard SWEEP=id : a W&B workspace of a sweep; make dashboard : one HTML page of RESULTS
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 # make docs : the documentation site (mkdocs-material), built offline and strictly into site/
+# make offline-tasks : rebuild the offline lm-eval tasks' items from the installed sources
 
 # What a user may set (make paper-tables MODEL=x, make run ARGS="...") reaches the recipes only
 # through the environment, quoted there ("$$MODEL"), never pasted into a recipe: no value runs as
@@ -144,6 +145,13 @@ dashboard: setup
 .PHONY: self-generated-answers
 self-generated-answers: setup
 	$(OFFLINE) OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$$PY" -m replaceme_exp.pipeline.shipped_answers
+
+# The items of the offline lm-eval tasks (replaceme_exp/evaluation/offline_tasks/*.jsonl and offline_items.json), built
+# from the standard library's docstrings, tzdata and Babel's CLDR data (docs/guides/offline-tasks.md): rebuild after
+# changing the builder or when tests/test_offline_tasks.py says the installed sources are other versions (seconds).
+.PHONY: offline-tasks
+offline-tasks: setup
+	$(OFFLINE) "$$PY" -m replaceme_exp.evaluation.offline_items
 
 # The pruned checkpoint of a job that saved its transforms (save_model=transform, the default): the base model
 # reloaded, the job's cuts and transforms applied, saved under RESULTS/models/RUN (RUN: the row's config_hash).

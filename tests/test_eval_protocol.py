@@ -31,7 +31,7 @@ def test_every_suite_declares_one_metric_per_task():
     with_harness = []
     for suite in SUITES:
         h = compose_config([f"eval={suite}"]).eval.harness
-        if h is None:  # held-out perplexity only (quick, clip)
+        if h is None:  # held-out perplexity only (heldout, clip)
             continue
         with_harness.append(suite)
         tasks = OmegaConf.to_container(h.tasks)
@@ -190,21 +190,15 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
     # lm-eval's own seeds (the official code's), whatever the job's seed
     seeds = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
     assert calls and all(tuple(c[k] for k in seeds) == (0, 1234, 1234, 1234) for c in calls)
-    for task in ("replaceme_capitals", "replaceme_opposites"):
-        for metric in ("acc", "acc_norm"):
-            p = scores[f"{metric}_{task}"]
-            assert 0.0 <= p <= 1.0  # stderr in closed form over the 8 documents: sqrt(p(1-p)/(n-1))
-            assert scores[f"{metric}_stderr_{task}"] == pytest.approx(math.sqrt(p * (1 - p) / 7))
+    tasks = ("replaceme_world_mc", "replaceme_doc_cloze", "replaceme_doc_pairs")
+    for task, metric in [*((t, "acc") for t in tasks), ("replaceme_world_mc", "acc_norm")]:
+        p = scores[f"{metric}_{task}"]
+        assert 0.0 <= p <= 1.0  # stderr in closed form over the 8 documents: sqrt(p(1-p)/(n-1))
+        assert scores[f"{metric}_stderr_{task}"] == pytest.approx(math.sqrt(p * (1 - p) / 7))
         assert scores[f"score_{task}"] == scores[f"acc_{task}"]
     assert scores["ppl_pydoc"] > 1 and scores["score_replaceme_pydoc_ppl"] == scores["ppl_pydoc"]
-    assert scores["avg_acc"] == pytest.approx(
-        (scores["acc_replaceme_capitals"] + scores["acc_replaceme_opposites"]) / 2
-    )
-    assert scores["eval_task_versions"] == {
-        "replaceme_capitals": 1.0,
-        "replaceme_opposites": 1.0,
-        "replaceme_pydoc_ppl": 1.0,
-    }
+    assert scores["avg_acc"] == pytest.approx(sum(scores[f"acc_{t}"] for t in tasks) / 3)
+    assert scores["eval_task_versions"] == dict.fromkeys(sorted([*tasks, "replaceme_pydoc_ppl"]), 1.0)
     assert scores["eval_max_length_used"] == 512
     json.dumps(scores)  # the callers cache it as JSON
     # item by item: the declared metric of each of the 8 items, their mean the task's score
@@ -222,15 +216,11 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
         "eval_batch_size": 8,
         "eval_add_bos_token": False,
         "eval_max_length": 512,
-        "eval_fewshot": {"replaceme_capitals": 0, "replaceme_opposites": 0, "replaceme_pydoc_ppl": 0},
+        "eval_fewshot": {**dict.fromkeys(tasks, 0), "replaceme_pydoc_ppl": 0},
         "eval_fewshot_seed": 1234,
         "eval_limit": 8,
         "eval_bootstrap_iters": 1000,
-        "eval_metrics": {
-            "replaceme_capitals": "acc",
-            "replaceme_opposites": "acc",
-            "replaceme_pydoc_ppl": "word_perplexity",
-        },
+        "eval_metrics": {**dict.fromkeys(tasks, "acc"), "replaceme_pydoc_ppl": "word_perplexity"},
         "lm_eval_version": settings["lm_eval_version"],
     }
     assert settings["lm_eval_version"].count(".") >= 1

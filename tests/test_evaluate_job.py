@@ -19,7 +19,7 @@ from replaceme_exp.runtime import run_recorded
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
 
 # One short answer per model keeps the generation samples in the test at a fraction of a second.
-SUITE = ["eval=offline", "eval.samples.prompts=[Hello]", "eval.samples.max_new_tokens=4"]
+SUITE = ["eval=offline", "eval.harness.limit=8", "eval.samples.prompts=[Hello]", "eval.samples.max_new_tokens=4"]
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_an_evaluation_is_hashed_over_its_model_and_suite_only():
     spec = JobSpec.from_config(compose_config([*SMOKE, "job=evaluate", "evaluate.dtype=bfloat16"]))
     assert spec.setting_hash == spec.config_hash  # no seed acts
     columns = spec.setting_columns()
-    assert columns["job"] == "evaluate" and columns["dtype"] == "bfloat16" and columns["eval"] == "quick"
+    assert columns["job"] == "evaluate" and columns["dtype"] == "bfloat16" and columns["eval"] == "heldout"
     assert columns["objective"] is None and columns["calibration"] is None and columns["seed"] is None
     assert JobSpec.from_config(compose_config(SMOKE)).setting_columns()["job"] == "prune"
 

@@ -16,7 +16,9 @@ from replaceme_exp.evaluation.harness import materialize_offline_tasks, metric_c
 from replaceme_exp.evaluation.perplexity import window_nll_of, window_perplexity
 from replaceme_exp.runtime import run_recorded
 
-OFFLINE = ["eval=offline", "eval.seq_len=64", "eval.max_windows=4", "save_model=false"]
+# the offline suite on its first 8 items per task (all of them: tests/test_offline_tasks.py, e2e)
+OFFLINE = ["eval=offline", "eval.seq_len=64", "eval.max_windows=4", "save_model=false", "eval.harness.limit=8"]
+TASKS = ("replaceme_world_mc", "replaceme_doc_cloze", "replaceme_doc_pairs")
 
 
 @pytest.mark.e2e
@@ -24,23 +26,24 @@ OFFLINE = ["eval=offline", "eval.seq_len=64", "eval.max_windows=4", "save_model=
 def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_path):
     first = run_recorded(job_config(tmp_path, *OFFLINE))
     assert first["status"] == "finished", first["error"]
-    for column in ("acc_replaceme_capitals", "acc_norm_replaceme_capitals", "acc_replaceme_opposites"):
+    for column in ("acc_replaceme_world_mc", "acc_norm_replaceme_world_mc", *(f"acc_{t}" for t in TASKS[1:])):
         assert 0.0 <= first[column] <= 1.0
     assert first["ppl_pydoc"] > 1
-    assert first["avg_acc"] == pytest.approx((first["acc_replaceme_capitals"] + first["acc_replaceme_opposites"]) / 2)
-    # eval=offline declares acc for both tasks; each metric comes with its standard error.
-    assert first["score_replaceme_capitals"] == first["acc_replaceme_capitals"]
-    assert first["acc_stderr_replaceme_capitals"] > 0 and first["acc_norm_stderr_replaceme_opposites"] > 0
-    assert first["eval_task_versions"]["replaceme_capitals"] == 1.0
+    assert first["avg_acc"] == pytest.approx(sum(first[f"acc_{t}"] for t in TASKS) / 3)
+    # eval=offline declares acc for the three tasks; each metric comes with its standard error.
+    assert first["score_replaceme_world_mc"] == first["acc_replaceme_world_mc"]
+    assert first["acc_stderr_replaceme_world_mc"] > 0 and first["acc_norm_stderr_replaceme_world_mc"] > 0
+    assert first["eval_task_versions"]["replaceme_doc_pairs"] == 1.0
     assert first["rp"] == pytest.approx(first["avg_acc"] / first["avg_acc_baseline"])
     assert first["eval_batch_size"] == 8 and first["eval_add_bos_token"] is False
     # Every setting that moves a score is in the row (max_length was passed but not recorded before).
     assert first["eval_max_length"] == 512 and first["eval_fewshot_seed"] == 1234 and first["lm_eval_version"]
-    assert first["eval_fewshot"] == {"replaceme_capitals": 0, "replaceme_opposites": 0, "replaceme_pydoc_ppl": 0}
+    assert first["eval_fewshot"] == {**dict.fromkeys(TASKS, 0), "replaceme_pydoc_ppl": 0}
+    assert first["eval_limit"] == 8
     assert first["torch_version"] and first["transformers_version"]
     # The unpruned model's scores travel with the row (the tables' baseline rows read them).
     assert first["baseline_avg_acc"] == first["avg_acc_baseline"] and first["dtype"] == "float32"
-    assert 0.0 <= first["baseline_acc_replaceme_capitals"] <= 1.0 and first["baseline_ppl_pydoc"] > 1
+    assert 0.0 <= first["baseline_acc_replaceme_world_mc"] <= 1.0 and first["baseline_ppl_pydoc"] > 1
 
     baselines = sorted((tmp_path / "baselines").glob("*.json"))
     second = run_recorded(job_config(tmp_path, *OFFLINE, "alpha=5"))
@@ -61,7 +64,13 @@ def test_offline_suite_fills_accuracy_perplexity_and_relative_performance(tmp_pa
 def test_offline_tasks_materialize_with_absolute_paths(tmp_path):
     target = materialize_offline_tasks(tmp_path / "tasks", n_ppl_docs=3)
     yamls = {p.name: p.read_text() for p in target.glob("*.yaml")}
-    assert set(yamls) == {"capitals.yaml", "opposites.yaml", "pydoc_ppl.yaml"}
+    # the offline tasks, and the two toy tasks of the suite before them (kept for its rows' reruns)
+    assert set(yamls) == {
+        f"{t}.yaml" for t in ("world_mc", "doc_cloze", "doc_pairs", "capitals", "opposites", "pydoc_ppl")
+    }
+    assert {p.name for p in target.glob("*.jsonl")} == {
+        p.name.replace(".yaml", ".jsonl") for p in target.glob("*.yaml")
+    }
     assert all(str(target) in text and "__DIR__" not in text for text in yamls.values())
     assert len((target / "pydoc_ppl.jsonl").read_text().splitlines()) == 3
     assert metric_column("piqa", "acc_norm") == "acc_norm_piqa"

@@ -32,8 +32,12 @@ def as_now_recorded(name: str, pinned: dict) -> dict:
     model, where it cannot act: the numbers are those of before); in issue 25, ``loss`` (``lm``) and
     ``lr_schedule`` (``constant``), LinearPatch's distillation settings at the values every earlier
     healing ran with; in issue 35, ``params_after`` (and so ``compression_ratio``) counts each separate
-    transform's d x d parameters (a separate T is weights the pruned model carries)."""
+    transform's d x d parameters (a separate T is weights the pruned model carries), and the
+    perplexity-only suite these rows were pinned with is ``eval=heldout`` (``quick`` runs lm-eval on
+    the offline tasks since)."""
     out = {k: v for k, v in pinned.items() if not volatile(k)}
+    if out.get("eval") == "quick":
+        out["eval"] = "heldout"
     if out.get("candidate_distances") is not None and len(out["cuts"]) == 1 and out.get("num_lts") == 1:
         out["merge_consecutive"] = out["multi_lt"] = None
     if name.startswith("two_sequential") and "solver_steps" in out:

@@ -145,13 +145,14 @@ def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missi
             1,
             "UIDL",
             ppl_heldout=62.2,
-            acc_replaceme_capitals=0.8,
-            acc_replaceme_opposites=0.6,
+            acc_replaceme_world_mc=0.8,
+            acc_replaceme_doc_cloze=0.6,
+            acc_replaceme_doc_pairs=0.7,
             avg_acc=0.7,
             rp=0.77,
             baseline_ppl_heldout=21.21,
             baseline_avg_acc=0.906,
-            baseline_acc_replaceme_capitals=0.9,
+            baseline_acc_replaceme_world_mc=0.9,
             time_load_s=50.0,  # not compression: loading, evaluation, saving
             time_eval_s=100.0,
             time_capture_s=12.0,
@@ -174,8 +175,9 @@ def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missi
         "Preset",
         "Runs",
         "Held-out ppl",
-        "replaceme_capitals (acc)",
-        "replaceme_opposites (acc)",
+        "replaceme_world_mc (acc)",
+        "replaceme_doc_cloze (acc)",
+        "replaceme_doc_pairs (acc)",
         "Avg-acc",
         "RP",
         "Compression time (s)",
@@ -186,7 +188,7 @@ def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missi
     assert (unpruned["Held-out ppl"], unpruned["Avg-acc"], unpruned["RP"]) == ("21.21", "0.906", "1")
     assert unpruned["Compression time (s)"] == MISSING
     uidl = cells(table, "UIDL")
-    assert (uidl["Runs"], uidl["Preset"], uidl["Held-out ppl"], uidl["replaceme_capitals (acc)"]) == (
+    assert (uidl["Runs"], uidl["Preset"], uidl["Held-out ppl"], uidl["replaceme_world_mc (acc)"]) == (
         1,
         "uidl_baseline",
         "62.2",
@@ -239,9 +241,9 @@ def test_a_method_whose_run_failed_says_why_under_the_table_instead_of_no_run():
 
 @pytest.mark.unit
 def test_the_table_renders_for_another_model_calibration_and_suite():
-    """MODEL=tiny_llama CALIBRATION=pydoc EVAL=quick: 25% is 2 of its 6 blocks, the calibration its
-    default size, the suite's own accuracies (quick: none), the held-out perplexity kept."""
-    tiny = dict(model="tiny_llama", num_layers=6, n_prune=2, calibration="pydoc", eval="quick")
+    """MODEL=tiny_llama CALIBRATION=pydoc EVAL=heldout: 25% is 2 of its 6 blocks, the calibration its
+    default size, the suite's own accuracies (heldout: none), the held-out perplexity kept."""
+    tiny = dict(model="tiny_llama", num_layers=6, n_prune=2, calibration="pydoc", eval="heldout")
     runs = frame(
         smol(1, "UIDL", ppl_heldout=62.0),  # SmolLM2's: not read
         smol(2, "UIDL", **tiny, ppl_heldout=40.0, ppl_heldout_baseline=30.0),
@@ -249,7 +251,7 @@ def test_the_table_renders_for_another_model_calibration_and_suite():
         smol(4, "ReplaceMe LS", **{**tiny, "n_prune": 1}, ppl_heldout=33.0),  # 1 of 6: not 25%
         smol(5, "ReplaceMe cosine", **{**tiny, "n_calib_samples": 16}, ppl_heldout=99.0),  # not pydoc's 128
     )
-    target = resolve_target(runs, model="tiny_llama", calibration="pydoc", eval="quick")
+    target = resolve_target(runs, model="tiny_llama", calibration="pydoc", eval="heldout")
     table = build_table(SPEC, runs, target=target)
     assert list(table.columns) == [
         *("Setting", "Preset", "Runs", "Held-out ppl", "Avg-acc", "RP"),

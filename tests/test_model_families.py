@@ -115,6 +115,7 @@ TINY = [
     "eval.max_windows=2",
     "tracking.wandb.mode=disabled",
     "tracking.codecarbon.enabled=false",
+    "eval=heldout",  # held-out perplexity only (eval=quick would add lm-eval's offline tasks)
     "cuts=[[2,4]]",
 ]
 

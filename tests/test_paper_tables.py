@@ -378,7 +378,7 @@ def test_table_columns_name_what_the_suites_record():
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 # The README's smoke command (a 3-job sweep), kept small and offline.
-SMOKE = ["-m", "+paper=structured_lts", "model=tiny_llama", "calibration=pydoc", "eval=quick", "n_prune=2"]
+SMOKE = ["-m", "+paper=structured_lts", "model=tiny_llama", "calibration=pydoc", "eval=heldout", "n_prune=2"]
 SMOKE += ["save_model=false", "tracking.wandb.mode=disabled", "tracking.codecarbon.enabled=false"]
 FILES = {f"{t.name}{s}" for t in TABLES for s in (".md", ".tex")}
 FILES |= {f"{n}{s}" for n in FIGURES for s in (".png", ".csv")}
@@ -414,11 +414,11 @@ def test_make_paper_tables_model_renders_the_smoke_sweep_and_prints_counts(tiny_
     store, stdout = tiny_sweep
     assert "read 3 rows (3 finished, 0 failed) from " in stdout
     assert "calibration=pydoc (inferred from 3 finished tiny_llama runs: pydoc 3)" in stdout
-    line = "structured_lts: 3 runs found (model=tiny_llama, calibration=pydoc, eval=quick), 3 matched a cell, 3 shown"
+    line = "structured_lts: 3 runs found (model=tiny_llama, calibration=pydoc, eval=heldout), 3 matched a cell, 3 shown"
     assert line in stdout.splitlines()
     # One count line per table and figure.
     assert all(re.search(rf"^(figure )?{name}: \d+ runs? found", stdout, re.M) for name in [*SPECS, *FIGURES])
-    folder = store / "paper_tables" / "tiny_llama_pydoc_quick"
+    folder = store / "paper_tables" / "tiny_llama_pydoc_heldout"
     assert f"writing to {folder}" in stdout
     text = (folder / "structured_lts.md").read_text()
     assert "Rendered from runs of model=tiny_llama (paper: Llama 3 8B Instruct)" in text
@@ -427,14 +427,14 @@ def test_make_paper_tables_model_renders_the_smoke_sweep_and_prints_counts(tiny_
     assert header == "| Setting | Runs | Avg-acc | Perplexity (ppl_heldout, held-out text) | RP |"
     for label in ("Generic", "Diagonal", "Orthonormal"):
         row = next(line for line in text.splitlines() if line.startswith(f"| {label} |")).split(" | ")
-        assert row[1] == "1" and float(row[3]) > 0 and row[2] == MISSING  # eval=quick records no avg_acc
+        assert row[1] == "1" and float(row[3]) > 0 and row[2] == MISSING  # eval=heldout records no avg_acc
     # Figures written, with the perplexity the suite records; the paper's tables not in this folder.
     assert {p.name for p in folder.iterdir()} == FILES
     assert all((folder / f"{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in FIGURES)
     size = pd.read_csv(folder / "calibration_size.csv")
     assert size[(size.panel == "ppl_heldout") & (size.series == "LS")]["n"].tolist() == [1]
-    assert "figure calibration_size: 3 runs found (model=tiny_llama, calibration=pydoc, eval=quick)" in stdout
-    assert [p.name for p in (store / "paper_tables").iterdir()] == ["tiny_llama_pydoc_quick"]
+    assert "figure calibration_size: 3 runs found (model=tiny_llama, calibration=pydoc, eval=heldout)" in stdout
+    assert [p.name for p in (store / "paper_tables").iterdir()] == ["tiny_llama_pydoc_heldout"]
 
 
 @pytest.mark.e2e
@@ -453,13 +453,13 @@ def test_the_papers_own_tables_stay_apart_and_say_what_excluded_the_runs(tiny_sw
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"writing to {out} (the paper's settings)" in proc.stdout
     assert "structured_lts: 0 runs found (model=llama3_8b_instruct, calibration=slimorca, eval=paper)" in proc.stdout
-    assert {p.name for p in out.iterdir()} == FILES | {"tiny_llama_pydoc_quick"}
+    assert {p.name for p in out.iterdir()} == FILES | {"tiny_llama_pydoc_heldout"}
     paper = (out / "structured_lts.md").read_text()
     assert "Rendered from" not in paper and f"| Generic | 0 | {MISSING} | {MISSING} | {MISSING} |" in paper
     # Explicit settings give the same folder and tables as the inferred ones.
     again = subprocess.run(
         [sys.executable, "-m", "replaceme_exp.reporting.render_paper", "--results", str(store), "--out", str(out)]
-        + ["--model", "tiny_llama", "--calibration", "pydoc", "--eval", "quick"],
+        + ["--model", "tiny_llama", "--calibration", "pydoc", "--eval", "heldout"],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -470,13 +470,15 @@ def test_the_papers_own_tables_stay_apart_and_say_what_excluded_the_runs(tiny_sw
 
 
 def tiny(i: int, **values) -> dict:
-    """A finished tiny_llama LS run of the smoke sweep (pydoc, eval=quick)."""
+    """A finished tiny_llama LS run of the smoke sweep (pydoc, eval=heldout)."""
     base = dict(model="tiny_llama", num_layers=6, n_prune=2, calibration="pydoc", n_calib_samples=128)
-    base.update(eval="quick", objective="ls", solver=None, solver_schedule=None, dtype="float32", ppl_heldout=50.0 + i)
+    base.update(
+        eval="heldout", objective="ls", solver=None, solver_schedule=None, dtype="float32", ppl_heldout=50.0 + i
+    )
     return run(i, **{**base, **values})
 
 
-TINY = dict(model="tiny_llama", calibration="pydoc", eval="quick")
+TINY = dict(model="tiny_llama", calibration="pydoc", eval="heldout")
 
 
 @pytest.mark.unit
@@ -503,7 +505,7 @@ def test_calibration_is_retargeted_where_the_paper_uses_its_default_data_only():
         tiny(3, n_calib_samples=8),  # not pydoc's default size (128): not the paper's 8k
         tiny(4, n_calib_samples=1000, objective="cosine", solver="adam", solver_schedule="minibatch"),
     )
-    target = resolve_target(runs, model="tiny_llama", calibration="pydoc", eval="quick")
+    target = resolve_target(runs, model="tiny_llama", calibration="pydoc", eval="heldout")
     assert target.calib_samples == 128
     table = build_table(SPECS["calibration_types"], runs, target=target)
     assert cells(table, "LS, slimorca")["Perplexity (ppl_heldout, held-out text)"] == "51"  # the pydoc run, 128
@@ -525,7 +527,7 @@ def test_calibration_and_eval_are_inferred_from_the_models_runs():
         run(6, model="other"),
     )
     target = resolve_target(runs, model="tiny_llama")
-    assert (target.calibration, target.eval) == ("pydoc", "quick")
+    assert (target.calibration, target.eval) == ("pydoc", "heldout")
     assert target.inferred["calibration"] == "inferred from 3 finished tiny_llama runs: pydoc 2, fineweb 1"
     # A tie: the latest run's. Given values are kept, and the suite's own perplexity is read.
     tie = resolve_target(frame(tiny(1), tiny(2, calibration="fineweb", eval="offline")), model="tiny_llama")
@@ -553,7 +555,7 @@ def test_counts_and_the_hint_when_no_run_matched():
     runs = frame(tiny(1, n_prune=1), tiny(2, n_prune=3), run(3))
     table = build_table(SPECS["structured_lts"], runs, target=resolve_target(runs, **TINY))
     assert table.attrs["counts"] == (
-        "structured_lts: 2 runs found (model=tiny_llama, calibration=pydoc, eval=quick), 0 matched a cell, 0 shown; "
+        "structured_lts: 2 runs found (model=tiny_llama, calibration=pydoc, eval=heldout), 0 matched a cell, 0 shown; "
         "0 matched: n_prune=2 wanted, runs have n_prune in {1, 3}"
     )
     # Without a target: the paper's settings; the Llama 3 run (cosine) is found, not matched (LS).
@@ -626,7 +628,7 @@ def test_a_table_reads_only_runs_of_its_modality_whatever_model_it_is_retargeted
     text_runs = [tiny(1, modality="text", **uidl), tiny(2, modality="text", n_prune=1)]
     old_vision_row = tiny(3, n_prune=1, eval_benchmarks='["bundled_objects"]', acc1_cifar10=0.5)  # no modality column
     runs = frame(*text_runs, old_vision_row)
-    target = resolve_target(runs, model="tiny_llama", eval="quick")
+    target = resolve_target(runs, model="tiny_llama", eval="heldout")
     clip = build_table(SPECS["clip"], runs, target=target)
     measured = clip[clip["Runs"].map(lambda v: isinstance(v, int))]
     assert measured["Runs"].sum() == 1  # the vision row (inferred from eval_benchmarks), not the text runs

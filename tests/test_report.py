@@ -253,7 +253,7 @@ def test_a_sweep_of_two_presets_is_one_sweep_named_for_both_with_one_overview(ti
     assert "Swept: method (ReplaceMe LS, UIDL); alpha (0, 100)." in page
     assert "![ppl_heldout](" in page and (results / "report" / "sweeps" / sweep_id / "ppl_heldout.png").is_file()
     assert "## Runs (3)" in page and page.count("| finished + 1 skipped |") == 1
-    assert len(list((results / "report").rglob("*.png"))) <= 2  # ppl_heldout and cos_dist: eval=quick has no lm-eval
+    assert len(list((results / "report").rglob("*.png"))) <= 2  # ppl_heldout and cos_dist: eval=heldout has no lm-eval
     everything = (results / "report" / "all.md").read_text()
     assert "n_prune=99" not in everything and "1 failed run hidden" in everything
 

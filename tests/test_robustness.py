@@ -439,6 +439,6 @@ def test_a_suite_without_a_metric_per_task_is_refused_before_any_model_loads(tmp
         raise AssertionError("a model was loaded for a bad configuration")
 
     monkeypatch.setattr(pipeline_job, "load_model", never)
-    undeclared = job_config(tmp_path, "eval=offline", "~eval.harness.metrics.replaceme_opposites")
+    undeclared = job_config(tmp_path, "eval=offline", "~eval.harness.metrics.replaceme_doc_pairs")
     row = run_recorded(undeclared, raise_on_failure=False)
     assert row["status"] == "failed" and row["error"].startswith("ConfigError: eval.harness.metrics=")

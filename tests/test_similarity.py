@@ -239,6 +239,7 @@ TINY = [
     "eval.max_windows=4",
     "tracking.wandb.mode=disabled",
     "tracking.codecarbon.enabled=false",
+    "eval=heldout",  # held-out perplexity only (eval=quick would add lm-eval's offline tasks)
     "save_model=false",
     "n_prune=2",
 ]

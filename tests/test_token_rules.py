@@ -269,6 +269,7 @@ TINY = [
     "eval.max_windows=4",
     "tracking.wandb.mode=disabled",
     "tracking.codecarbon.enabled=false",
+    "eval=heldout",  # held-out perplexity only (eval=quick would add lm-eval's offline tasks)
     "save_model=false",
     "cuts=[[2,4]]",
 ]

@@ -55,7 +55,7 @@ def _inner(annotation) -> tuple[bool, Any]:
 def twin(cls: type) -> type:
     """``cls`` with its keys and defaults, every value typed ``Any`` (nested structures kept, so
     their keys are checked too; a polymorphic group left open). Twins inherit as their classes do,
-    so an option may extend another of a narrower shape (``eval=clip`` extends ``eval=quick``)."""
+    so an option may extend another of a narrower shape (``eval=clip`` extends ``eval=heldout``)."""
     bases = tuple(twin(b) for b in cls.__bases__ if dataclasses.is_dataclass(b))
     inherited = {f.name for b in cls.__bases__ if dataclasses.is_dataclass(b) for f in dataclasses.fields(b)}
     fields = []

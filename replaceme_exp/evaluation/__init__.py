@@ -1,4 +1,4 @@
-"""Evaluation: held-out perplexity (``eval=quick``)."""
+"""Evaluation: held-out perplexity (``eval=heldout``, every suite), lm-eval suites (``harness``)."""
 
 from replaceme_exp.evaluation.perplexity import perplexity
 

@@ -27,7 +27,10 @@ from replaceme_exp.evaluation.harness import HUB_TASKS, lm_eval_version
 log = logging.getLogger(__name__)
 
 # What to evaluate on instead of a suite whose data cannot be read here.
-OFFLINE_SUITES = "evaluate offline (eval=offline: the project's own tasks, or eval=quick: held-out perplexity)"
+OFFLINE_SUITES = (
+    "evaluate offline (eval=offline: the project's own tasks, eval=quick: their first items, "
+    "or eval=heldout: held-out perplexity only)"
+)
 _INCLUDE = re.compile(r"""^\s*["']?include["']?\s*:\s*["']?([^"'\s#]+)""", re.MULTILINE)
 
 

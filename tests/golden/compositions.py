@@ -58,6 +58,11 @@ IDENTITY_CHANGES = {
     "CPU's vector kernels); precision=float32, the official code's and protocol=official's, keeps the hash of before",
     "gemma3-models": "model=gemma3_270m (Gemma 3 270M embedded in wheels) and model=tiny_gemma3 (new); both set "
     "lt_placement=separate (a norm follows the MLP down-projection)",
+    "offline-tasks": "eval=quick (the default job's suite) runs lm-eval on the first 40 items of the offline tasks "
+    "(world facts, docstring cloze, docstring minimal pairs) besides held-out perplexity, eval=offline runs all their "
+    "items instead of the two toy tasks, and the perplexity-only suite is eval=heldout (new)",
+    "shortgpt-cuts": "issue 35: experiment=replaceme_ls_shortgpt_cuts (new): a least-squares transform over each run "
+    "of the blocks ShortGPT's Block Influence removes (selection=shortgpt with objective=ls, refused before)",
 }
 GROUPS = (
     "model",
