@@ -222,12 +222,19 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
         "eval_bootstrap_iters": 1000,
         "eval_metrics": {**dict.fromkeys(tasks, "acc"), "replaceme_pydoc_ppl": "word_perplexity"},
         "lm_eval_version": settings["lm_eval_version"],
+        "eval_tasks_digest": settings["eval_tasks_digest"],
     }
     assert settings["lm_eval_version"].count(".") >= 1
+    assert len(settings["eval_tasks_digest"]) == 16 and paper_digest_is_none()
     paper = harness_settings(typed(["eval=paper"]).eval.harness)
     assert harness_settings(typed(["eval=paper", "eval.harness.fewshot_seed=7"]).eval.harness)["eval_fewshot_seed"] == 7
     assert "eval_max_length" in paper and paper["eval_max_length"] is None and paper["eval_limit"] is None
     assert paper["eval_metrics"]["piqa"] == "acc_norm" and paper["eval_fewshot"]["winogrande"] == 5
+
+
+def paper_digest_is_none() -> bool:
+    """A suite of hub tasks depends on no offline task file."""
+    return harness_settings(typed(["eval=paper"]).eval.harness)["eval_tasks_digest"] is None
 
 
 class CharTokenizer:

@@ -231,6 +231,32 @@ def bootstrap_iters(cfg: HarnessConfig) -> int:
     return int(cfg.bootstrap_iters)
 
 
+@functools.cache
+def offline_tasks_digest() -> str:
+    """The project's offline task files (their YAMLs and items) by content: what a local suite's scores
+    depend on beyond its settings (a baseline is recomputed when an item changes)."""
+    digest = hashlib.sha256()
+    for path in sorted([*OFFLINE_TASKS.glob("*.yaml"), *OFFLINE_TASKS.glob("*.jsonl")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _bootstrap_in_process():
+    """lm-eval's bootstrap standard errors (perplexity metrics) in this process: its default forks a
+    pool from a process whose torch and tracking threads may hold locks, and a forked worker then
+    waits on one for ever. The same resamples (seeded per chunk) either way."""
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DISABLE_MULTIPROC", None)
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before
+
+
 def harness_settings(cfg: HarnessConfig) -> dict[str, Any]:
     """Every setting of the suite ``cfg`` (``eval.harness``) that moves a score, as JSON-able row
     columns. ``eval_max_length`` is the configured value (``null``: lm-eval takes the model's);
@@ -246,6 +272,7 @@ def harness_settings(cfg: HarnessConfig) -> dict[str, Any]:
         "eval_bootstrap_iters": bootstrap_iters(cfg),
         "eval_metrics": declared_metrics(cfg),
         "lm_eval_version": lm_eval_version(),
+        "eval_tasks_digest": offline_tasks_digest() if cfg.local_tasks else None,
     }
 
 
@@ -381,7 +408,7 @@ def run_harness(model, tokenizer, cfg: HarnessConfig, work_dir: Path) -> dict[st
     metrics = declared_metrics(cfg)
     include = str(materialize_offline_tasks(Path(work_dir) / "lm_eval_tasks")) if cfg.local_tasks else str(HUB_TASKS)
     manager = TaskManager(include_path=include, include_defaults=not cfg.local_tasks)
-    with _quiet_lm_eval():
+    with _quiet_lm_eval(), _bootstrap_in_process():
         return _run_suite(model, tokenizer, cfg, manager, metrics)
 
 

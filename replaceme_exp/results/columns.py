@@ -237,6 +237,8 @@ MEASURED_COLUMNS: dict[str, str] = {
     "eval_<setting>": "Every setting that moves a score (batch size, BOS, max length, few-shot, limit, "
     "bootstrap iterations, metrics, task versions, CLIP's benchmarks and AMP).",
     "lm_eval_version": "The installed lm-eval version.",
+    "eval_tasks_digest": "The project's offline task files (YAMLs and items) by content, for a suite of local tasks "
+    "(the unpruned scores are cached under it); None for hub tasks.",
     "<package>_version": "The installed version of a library a kind of job depends on.",
     "generation_samples": "JSON: the greedy answers of the unpruned and pruned model to `eval.samples`.",
     "healing_<quantity>": "Healing's steps, tokens, windows, epochs, trainable parameters, seconds (per "
