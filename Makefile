@@ -166,10 +166,11 @@ export: setup
 clean-failed: setup
 	"$$PY" -m replaceme_exp.results.cleaning --results="$${RESULTS:-results}" $${CONFIRM:+--confirm}
 
-# The table "depth-pruning methods at equal compression" on one model (docs/methods/README.md): the sweep
-# (+methods=equal_compression: every method at 25% of the blocks, one calibration sample and suite for all,
-# each job measuring its own compression cost), then that table alone, under
-# RESULTS/paper_tables/<model>_<calibration>_<eval>/. MODEL= (default smollm2_135m), CALIBRATION= and EVAL=
+# The tables "depth-pruning methods at equal compression" on one model (docs/methods/README.md): the sweep
+# (+methods=equal_compression: every method at 25% and 37.5% of the blocks, one calibration sample and suite
+# for all, each job measuring its own compression cost and speedup), then those two tables and their figure
+# (quality against speedup, with the Pareto front) alone, under
+# RESULTS/paper_tables/<model>_<calibration>_<eval>/. MODEL= (default smollm2_135m; gemma3_270m after make setup-gemma3), CALIBRATION= and EVAL=
 # (default: the template's self_generated and offline), ARGS=: more overrides for every job of the sweep.
 .PHONY: methods-table
 # A sweep with failed jobs (LaCo keeps no merge on SmolLM2) still renders the table, which names each failure
@@ -179,6 +180,6 @@ methods-table: setup
 		$${CALIBRATION:+calibration="$$CALIBRATION"} $${EVAL:+eval="$$EVAL"} results_dir="$${RESULTS:-results}" || sweep=$$?; \
 	"$$PY" -m replaceme_exp.reporting.render_paper --results="$${RESULTS:-results}" --out="$${RESULTS:-results}/paper_tables" \
 		--model="$${MODEL:-smollm2_135m}" --calibration="$${CALIBRATION:-self_generated}" --eval="$${EVAL:-offline}" \
-		--only=methods_equal_compression || exit $$?; \
+		--only=methods_equal_compression,methods_equal_compression_deeper,methods_quality_speed || exit $$?; \
 	[ $$sweep -eq 0 ] || echo "methods-table: the table is written; the sweep failed (exit $$sweep): its failures are listed under the table" >&2; \
 	exit $$sweep

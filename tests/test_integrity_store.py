@@ -467,8 +467,8 @@ with open(os.environ["ARGV_LOG"], "a") as log:
 
 
 def make(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
-    """``make -o setup <args>`` in the project with a fake interpreter (``PY``) that logs the
-    arguments it gets: (the process, each logged argument list)."""
+    """``make -o setup -o setup-gemma3 <args>`` in the project with a fake interpreter (``PY``) that logs
+    the arguments it gets: (the process, each logged argument list)."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     fake = tmp_path / "fake_python"
@@ -476,7 +476,7 @@ def make(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedPr
     fake.chmod(0o755)
     log = tmp_path / "argv.jsonl"
     proc = subprocess.run(
-        ["make", "-s", "-o", "setup", f"PY={fake}", *args],
+        ["make", "-s", "-o", "setup", "-o", "setup-gemma3", f"PY={fake}", *args],
         cwd=tmp_path,
         env={**os.environ, "ARGV_LOG": str(log), **env},
         capture_output=True,

@@ -142,7 +142,7 @@ def test_the_wandb_run_exists_from_the_start_and_a_midway_failure_finishes_it_as
 
     cfg = compose_config(WANDB_ON + [f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"])
     seen = []
-    original = job.perplexity
+    original = job.window_perplexity
 
     def failing_perplexity(model, windows):
         seen.append(list((tmp_path / "job" / "wandb").glob("offline-run-*/run-*.wandb")))
@@ -150,7 +150,7 @@ def test_the_wandb_run_exists_from_the_start_and_a_midway_failure_finishes_it_as
             return original(model, windows)  # the baseline
         raise RuntimeError("out of memory in the pruned model's pass")
 
-    monkeypatch.setattr(job, "perplexity", failing_perplexity)
+    monkeypatch.setattr(job, "window_perplexity", failing_perplexity)
     row = run_recorded(cfg, job_dir=tmp_path / "job", raise_on_failure=False, sweep_name="paper/x", sweep_id="s1")
     assert row["status"] == "failed" and row["failed_stage"] == "pruned perplexity"
     assert len(seen[0]) == 1  # the run was open before the first evaluation

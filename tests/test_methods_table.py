@@ -62,8 +62,10 @@ def smol(i: int, method: str, **values) -> dict:
 @pytest.mark.unit
 def test_the_template_sweeps_exactly_the_presets_of_the_tables_rows():
     cfg, jobs = expand(TEMPLATE)
-    assert [job["experiment"] for job in jobs] == PRESETS * 2  # at 25%, then at 37.5% of the blocks
-    assert [job["n_prune"] for job in jobs] == [0.25] * len(PRESETS) + [0.375] * len(PRESETS)
+    n = len(PRESETS)  # at 25%, then at 37.5% of the blocks; SLEB's hours-long search last at each
+    assert [job["n_prune"] for job in jobs] == [0.25] * n + [0.375] * n
+    assert [job["experiment"] for job in jobs[:n]] == [job["experiment"] for job in jobs[n:]]
+    assert sorted(job["experiment"] for job in jobs[:n]) == sorted(PRESETS) and jobs[n - 1]["experiment"] == "sleb"
     text = (ROOT / "multirun_templates" / f"{TEMPLATE}.yaml").read_text()
     assert "python run.py -m +methods=equal_compression" in text and "make methods-table" in text
 
@@ -85,7 +87,8 @@ def test_every_method_gets_the_same_calibration_tokens_suite_and_compression(mod
     assert shared == {("self_generated", 128, 256, 42)}
     assert {cfg.eval.name for cfg in composed.values()} == {"offline"}
     assert {cfg.n_prune for cfg in composed.values()} == {0.25}
-    assert all(cfg.force for cfg in composed.values())  # each job measures its own compression cost
+    assert not any(cfg.capture.cache for cfg in composed.values())  # each job measures its own compression cost
+    assert {(cfg.eval.speed.rounds, cfg.eval.speed.gen_len) for cfg in composed.values()} == {(7, 32)}
     # The sink-aware row differs from ReplaceMe LS in the estimation alone.
     ls, sink = composed["replaceme_ls"], composed["replaceme_ls_sink_aware"]
     assert (ls.estimation.tokens, sink.estimation.tokens) == ("all", "rescale_massive")
@@ -180,6 +183,8 @@ def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missi
         "replaceme_doc_pairs (acc)",
         "Avg-acc",
         "RP",
+        "Decode speedup (batch 1)",
+        "Prefill speedup",
         "Compression time (s)",
         "CO2 (kg)",
     ]
@@ -255,7 +260,7 @@ def test_the_table_renders_for_another_model_calibration_and_suite():
     table = build_table(SPEC, runs, target=target)
     assert list(table.columns) == [
         *("Setting", "Preset", "Runs", "Held-out ppl", "Avg-acc", "RP"),
-        *("Compression time (s)", "CO2 (kg)"),
+        *("Decode speedup (batch 1)", "Prefill speedup", "Compression time (s)", "CO2 (kg)"),
     ]
     assert cells(table, "Unpruned")["Held-out ppl"] == "30"
     assert cells(table, "UIDL")["Held-out ppl"] == "40" and cells(table, "ReplaceMe LS")["Held-out ppl"] == "35"
@@ -401,7 +406,7 @@ def test_make_methods_table_runs_the_sweep_then_renders_the_table_passing_values
     assert render == [
         *("-m", "replaceme_exp.reporting.render_paper", "--results=r d", "--out=r d/paper_tables"),
         *(f"--model={INJECTED}", "--calibration=self_generated", "--eval=$(shell touch PWNED_MAKE)"),
-        "--only=methods_equal_compression",
+        "--only=methods_equal_compression,methods_equal_compression_deeper,methods_quality_speed",
     ]
     sweep, render = make()  # the defaults: SmolLM2, the template's calibration and suite
     assert sweep == ["run.py", "-m", "+methods=equal_compression", "model=smollm2_135m", "results_dir=results"]
