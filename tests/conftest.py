@@ -42,6 +42,9 @@ def pytest_collection_modifyitems(config, items):
             wrong.append(item.stash[TIER_PROBLEM])
     if wrong and not hasattr(config, "workerinput"):  # a pytest-xdist worker cannot stop the run: see below
         raise pytest.UsageError(f"{len(wrong)} tests without exactly one tier:\n" + "\n".join(wrong))
+    # The slow tests first (in their order): pytest-xdist hands tests out in this order, so the longest
+    # ones start early instead of one of them running alone at the end of the run.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.hookimpl(wrapper=True)

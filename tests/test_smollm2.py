@@ -14,13 +14,15 @@ from replaceme_exp.runtime import run_recorded
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SMALL = ["calibration=pydoc", "n_prune=8", "calibration.n_samples=48", "eval.max_windows=8"]
-OFFLINE_40 = ["eval=offline", "eval.harness.limit=40"]  # the first 40 items of each task (as eval=quick)
+SMALL = ["calibration=pydoc", "n_prune=8", "calibration.n_samples=48", "eval.max_windows=8", "eval.speed.enabled=false"]
+OFFLINE_24 = ["eval=offline", "eval.harness.limit=24"]  # the first 24 items of each task (eval=quick: 40)
 
 
 def test_least_squares_beats_plain_removal_on_the_same_cut(tmp_path):
     common = [*SMALL, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats", "eval.samples=null"]
-    ls = run_recorded(compose_config([*common, "objective=ls", *OFFLINE_40, "eval.max_windows=8", "save_model=full"]))
+    ls = run_recorded(
+        compose_config([*common, "objective=ls", "calibration.n_samples=24", *OFFLINE_24, "save_model=full"])
+    )
     assert ls["status"] == "finished"
     cuts = ls["cuts"]
     assert len(cuts) == 1 and cuts[0][1] - cuts[0][0] == 8 and ls["num_layers"] == 30

@@ -109,11 +109,17 @@ def window_perplexity(model, windows: TokenBatches) -> WindowPerplexity:
     for batch in progress(windows, desc="perplexity", unit="batch"):
         ids = batch.input_ids.to(device)
         mask = batch.attention_mask.to(device)
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
-        # With device_map=auto the logits may live on another GPU than the inputs.
-        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).to(logits.device)
-        # (batch, seq_len - 1) per-token losses
-        loss = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none", ignore_index=-100)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (batch, seq_len, vocab)
+        # With device_map=auto the logits may live on another GPU than the inputs. Position t predicts
+        # token t + 1; the last position predicts nothing (-100, as padding).
+        targets = torch.full_like(ids, -100)
+        targets[:, :-1] = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        targets = targets.to(logits.device)
+        # (batch, seq_len) per-token losses, on the logits' own contiguous (batch * seq_len, vocab) rows: the
+        # (batch, vocab, seq) form and a copy of the shifted logits are several times slower on a CPU
+        loss = F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), targets.view(-1), reduction="none", ignore_index=-100
+        ).view(targets.shape)
         nll += loss.double().sum(dim=1).tolist()
         count += (targets != -100).sum(dim=1).tolist()
     return WindowPerplexity(np.asarray(nll), np.asarray(count), windows.content_hash())
