@@ -466,6 +466,12 @@ with open(os.environ["ARGV_LOG"], "a") as log:
 """
 
 
+def outside_make() -> dict[str, str]:
+    """The environment without what an enclosing ``make test ARGS=...`` passes to a make started under
+    it (its command-line variables reach every sub-make through MAKEFLAGS)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}
+
+
 def make(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     """``make -o setup -o setup-gemma3 <args>`` in the project with a fake interpreter (``PY``) that logs
     the arguments it gets: (the process, each logged argument list)."""
@@ -478,7 +484,7 @@ def make(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedPr
     proc = subprocess.run(
         ["make", "-s", "-o", "setup", "-o", "setup-gemma3", f"PY={fake}", *args],
         cwd=tmp_path,
-        env={**os.environ, "ARGV_LOG": str(log), **env},
+        env={**outside_make(), "ARGV_LOG": str(log), **env},
         capture_output=True,
         text=True,
         timeout=60,
