@@ -175,7 +175,7 @@ clean-failed: setup
 .PHONY: methods-table
 # A sweep with failed jobs (LaCo keeps no merge on SmolLM2) still renders the table, which names each failure
 # under it; make then exits with the sweep's status.
-methods-table: setup
+methods-table: setup $(if $(filter gemma3_270m,$(MODEL)),setup-gemma3)
 	sweep=0; $(OFFLINE) $(WITH_ARGS) "$$PY" run.py -m +methods=equal_compression model="$${MODEL:-smollm2_135m}" \
 		$${CALIBRATION:+calibration="$$CALIBRATION"} $${EVAL:+eval="$$EVAL"} results_dir="$${RESULTS:-results}" || sweep=$$?; \
 	"$$PY" -m replaceme_exp.reporting.render_paper --results="$${RESULTS:-results}" --out="$${RESULTS:-results}/paper_tables" \

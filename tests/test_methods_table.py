@@ -420,6 +420,21 @@ def test_make_methods_table_runs_the_sweep_then_renders_the_table_passing_values
     assert [argv[0] for argv in map(json.loads, log.read_text().splitlines())] == ["run.py", "-m"]
 
 
+@pytest.mark.unit
+def test_make_methods_table_sets_up_gemma3_when_the_model_is_gemma3():
+    """``make methods-table MODEL=gemma3_270m`` on a fresh clone installs and converts Gemma 3 270M first
+    (``make setup-gemma3``); SmolLM2's table does not (a dry run, ``make -n``)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+
+    def dry_run(*args: str) -> str:
+        command = ["make", "-n", "-o", "setup", "methods-table", *args]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+
+    assert "GEMMA3_270M" in dry_run("MODEL=gemma3_270m")
+    assert "GEMMA3_270M" not in dry_run() and "GEMMA3_270M" not in dry_run("MODEL=tiny_llama")
+
+
 @pytest.mark.integration
 def test_render_paper_only_writes_the_named_table_and_refuses_unknown_names(tmp_path):
     from replaceme_exp.reporting.render_paper import main
