@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers.config import ROOT, compose_config, validate_config
@@ -497,6 +498,32 @@ def test_the_pareto_front_keeps_the_points_no_other_beats_on_both_axes():
     assert pareto_front(points, lower_is_better=True) == [5, 0, 1, 3]
     accuracy = [(1.2, 0.8), (1.3, 0.7), (1.25, 0.6), (1.4, 0.7)]
     assert pareto_front(accuracy, lower_is_better=False) == [0, 3]
+
+
+@pytest.mark.unit
+def test_the_pareto_front_does_not_rank_what_the_intervals_cannot_separate():
+    """Three removals of the same number of blocks run equally fast; their timing rounds scatter the
+    medians. Only a point better beyond noise on one axis (intervals apart) and not worse beyond noise
+    on the other beats another."""
+    from replaceme_exp.reporting.paper_figures import pareto_front
+
+    points = [(1.54, 443.0), (1.24, 2277.0), (1.29, 3310.0), (1.30, 460.0)]
+    boxes = [
+        ((0.92, 1.71), (394.0, 502.0)),
+        ((1.01, 1.45), (1729.0, 2878.0)),  # worse than the first beyond noise, as fast within noise
+        ((1.15, 1.48), (2814.0, 3959.0)),
+        ((1.20, 1.40), (420.0, 500.0)),  # slower and worse by the medians, within noise of the first on both
+    ]
+    # by the medians alone the first beats every other point
+    assert pareto_front(points, lower_is_better=True) == [0]
+    assert pareto_front(points, lower_is_better=True, intervals=boxes) == [3, 0]
+    # a faster point beyond noise that is as good within noise beats the slower one
+    fast = [(1.3, 0.60), (2.0, 0.58)]
+    assert pareto_front(fast, False, [((1.2, 1.4), (0.55, 0.65)), ((1.9, 2.1), (0.53, 0.63))]) == [1]
+    # a point without an interval is compared by its value: 2.0 above the other's range, 0.61 within it
+    slow = [(1.3, 0.60), (2.0, 0.61)]
+    assert pareto_front(slow, False, [((1.2, 1.4), (0.55, 0.65)), ((np.nan, np.nan), (np.nan, np.nan))]) == [1]
+    assert pareto_front(slow, False, [((1.2, 1.4), (0.55, 0.65)), ((1.2, 2.1), (0.60, 0.62))]) == [0, 1]
 
 
 @pytest.mark.unit

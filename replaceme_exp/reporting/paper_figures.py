@@ -593,20 +593,44 @@ def _interval(run: pd.Series, metric: str) -> tuple[float, float]:
     return np.nan, np.nan
 
 
-def pareto_front(points: list[tuple[float, float]], lower_is_better: bool) -> list[int]:
-    """The indices of ``points`` ``(speedup, quality)`` that no other point beats on both (as fast or
-    faster and as good or better, strictly on one), sorted by speedup."""
+def pareto_front(
+    points: list[tuple[float, float]],
+    lower_is_better: bool,
+    intervals: list[tuple[tuple[float, float], tuple[float, float]]] | None = None,
+) -> list[int]:
+    """The indices of ``points`` ``(speedup, quality)`` that no other point beats, sorted by speedup.
+
+    A point is beaten by another that is better beyond noise on one axis and not worse beyond noise on
+    the other. With ``intervals`` (each point's ``((speedup low, high), (quality low, high))``, e.g. 95%
+    intervals) "beyond noise" means the two intervals do not overlap, so points whose differences their
+    measurements cannot separate all stay on the front; without them (or for a point without one) the
+    values themselves are compared, and a point is beaten by one as fast or faster and as good or
+    better, strictly on one axis."""
     sign = 1.0 if lower_is_better else -1.0
-    front = []
-    for i, (x, y) in enumerate(points):
-        beaten = any(
-            (xo >= x and sign * yo <= sign * y) and (xo > x or sign * yo < sign * y)
-            for j, (xo, yo) in enumerate(points)
-            if j != i
-        )
-        if not beaten:
-            front.append(i)
+    spans = [
+        (_span(x, box[0] if box else None), _span(sign * y, _signed(box[1], sign) if box else None))
+        for (x, y), box in zip(points, intervals or [None] * len(points))
+    ]
+
+    def beats(j: int, i: int) -> bool:  # higher speedup and lower signed quality are better
+        (xj, yj), (xi, yi) = spans[j], spans[i]
+        faster, not_slower = xj[0] > xi[1], xj[1] >= xi[0]
+        better, not_worse = yj[1] < yi[0], yj[0] <= yi[1]
+        return (faster and not_worse) or (better and not_slower)
+
+    front = [i for i in range(len(points)) if not any(beats(j, i) for j in range(len(points)) if j != i)]
     return sorted(front, key=lambda i: points[i][0])
+
+
+def _span(value: float, interval: tuple[float, float] | None) -> tuple[float, float]:
+    """``interval`` as (low, high), or the value itself where there is none."""
+    if interval is None or not all(np.isfinite(v) for v in interval):
+        return (value, value)
+    return (min(interval), max(interval))
+
+
+def _signed(interval: tuple[float, float], sign: float) -> tuple[float, float]:
+    return (sign * interval[0], sign * interval[1])
 
 
 def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
@@ -640,7 +664,8 @@ def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) 
             plotted.no_runs(ax, "+methods=equal_compression", len(found), f"{SPEEDUP} and {metric}")
             ax.set(title=title)
             continue
-        ordered = pareto_front([(x, y) for _, x, y in points], lower)  # by speedup
+        boxes = [(_interval(entry["run"], SPEEDUP), _interval(entry["run"], metric)) for entry, _, _ in points]
+        ordered = pareto_front([(x, y) for _, x, y in points], lower, boxes)  # by speedup
         front = set(ordered)
         for i, (entry, x, y) in enumerate(points):
             (xl, xh), (yl, yh) = _interval(entry["run"], SPEEDUP), _interval(entry["run"], metric)
@@ -662,9 +687,9 @@ def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) 
         ax.grid(alpha=0.3)
     _legend(*axes)
     footnote = (
-        "Circles: 25% of the blocks, squares: 37.5%; red: the Pareto front (no other point is both faster and "
-        "better). Bars: 95% intervals (perplexity: bootstrap over windows; avg-acc: over items; speedup: the "
-        "range of its timing rounds)."
+        "Circles: 25% of the blocks, squares: 37.5%; red: the Pareto front (no other point is better beyond "
+        "noise on one axis, its interval apart, and not worse beyond noise on the other). Bars: 95% intervals "
+        "(perplexity: bootstrap over windows; avg-acc: over items; speedup: the range of its timing rounds)."
     )
     _save(fig, path, plotted.footnote(footnote, _settings_footnote(plotted)))
     return plotted.frame("methods_quality_speed")
