@@ -422,6 +422,24 @@ def test_make_methods_table_runs_the_sweep_then_renders_the_table_passing_values
 
 
 @pytest.mark.unit
+def test_the_unpruned_row_shows_the_intervals_its_runs_record():
+    """The unpruned model's held-out perplexity and average accuracy carry their 95% intervals (the
+    row's ``ppl_heldout_baseline_ci_*`` and ``baseline_avg_acc_ci_*``) and a task score its lm-eval
+    standard error, as a pruned run's cells do."""
+    runs = frame(
+        smol(
+            1, "UIDL", ppl_heldout=62.2, avg_acc=0.5, ppl_heldout_baseline=21.21, ppl_heldout_baseline_ci_low=18.2,
+            ppl_heldout_baseline_ci_high=24.45, baseline_avg_acc=0.672, baseline_avg_acc_ci_low=0.651,
+            baseline_avg_acc_ci_high=0.693, baseline_acc_replaceme_world_mc=0.716,
+            baseline_acc_stderr_replaceme_world_mc=0.01, acc_replaceme_world_mc=0.5,
+        )
+    )  # fmt: skip
+    unpruned = cells(build_table(SPEC, runs), "Unpruned")
+    assert unpruned["Held-out ppl"] == "21.21 [18.2, 24.45]" and unpruned["Avg-acc"] == "0.672 [0.651, 0.693]"
+    assert unpruned["replaceme_world_mc (acc)"] == "0.716 [0.6964, 0.7356]" and unpruned["RP"] == "1"
+
+
+@pytest.mark.unit
 def test_make_methods_table_sets_up_gemma3_when_the_model_is_gemma3():
     """``make methods-table MODEL=gemma3_270m`` on a fresh clone installs and converts Gemma 3 270M first
     (``make setup-gemma3``); SmolLM2's table does not (a dry run, ``make -n``)."""

@@ -611,7 +611,23 @@ def _baseline_cell(selected: pd.DataFrame, metric: str, prefer: dict | None = No
     # Every run of a (model, suite) reads the same cached baseline: one value, not a mean over
     # seeds; from the latest run among those meeting most preferred settings (e.g. the dtype).
     values = pd.to_numeric(best_first(selected, prefer)[column], errors="coerce").dropna()
-    return format_value(values.iloc[-1]) if not values.empty else MISSING
+    if values.empty:
+        return MISSING
+    unpruned = _as_unpruned_run(selected.loc[values.index[-1]])
+    return format_cell(values.iloc[-1:], run_interval(unpruned, metric) if metric in unpruned.index else None)
+
+
+def _as_unpruned_run(run: pd.Series) -> pd.Series:
+    """The unpruned model's columns of ``run`` under the names a pruned run's have (``baseline_avg_acc_ci_low``
+    -> ``avg_acc_ci_low``, ``ppl_heldout_baseline_ci_high`` -> ``ppl_heldout_ci_high``), so that its
+    interval reads as a run's."""
+    renamed = {}
+    for name, value in run.items():
+        if name.startswith("baseline_"):
+            renamed[name[len("baseline_") :]] = value
+        elif "_baseline" in name:
+            renamed.setdefault(name.replace("_baseline", "", 1), value)
+    return pd.Series(renamed, dtype=object)
 
 
 def row_name(spec: TableSpec, row: Row) -> str:
