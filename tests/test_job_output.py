@@ -168,18 +168,30 @@ def test_a_stop_signal_leaves_a_failed_row_and_a_failed_wandb_run(tmp_path):
     """SIGTERM (a scheduler's kill) during the job: the row says so, the W&B run is finished as
     failed, and the process exits non-zero."""
     log = tmp_path / "job.log"
-    args = [*WANDB_ON, "calibration.n_samples=400", f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]
+    args = [*WANDB_ON, f"results_dir={tmp_path}", f"capture.cache_dir={tmp_path}/stats"]
+    # The job waits in its first perplexity pass until the signal comes, so the signal always lands
+    # mid-job (a tiny model's job can finish within one poll of the log on a fast machine).
+    waiting_job = (
+        "import runpy, sys, time\n"
+        "import replaceme_exp.pipeline.text as text\n"
+        "def waiting(model, windows):\n"
+        "    print('waiting for the signal', flush=True)\n"
+        "    time.sleep(300)\n"
+        "text.window_perplexity = waiting\n"
+        "sys.argv = ['run.py', *sys.argv[1:]]\n"
+        "runpy.run_path('run.py', run_name='__main__')\n"
+    )
     with open(log, "w") as handle:
         # unbuffered: the log line awaited below reaches the file when it is written, not at a flush
         proc = subprocess.Popen(
-            [sys.executable, "run.py", *args],
+            [sys.executable, "-c", waiting_job, *args],
             cwd=ROOT,
             env=dict(ENV, PYTHONUNBUFFERED="1"),
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 300
-        while "stage data done" not in log.read_text() and time.time() < deadline and proc.poll() is None:
+        while "waiting for the signal" not in log.read_text() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=300)
