@@ -23,6 +23,7 @@ from replaceme_exp.config.schema import HarnessConfig
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.evaluation.intervals import mean_interval
+from replaceme_exp.evaluation.scored_positions import ScoredPositionsMixin
 from replaceme_exp.progress import progress_counter, resolved_mode
 
 log = logging.getLogger(__name__)
@@ -298,10 +299,11 @@ def progress_lm_class() -> type:
     """lm-eval's HFLM with its request loops reporting through :mod:`replaceme_exp.progress`: on a
     terminal (``progress.mode`` bar) lm-eval's own tqdm bars as before; otherwise its bars are
     turned off and ``lm-eval loglikelihood: 40/224 requests (18%), ...`` lines are logged
-    (``loglikelihood_rolling`` counts windows of ``max_length`` tokens). Scores are unchanged."""
+    (``loglikelihood_rolling`` counts windows of ``max_length`` tokens). Scores are unchanged.
+    Its LM head projects only the positions lm-eval scores (:mod:`.scored_positions`)."""
     from lm_eval.models.huggingface import HFLM
 
-    class ProgressHFLM(HFLM):
+    class ProgressHFLM(ScoredPositionsMixin, HFLM):
         _window_counter = None
         _quiet = False
 
