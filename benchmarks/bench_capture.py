@@ -44,6 +44,11 @@ Prints progress, then as its last line one JSON object:
   with ``*_speedup_min`` / ``*_speedup_max`` (the range of the per-round paired ratios); the ratios
   pruned / unpruned of peak inference memory, parameters and checkpoint bytes; ``speed_*_tok_s`` the
   unpruned model's throughputs, and the settings.
+- lm_eval_scored_positions_speedup: lm-eval's loglikelihood requests (multiple-choice shaped: 64
+  contexts of 40-120 calibration tokens, four continuations of 1-4 tokens each, batch 8) scored by
+  lm-eval's own HFLM over every position / by the project's harness model, whose LM head projects
+  only the scored positions (replaceme_exp/evaluation/scored_positions.py); median of 3 alternating
+  rounds, with ``_min`` / ``_max``. The two give the same log-likelihoods (checked here, to 1e-4).
 """
 
 from __future__ import annotations
@@ -339,6 +344,55 @@ def pruning_speed(model, cuts, transform, settings) -> dict:
     return out
 
 
+def lm_eval_scoring(model, tokenizer, batches, rounds: int = 3) -> dict:
+    """lm-eval's HFLM against the project's harness model on the same multiple-choice shaped
+    requests, alternately: the ratio of their times (see the module docstring)."""
+    import random
+
+    from lm_eval.models.huggingface import HFLM
+
+    from replaceme_exp.evaluation.harness import progress_lm_class
+
+    rng = random.Random(0)
+    tokens = [t for batch in batches for t in batch.input_ids[batch.attention_mask.bool()].tolist()]
+    requests = []
+    for _ in range(64):
+        start, length = rng.randrange(0, len(tokens) - 200), rng.randrange(40, 121)
+        context = tokens[start : start + length]
+        for _ in range(4):
+            continuation = [tokens[rng.randrange(len(tokens))] for _ in range(rng.randrange(1, 5))]
+            requests.append((("", ""), context, continuation))
+    lms = {
+        name: cls(pretrained=model, tokenizer=tokenizer, batch_size=8, max_length=512)
+        for name, cls in (("hflm", HFLM), ("scored", progress_lm_class()))
+    }
+    times = {name: [] for name in lms}
+    scores = {}
+    for _ in range(rounds):
+        for name, lm in lms.items():
+            started = time.perf_counter()
+            scores[name] = lm._loglikelihood_tokens(requests, disable_tqdm=True)
+            times[name].append(time.perf_counter() - started)
+    for (a, _), (b, _) in zip(scores["hflm"], scores["scored"]):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), (a, b)
+    ratios = sorted(h / s for h, s in zip(times["hflm"], times["scored"]))
+    out = {
+        "lm_eval_requests": len(requests),
+        "lm_eval_hflm_s": round(sorted(times["hflm"])[rounds // 2], 3),
+        "lm_eval_scored_positions_s": round(sorted(times["scored"])[rounds // 2], 3),
+        "lm_eval_scored_positions_speedup": round(ratios[rounds // 2], 3),
+        "lm_eval_scored_positions_speedup_min": round(ratios[0], 3),
+        "lm_eval_scored_positions_speedup_max": round(ratios[-1], 3),
+    }
+    print(
+        f"lm-eval, {len(requests)} requests: HFLM {out['lm_eval_hflm_s']:.2f} s, head on the scored positions "
+        f"{out['lm_eval_scored_positions_s']:.2f} s ({out['lm_eval_scored_positions_speedup']}x "
+        f"[{ratios[0]:.2f}, {ratios[-1]:.2f}])",
+        flush=True,
+    )
+    return out
+
+
 def main(overrides):
     spec = JobSpec.from_config(config(overrides))
     cfg = spec.config
@@ -416,6 +470,7 @@ def main(overrides):
     )
 
     speed = pruning_speed(loaded.model, cuts, cut_transform, cfg.eval.speed) if cfg.eval.speed.enabled else {}
+    scoring = lm_eval_scoring(loaded.model, loaded.tokenizer, batches)
 
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
@@ -443,6 +498,7 @@ def main(overrides):
         "ls_peak_mem_ratio_4x_data": round(peak_4x / peak_1x, 3),
         **fixed,
         **speed,
+        **scoring,
     }
     print(json.dumps(result))
 

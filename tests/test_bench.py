@@ -47,5 +47,8 @@ def test_the_benchmark_runs_on_a_tiny_model_and_reports_its_ratios():
             assert 0 < low <= high and isinstance(mid, float), (kind, metric)
         for ratio in ("peak_infer_mem_ratio", "param_count_ratio", "checkpoint_bytes_ratio"):
             assert 0 < result[f"speed_{kind}_{ratio}"] < 1, (kind, ratio)
+    # lm-eval's requests scored with the head on the scored positions (the same scores, checked in the script)
+    assert result["lm_eval_requests"] == 256 and result["lm_eval_scored_positions_speedup"] > 0
+    assert result["lm_eval_scored_positions_speedup_min"] <= result["lm_eval_scored_positions_speedup_max"]
     # the separate T adds d x d parameters to plain removal
     assert result["speed_separate_param_count_ratio"] > result["speed_plain_param_count_ratio"]
