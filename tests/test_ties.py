@@ -3,6 +3,7 @@ a sweep's report: rows built from windows and items with known differences."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers.tables import SPECS, cells, frame, measured, run
@@ -78,3 +79,15 @@ def test_a_sweep_reports_runs_table_bolds_the_leaders():
     assert "[" in ppl["B"]  # its interval
     accuracy = {line.split("|")[1].strip(): line.split("|")[header.index("avg_acc")].strip() for line in lines[2:]}
     assert all(cell.startswith("**") for cell in accuracy.values())  # the same items right: all tied
+
+
+def test_a_task_scores_interval_stays_within_what_a_share_of_items_can_be():
+    """A score of 1 item right in 400 with its lm-eval standard error: ±1.96 of it would reach below
+    0 (-0.0024); the cell's interval stops at 0, and at 1 for a score near 1."""
+    from replaceme_exp.reporting.paper_tables import run_interval
+
+    se = float(np.sqrt(0.0025 * 0.9975 / 399))
+    row = pd.Series(run(1, score_replaceme_capitals=0.0025, score_stderr_replaceme_capitals=se))
+    assert run_interval(row, "score_replaceme_capitals") == (0.0, pytest.approx(0.0025 + 1.96 * se))
+    row = pd.Series(run(1, score_replaceme_capitals=0.9975, score_stderr_replaceme_capitals=se))
+    assert run_interval(row, "score_replaceme_capitals") == (pytest.approx(0.9975 - 1.96 * se), 1.0)

@@ -76,4 +76,4 @@ def with_compression_cost(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with :data:`COMPRESSION_TIME` and :data:`COMPRESSION_CO2` (NaN where a run recorded
     no compression stage)."""
     cost = compression_cost(runs)
-    return runs.assign(**{COMPRESSION_TIME: cost["time_s"], COMPRESSION_CO2: cost["co2_kg"]})
+    return runs.copy().assign(**{COMPRESSION_TIME: cost["time_s"], COMPRESSION_CO2: cost["co2_kg"]})

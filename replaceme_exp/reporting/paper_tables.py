@@ -574,14 +574,15 @@ def format_cell(values: pd.Series, interval: tuple[float, float] | None = None) 
 def run_interval(run: pd.Series, metric: str) -> tuple[float, float] | None:
     """A single run's interval of ``metric``: its recorded one (:func:`ties.interval_of`: held-out
     perplexity and avg-acc, 95%; a speedup, its rounds' range), else ``±1.96`` of its standard error (a
-    task's score); None without."""
+    task's score), kept within what the metric can be (a share of items: [0, 1]; rp: >= 0); None without."""
     low, high = interval_of(run, metric)
     if low is not None and high is not None:
         return low, high
     value, se = pd.to_numeric(pd.Series([run.get(metric)]), errors="coerce").iloc[0], stderr_of(run, metric)
     if se is None or math.isnan(value) or metric.startswith("ppl") or metric.endswith("_speedup"):
         return None
-    return float(value - 1.96 * se), float(value + 1.96 * se)
+    top = math.inf if metric == "rp" else 1.0
+    return max(0.0, float(value - 1.96 * se)), min(top, float(value + 1.96 * se))
 
 
 def bold(text: str) -> str:
@@ -591,7 +592,7 @@ def bold(text: str) -> str:
 def with_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
     """Columns computed from recorded ones: ``blocks_pruned_ratio`` = n_prune / num_layers, and
     the compression stages' summed time and CO2 (``compression_cost.with_compression_cost``)."""
-    runs = with_compression_cost(runs)
+    runs = with_compression_cost(runs).copy()  # one block of columns: the frame arrives fragmented
     if {"n_prune", "num_layers"} <= set(runs.columns):
         runs["blocks_pruned_ratio"] = pd.to_numeric(runs["n_prune"], errors="coerce") / pd.to_numeric(
             runs["num_layers"], errors="coerce"
@@ -776,7 +777,7 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
         "Cells average the finished runs of one setting, which differ only in the seed "
         f"(mean ± std (n)); a single run shows its 95% interval in brackets where it has one (held-out "
         "perplexity and avg-acc: a bootstrap over windows / items; a task's score: ±1.96 lm-eval standard "
-        f"errors; a speedup: over its timing rounds); {MISSING} = no finished run; Runs counts the runs shown."
+        f"errors, within [0, 1]; a speedup: over its timing rounds); {MISSING} = no finished run; Runs counts the runs shown."
     ]
     if table is not None and table.attrs.get("leaders"):
         lines.append(LEADERS_NOTE)
