@@ -87,9 +87,10 @@ def test_the_fused_patch_is_rotation_scaling_and_inverse_rotation_in_sequence():
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])  # pre-norm; post-norm, as Gemma 3 270M
 @pytest.mark.parametrize("rotate", [True, False])
-def test_channel_scales_and_patch_equal_the_papers_formula_on_brute_force_hidden_states(rotate):
-    model = tiny_model("llama", 6, seed=3)
+def test_channel_scales_and_patch_equal_the_papers_formula_on_brute_force_hidden_states(rotate, family):
+    model = tiny_model(family, 6, seed=3)
     sequences = random_sequences(7, 5, 12, seed=4)
     cut = (2, 4)
     stats = ChannelScaleStatistics([cut], 32, torch.device("cpu"), rotate=rotate)
@@ -124,8 +125,9 @@ def test_channel_cosine_selection_is_the_official_per_sequence_cosine_over_token
 
 
 @pytest.mark.integration
-def test_hooked_pruned_model_equals_a_hand_built_model_with_an_explicit_patch():
-    model = tiny_model("llama", 6, seed=7)
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_hooked_pruned_model_equals_a_hand_built_model_with_an_explicit_patch(family):
+    model = tiny_model(family, 6, seed=7)
     sequences = random_sequences(6, 6, 10, seed=8)
     cut = (2, 4)
     stats = ChannelScaleStatistics([cut], 32, torch.device("cpu"))
