@@ -72,11 +72,11 @@ run: setup
 	$(call offline_with_args,"$$PY" run.py)
 
 test: setup setup-gemma3
-	$(call offline_with_args,"$$PY" -m pytest -q -n "$$TEST_WORKERS")
+	$(call offline_with_args,"$$PY" -m pytest -q -n "$$TEST_WORKERS" --dist worksteal)
 
 # The inner loop: all but the tests marked slow, on TEST_WORKERS pytest-xdist processes.
 test-fast: setup
-	$(call offline_with_args,"$$PY" -m pytest -q -m "not slow" -n "$$TEST_WORKERS")
+	$(call offline_with_args,"$$PY" -m pytest -q -m "not slow" -n "$$TEST_WORKERS" --dist worksteal)
 
 bench: setup
 	$(call offline_with_args,"$$PY" benchmarks/bench_capture.py)
