@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers.config import ROOT, compose_config, validate_config
-from helpers.tables import SPECS, cells, frame, run
+from helpers.tables import SMOLLM2_BLOCKS, SPECS, cells, frame, run, smollm2_run
 from helpers.templates import expand
 
 from replaceme_exp.pipeline.spec import JobSpec
@@ -37,27 +37,6 @@ from replaceme_exp.reporting.paper_tables import (
 TEMPLATE = "methods/equal_compression"
 SPEC = SPECS["methods_equal_compression"]
 PRESETS = [row.text["Preset"] for row in METHODS_AT_EQUAL_COMPRESSION]
-# SmolLM2-135M-Instruct has 30 blocks: 25% is round(7.5) = 8, as the job rounds it.
-SMOLLM2_BLOCKS = {"num_layers": 30, "n_prune": 8}
-
-
-def smol(i: int, method: str, **values) -> dict:
-    """A finished SmolLM2 run of the template's setting (self_generated, 128 samples, eval=offline, 8 of 30)."""
-    base = dict(
-        model="smollm2_135m",
-        dtype="float32",
-        calibration="self_generated",
-        n_calib_samples=128,
-        eval="offline",
-        method=method,
-        objective={"UIDL": "identity", "ReplaceMe cosine": "cosine"}.get(method, "ls"),
-        solver=None,
-        solver_schedule=None,
-        estimation_tokens="all",
-        setting_hash=f"s{i}",
-        **SMOLLM2_BLOCKS,
-    )
-    return run(i, **{**base, **values})
 
 
 @pytest.mark.unit
@@ -145,7 +124,7 @@ def test_a_fraction_of_the_depth_matches_the_blocks_the_job_removes_at_any_depth
 @pytest.mark.unit
 def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missing():
     runs = frame(
-        smol(
+        smollm2_run(
             1,
             "UIDL",
             ppl_heldout=62.2,
@@ -166,12 +145,12 @@ def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missi
             co2_kg_eval=1.0,
             energy_estimated=True,
         ),
-        smol(2, "ReplaceMe LS", ppl_heldout=106.3, time_capture_s=20.0, time_estimate_s=3.0, time_heal_s=1.0),
-        smol(3, "ReplaceMe LS", estimation_tokens="rescale_massive", ppl_heldout=70.0, time_capture_s=20.0),
+        smollm2_run(2, "ReplaceMe LS", ppl_heldout=106.3, time_capture_s=20.0, time_estimate_s=3.0, time_heal_s=1.0),
+        smollm2_run(3, "ReplaceMe LS", estimation_tokens="rescale_massive", ppl_heldout=70.0, time_capture_s=20.0),
         # the same method at another compression, on other data or another model: not in the table
-        smol(4, "ReplaceMe cosine", n_prune=4, ppl_heldout=1.0),
-        smol(5, "ReplaceMe cosine", calibration="pydoc", ppl_heldout=2.0),
-        smol(6, "ReplaceMe cosine", model="tiny_llama", num_layers=6, n_prune=2, ppl_heldout=3.0),
+        smollm2_run(4, "ReplaceMe cosine", n_prune=4, ppl_heldout=1.0),
+        smollm2_run(5, "ReplaceMe cosine", calibration="pydoc", ppl_heldout=2.0),
+        smollm2_run(6, "ReplaceMe cosine", model="tiny_llama", num_layers=6, n_prune=2, ppl_heldout=3.0),
     )
     table = build_table(SPEC, runs, load_quoted())
     assert list(table.columns) == [
@@ -224,10 +203,10 @@ def test_a_method_whose_run_failed_says_why_under_the_table_instead_of_no_run():
 
     def failed(i, method, **values):
         recorded = {"status": "failed", "n_prune": 0.25, "num_layers": None, "failed_stage": "selection search"}
-        return smol(i, method, **{**recorded, "error": error, **values})
+        return smollm2_run(i, method, **{**recorded, "error": error, **values})
 
     runs = frame(
-        smol(1, "UIDL", ppl_heldout=62.2),
+        smollm2_run(1, "UIDL", ppl_heldout=62.2),
         failed(2, "LaCo", error="ConfigError: an older failure."),
         failed(3, "LaCo"),
         failed(4, "SLEB", calibration="pydoc"),  # another calibration: not this table's
@@ -251,11 +230,11 @@ def test_the_table_renders_for_another_model_calibration_and_suite():
     default size, the suite's own accuracies (heldout: none), the held-out perplexity kept."""
     tiny = dict(model="tiny_llama", num_layers=6, n_prune=2, calibration="pydoc", eval="heldout")
     runs = frame(
-        smol(1, "UIDL", ppl_heldout=62.0),  # SmolLM2's: not read
-        smol(2, "UIDL", **tiny, ppl_heldout=40.0, ppl_heldout_baseline=30.0),
-        smol(3, "ReplaceMe LS", **tiny, ppl_heldout=35.0),
-        smol(4, "ReplaceMe LS", **{**tiny, "n_prune": 1}, ppl_heldout=33.0),  # 1 of 6: not 25%
-        smol(5, "ReplaceMe cosine", **{**tiny, "n_calib_samples": 16}, ppl_heldout=99.0),  # not pydoc's 128
+        smollm2_run(1, "UIDL", ppl_heldout=62.0),  # SmolLM2's: not read
+        smollm2_run(2, "UIDL", **tiny, ppl_heldout=40.0, ppl_heldout_baseline=30.0),
+        smollm2_run(3, "ReplaceMe LS", **tiny, ppl_heldout=35.0),
+        smollm2_run(4, "ReplaceMe LS", **{**tiny, "n_prune": 1}, ppl_heldout=33.0),  # 1 of 6: not 25%
+        smollm2_run(5, "ReplaceMe cosine", **{**tiny, "n_calib_samples": 16}, ppl_heldout=99.0),  # not pydoc's 128
     )
     target = resolve_target(runs, model="tiny_llama", calibration="pydoc", eval="heldout")
     table = build_table(SPEC, runs, target=target)
@@ -427,7 +406,7 @@ def test_the_unpruned_row_shows_the_intervals_its_runs_record():
     row's ``ppl_heldout_baseline_ci_*`` and ``baseline_avg_acc_ci_*``) and a task score its lm-eval
     standard error, as a pruned run's cells do."""
     runs = frame(
-        smol(
+        smollm2_run(
             1, "UIDL", ppl_heldout=62.2, avg_acc=0.5, ppl_heldout_baseline=21.21, ppl_heldout_baseline_ci_low=18.2,
             ppl_heldout_baseline_ci_high=24.45, baseline_avg_acc=0.672, baseline_avg_acc_ci_low=0.651,
             baseline_avg_acc_ci_high=0.693, baseline_acc_replaceme_world_mc=0.716,
@@ -460,7 +439,7 @@ def test_render_paper_only_writes_the_named_table_and_refuses_unknown_names(tmp_
     from replaceme_exp.results import ResultsStore
 
     store = ResultsStore(tmp_path / "results")
-    store.write(smol(1, "UIDL", ppl_heldout=62.2))
+    store.write(smollm2_run(1, "UIDL", ppl_heldout=62.2))
     out = tmp_path / "tables"
     main(["--results", str(tmp_path / "results"), "--out", str(out), "--only", "methods_equal_compression"])
     assert sorted(p.name for p in out.iterdir()) == ["methods_equal_compression.md", "methods_equal_compression.tex"]
@@ -549,7 +528,7 @@ def test_the_quality_against_speedup_figure_draws_each_method_at_each_compressio
     from replaceme_exp.reporting.paper_figures import quality_speed
 
     def speed(i, method, ppl, acc, speedup, n_prune=8, **values):
-        return smol(
+        return smollm2_run(
             i, method, n_prune=n_prune, ppl_heldout=ppl, avg_acc=acc, speed_decode_b1_speedup=speedup,
             speed_decode_b1_speedup_min=speedup - 0.05, speed_decode_b1_speedup_max=speedup + 0.05,
             ppl_heldout_ci_low=ppl * 0.9, ppl_heldout_ci_high=ppl * 1.1, baseline_ppl_heldout=21.2, **values,

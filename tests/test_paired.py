@@ -46,7 +46,7 @@ def test_each_run_is_compared_with_the_references_best_run_on_each_metric():
     ]  # each of LinearPatch's runs is its best on one metric and is compared on the other; the Gemma
     # run has no reference on its model
     lp1 = table.loc["LinearPatch [objective=ls]"]
-    assert lp1["ppl_heldout_verdict"] == "reference" and lp1["avg_acc_verdict"] == "behind"
+    assert lp1["ppl_heldout_verdict"] == "reference" and lp1["avg_acc_verdict"] == "behind" and not lp1["level"]
     lp2 = table.loc["LinearPatch [objective=other]"]
     assert lp2["avg_acc_verdict"] == "reference" and lp2["ppl_heldout_verdict"] == "behind"
     sg = table.loc["ShortGPT"]
@@ -58,6 +58,18 @@ def test_each_run_is_compared_with_the_references_best_run_on_each_metric():
     assert tie["ppl_heldout_verdict"] == "tie" and tie["avg_acc_verdict"] == "tie" and tie["level"]
     mixed = table.loc["ReplaceMe LS [estimation_tokens=rescale_massive]"]
     assert mixed["ppl_heldout_verdict"] == "ahead" and mixed["avg_acc_verdict"] == "behind" and not mixed["level"]
+
+
+def test_the_references_best_run_on_one_metric_is_level_when_it_ties_the_other():
+    """LinearPatch's perplexity-best run has one item fewer right than its accuracy-best run: within
+    noise, so it is level (the reference on one metric, tied on the other)."""
+    frame = pd.DataFrame(
+        [measured(1, "LinearPatch", 1.00, (300, 200)), measured(2, "LinearPatch", 1.20, (301, 200), objective="x")]
+    )
+    table = paired_table(frame, "LinearPatch").set_index("label")
+    first = table.loc["LinearPatch [objective=ls]"]
+    assert first["ppl_heldout_verdict"] == "reference" and first["avg_acc_verdict"] == "tie" and first["level"]
+    assert not table.loc["LinearPatch [objective=x]", "level"]  # 1.2x the NLL: behind on perplexity
 
 
 def test_the_accuracy_difference_is_the_paired_difference_of_the_items():

@@ -24,7 +24,7 @@ import pandas as pd
 
 from replaceme_exp.reporting.ties import Cell, compare_cells, higher_is_better, interval_of, on_log_scale
 from replaceme_exp.results import ResultsStore
-from replaceme_exp.results.row import decode_cell
+from replaceme_exp.results.row import format_cuts
 
 METRICS = ("ppl_heldout", "avg_acc")
 # Settings that tell two runs of one method apart in a label (those that vary among its runs).
@@ -69,7 +69,8 @@ def paired_table(runs: pd.DataFrame, reference: str, metrics: Sequence[str] = ME
     """One row per finished run that is not the reference on every metric, grouped by (model,
     n_prune): the run's value and interval, its comparison with the reference's best run
     (``<metric>_vs``: ratio for a log-scale metric, difference otherwise, with ``_low`` / ``_high``
-    and ``_verdict``), and ``level`` (no metric behind). Groups without a reference run are left out."""
+    and ``_verdict``: ``reference`` where the run is the reference's best), and ``level`` (no metric
+behind). Groups without a reference run are left out."""
     runs = runs[runs["status"] == "finished"].reset_index(drop=True).copy()
     runs = runs.assign(label=labels(runs))
     out = []
@@ -85,7 +86,8 @@ def paired_table(runs: pd.DataFrame, reference: str, metrics: Sequence[str] = ME
         for index, run in group.iterrows():
             if best and all(index == b for b in best.values()):
                 continue
-            row = {"model": model, "n_prune": n_prune, "label": run["label"], "cuts": _cuts(run.get("cuts"))}
+            cuts = format_cuts(run.get("cuts"), missing="")
+            row = {"model": model, "n_prune": n_prune, "label": run["label"], "cuts": cuts}
             verdicts = []
             for metric in metrics:
                 value = pd.to_numeric(run.get(metric), errors="coerce")
@@ -96,6 +98,7 @@ def paired_table(runs: pd.DataFrame, reference: str, metrics: Sequence[str] = ME
                 b = group.loc[best[metric]]
                 if index == best[metric]:
                     row[f"{metric}_verdict"] = "reference"
+                    verdicts.append("reference")
                     continue
                 comparison = compare_cells(
                     Cell(row[metric], group.loc[[index]]), Cell(float(b[metric]), group.loc[[best[metric]]]), metric
@@ -108,16 +111,10 @@ def paired_table(runs: pd.DataFrame, reference: str, metrics: Sequence[str] = ME
                 row[f"{metric}_vs_method"] = comparison.method
                 row[f"{metric}_verdict"] = verdict(metric, comparison.estimate, comparison.tie)
                 verdicts.append(row[f"{metric}_verdict"])
+            # level: compared (or the reference itself) on every metric and behind on none
             row["level"] = len(verdicts) == len(best) and BEHIND not in verdicts if verdicts else None
             out.append(row)
     return pd.DataFrame(out)
-
-
-def _cuts(value) -> str:
-    value = decode_cell(value)
-    if isinstance(value, str) or value is None:
-        return "" if value is None else value
-    return " ".join(f"[{int(a)},{int(b)})" for a, b in value)
 
 
 def _interval(value, low, high, digits: int) -> str:

@@ -777,7 +777,8 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
         "Cells average the finished runs of one setting, which differ only in the seed "
         f"(mean ± std (n)); a single run shows its 95% interval in brackets where it has one (held-out "
         "perplexity and avg-acc: a bootstrap over windows / items; a task's score: ±1.96 lm-eval standard "
-        f"errors, within [0, 1]; a speedup: over its timing rounds); {MISSING} = no finished run; Runs counts the runs shown."
+        f"errors, within [0, 1]; a speedup: over its timing rounds); {MISSING} = no finished run; "
+        "Runs counts the runs shown."
     ]
     if table is not None and table.attrs.get("leaders"):
         lines.append(LEADERS_NOTE)

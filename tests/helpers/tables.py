@@ -58,6 +58,30 @@ def cells(table: pd.DataFrame, label: str, text: str | None = None) -> dict:
     return chosen.iloc[0].to_dict()
 
 
+# SmolLM2-135M-Instruct has 30 blocks: 25% is round(7.5) = 8, as the job rounds it.
+SMOLLM2_BLOCKS = {"num_layers": 30, "n_prune": 8}
+
+
+def smollm2_run(i: int, method: str, **values) -> dict:
+    """A finished SmolLM2 run of the methods template's setting (self_generated, 128 samples,
+    eval=offline, 8 of 30 blocks)."""
+    base = dict(
+        model="smollm2_135m",
+        dtype="float32",
+        calibration="self_generated",
+        n_calib_samples=128,
+        eval="offline",
+        method=method,
+        objective={"UIDL": "identity", "ReplaceMe cosine": "cosine"}.get(method, "ls"),
+        solver=None,
+        solver_schedule=None,
+        estimation_tokens="all",
+        setting_hash=f"s{i}",
+        **SMOLLM2_BLOCKS,
+    )
+    return run(i, **{**base, **values})
+
+
 TOKENS = np.full(32, 255.0)
 BASE = np.random.default_rng(0).gamma(20.0, 0.15, 32) * 255  # each window's NLL: they differ by topic
 TASKS = {"replaceme_capitals": "acc", "replaceme_opposites": "acc", "replaceme_pydoc_ppl": "word_perplexity"}
@@ -71,17 +95,6 @@ def measured(i: int, method: str, scale: float, right: tuple[int, int], noise: f
     low, high = perplexity_interval(nll, TOKENS)
     items = [np.r_[np.ones(n), np.zeros(400 - n)] for n in right]
     row = dict(
-        model="smollm2_135m",
-        dtype="float32",
-        calibration="self_generated",
-        n_calib_samples=128,
-        eval="offline",
-        method=method,
-        objective="ls",
-        estimation_tokens="all",
-        setting_hash=f"s{i}",
-        num_layers=30,
-        n_prune=8,
         ppl_heldout=float(np.exp(nll.sum() / TOKENS.sum())),
         ppl_heldout_ci_low=low,
         ppl_heldout_ci_high=high,
@@ -97,4 +110,4 @@ def measured(i: int, method: str, scale: float, right: tuple[int, int], noise: f
         row[f"acc_stderr_{task}"] = float(values_.std(ddof=1) / np.sqrt(400))
         row[f"score_items_{task}"] = encode_items(values_.tolist())
         row[f"items_hash_{task}"] = "i1"
-    return run(i, **{**row, **values})
+    return smollm2_run(i, method, **{"objective": "ls", **row, **values})
