@@ -209,6 +209,10 @@ def test_the_laco_checkpoint_is_plain_has_the_merged_weights_and_exports_the_sam
     assert light["status"] == full["status"] == "finished", (light.get("error"), full.get("error"))
     assert light["cuts"] == [[2, 6]] and light["kept_blocks"] == [0, 1] and light["method"] == "LaCo"
     assert light["laco_merges"] == [{"into": 1, "blocks": [2, 3, 4, 5]}] and light["laco_removed_blocks"] == 4
+    assert light["stage_seconds"]["selection search (laco)"] == pytest.approx(light["time_capture_s"], rel=1e-12)
+    kept_none = ["experiment=laco", "selection.threshold=0.99999", "eval.samples=null"]
+    failed = run_recorded(job_config(tmp_path / "none", *kept_none), raise_on_failure=False)
+    assert failed["status"] == "failed" and failed["failed_stage"] == "selection search (laco)"
 
     reference = JobSpec.from_config(job_config(tmp_path / "reference")).config
     original = load_model(reference.model, Path(reference.cache_dir), None).model

@@ -547,3 +547,37 @@ def test_the_quality_against_speedup_figure_draws_each_method_at_each_compressio
     front = {s for s, note in ppl["note"].items() if "Pareto" in str(note)}
     assert front == {"UIDL (25%)", "ShortGPT (25%)", "UIDL (37.5%)"}
     assert ppl.loc["UIDL (37.5%)", "x"] == 1.6 and ppl.loc["unpruned", "mean"] == 21.2
+
+
+@pytest.mark.unit
+def test_reused_search_steps_count_in_the_compression_cost_and_unknown_ones_leave_it_missing():
+    from replaceme_exp.reporting.compression_cost import compression_cost
+
+    rows = pd.DataFrame(
+        [
+            {"time_capture_s": 10.0, "time_estimate_s": 1.0, "co2_kg_capture": 0.5},
+            {"time_capture_s": 10.0, "time_estimate_s": 1.0, "co2_kg_capture": 0.5, "search_steps_reused": 0},
+            {
+                "time_capture_s": 10.0,
+                "time_estimate_s": 1.0,
+                "co2_kg_capture": 0.5,
+                "search_steps_reused": 2,
+                "time_reused_s": 30.0,
+                "co2_kg_reused": 1.5,
+            },
+            {"time_capture_s": 10.0, "co2_kg_capture": 0.5, "search_steps_reused": 2, "time_reused_s": 30.0},
+            # every step reused: no compression stage ran, the job was tracked (co2_kg), or not
+            {
+                "time_capture_s": 0.0,
+                "co2_kg": 0.1,
+                "search_steps_reused": 3,
+                "time_reused_s": 30.0,
+                "co2_kg_reused": 1.5,
+            },
+            {"time_capture_s": 0.0, "search_steps_reused": 3, "time_reused_s": 30.0, "co2_kg_reused": 1.5},
+        ]
+    )
+    cost = compression_cost(rows)
+    assert cost["time_s"].tolist() == [11.0, 11.0, 41.0, 40.0, 30.0, 30.0]
+    assert cost["co2_kg"].tolist()[:3] == [0.5, 0.5, 2.0] and np.isnan(cost["co2_kg"].iloc[3])
+    assert cost["co2_kg"].iloc[4] == 1.5 and np.isnan(cost["co2_kg"].iloc[5])

@@ -123,6 +123,8 @@ def test_the_shortgpt_preset_removes_its_blocks_and_records_them(tmp_path):
     removed = sorted(order[:2])
     assert row["kept_blocks"] == [i for i in range(6) if i not in removed] and row["n_prune"] == 2
     assert row["ppl_heldout"] > 0 and row["time_capture_s"] > 0
+    # the search in one capture stage of its own (SLEB's steps are stages each)
+    assert row["stage_seconds"]["selection search (shortgpt)"] == pytest.approx(row["time_capture_s"], rel=1e-12)
 
 
 @pytest.mark.unit

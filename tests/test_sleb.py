@@ -1,18 +1,21 @@
 """SLEB (``selection=sleb``): the greedy removal order and each step's calibration perplexity
 against a brute-force loop (a deep copy of the model per candidate, the block taken out, the
 calibration loss from the model's own ``labels`` loss), the barriers, the model left as it was,
-and the preset's job and row."""
+the preset's job and row, and its step store (a killed or deeper search takes the finished steps,
+equal to a search from scratch, and counts their measured cost)."""
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 
+import pandas as pd
 import pytest
 import torch
 from helpers.batches import batches_of, random_sequences
 from helpers.config import compose_config
-from helpers.jobs import job_config
+from helpers.jobs import SMOKE, job_config
 from helpers.models import tiny_model
 
 from replaceme_exp.config.schema import SlebSelectionConfig
@@ -20,10 +23,16 @@ from replaceme_exp.errors import ConfigError
 from replaceme_exp.models import adapter_for
 from replaceme_exp.models.shape import model_shape
 from replaceme_exp.pipeline import JobSpec
+from replaceme_exp.pipeline.clock import StageClock
 from replaceme_exp.pipeline.rules import check_shape
+from replaceme_exp.reporting.compression_cost import compression_cost
 from replaceme_exp.runtime import run_recorded
+from replaceme_exp.selection import sleb
 from replaceme_exp.selection.search import SearchContext
+from replaceme_exp.selection.search_steps import SearchSteps, StepKey
 from replaceme_exp.selection.sleb import removal_losses, sleb_search
+from replaceme_exp.stages import observed_by
+from replaceme_exp.storage import write_keyed_json
 
 
 @torch.no_grad()
@@ -134,3 +143,143 @@ def test_a_vision_encoder_is_refused_in_one_line(tmp_path, method):
     overrides = ["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline", f"results_dir={tmp_path}"]
     with pytest.raises(ConfigError, match=rf"^selection.metric='{method}': .*not for a vision encoder"):
         JobSpec.from_config(compose_config([*overrides, f"selection={method}", "objective=identity"]))
+
+
+class CountedLosses:
+    """:func:`removal_losses` counting its calls; raising at call ``fail_at`` (a killed job)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.calls, self.fail_at = 0, fail_at
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt("killed")
+        return removal_losses(*args)
+
+
+def search(model, calibration, n: int, steps=None, early: int = 1):
+    settings = SlebSelectionConfig(metric="sleb", early_barrier=early, latter_barrier=1)
+    context = SearchContext(adapter_for(model), calibration, n, settings, 0, *([steps] if steps else []))
+    return sleb_search(context)
+
+
+@pytest.mark.unit
+def test_a_search_for_more_blocks_takes_the_steps_of_one_for_fewer_with_their_measured_cost(
+    model, calibration, tmp_path, monkeypatch
+):
+    fresh = search(model, calibration, 3)
+    steps = SearchSteps(tmp_path, "model", "data")
+    clock = StageClock()
+    with observed_by(clock):
+        first = search(model, calibration, 2, steps)
+    assert first.columns["search_steps_reused"] == 0 and "time_reused_s" not in first.columns
+    counted = CountedLosses()
+    monkeypatch.setattr(sleb, "removal_losses", counted)
+    with observed_by(StageClock()):
+        deeper = search(model, calibration, 3, steps)
+    assert counted.calls == 1  # step 3 only
+    assert deeper.removed == fresh.removed and deeper.columns["sleb_step_ppl"] == fresh.columns["sleb_step_ppl"]
+    assert deeper.columns["sleb_ppl_unpruned"] == fresh.columns["sleb_ppl_unpruned"]
+    assert deeper.columns["search_steps_reused"] == 2
+    measured = [clock.labelled[f"selection search (sleb) step {k}"] for k in (1, 2)]
+    assert deeper.columns["time_reused_s"] == pytest.approx(sum(measured), rel=1e-12)
+    assert deeper.columns["co2_kg_reused"] is None  # no CodeCarbon measured them: unknown, not 0
+
+
+@pytest.mark.unit
+def test_a_killed_search_resumes_at_its_next_step(model, calibration, tmp_path, monkeypatch):
+    fresh = search(model, calibration, 3)
+    steps = SearchSteps(tmp_path, "model", "data")
+    monkeypatch.setattr(sleb, "removal_losses", CountedLosses(fail_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        search(model, calibration, 3, steps)
+    counted = CountedLosses()
+    monkeypatch.setattr(sleb, "removal_losses", counted)
+    resumed = search(model, calibration, 3, steps)
+    assert counted.calls == 1 and resumed.columns["search_steps_reused"] == 2
+    assert resumed.removed == fresh.removed and resumed.columns["sleb_step_ppl"] == fresh.columns["sleb_step_ppl"]
+
+
+@pytest.mark.unit
+def test_steps_of_other_barriers_data_or_model_are_not_taken_and_a_corrupt_step_is_recomputed(
+    model, calibration, tmp_path, monkeypatch, caplog
+):
+    search(model, calibration, 2, SearchSteps(tmp_path, "model", "data"))
+    counted = CountedLosses()
+    monkeypatch.setattr(sleb, "removal_losses", counted)
+    for other in (
+        SearchSteps(tmp_path, "other model", "data"),
+        SearchSteps(tmp_path, "model", "other data"),
+        SearchSteps(tmp_path, "model", "data", refresh=True),  # force=true
+    ):
+        assert search(model, calibration, 2, other).columns["search_steps_reused"] == 0
+    assert (
+        search(model, calibration, 2, SearchSteps(tmp_path, "model", "data"), early=0).columns["search_steps_reused"]
+        == 0
+    )
+    assert counted.calls == 8
+    fresh = search(model, calibration, 2)
+    for path in tmp_path.glob("sleb-step-*.json"):
+        path.write_text(path.read_text().replace("1", "2", 1))  # a flipped digit: fails its checksum
+    counted.calls = 0
+    again = search(model, calibration, 2, SearchSteps(tmp_path, "model", "data"))
+    assert counted.calls == 2 and again.columns["search_steps_reused"] == 0 and again.removed == fresh.removed
+    assert "fails its checksum" in caplog.text
+
+
+@pytest.mark.unit
+def test_a_step_of_another_shape_is_recomputed_and_a_disabled_store_keeps_nothing(
+    model, calibration, tmp_path, monkeypatch, caplog
+):
+    fresh = search(model, calibration, 2)
+    steps = SearchSteps(tmp_path, "model", "data")
+    search(model, calibration, 2, steps)
+    first = StepKey("sleb", {"early_barrier": 1, "latter_barrier": 1}, ())
+    path, key = steps._entry(first)
+    stored = json.loads(path.read_text())["value"]
+    write_keyed_json(path, key, {**stored, "result": {**stored["result"], "losses": stored["result"]["losses"][:-1]}})
+    counted = CountedLosses()
+    monkeypatch.setattr(sleb, "removal_losses", counted)
+    again = search(model, calibration, 2, steps)
+    assert "holds a value of another shape" in caplog.text
+    assert counted.calls == 1 and again.columns["search_steps_reused"] == 1 and again.removed == fresh.removed
+    off = tmp_path / "off"
+    search(model, calibration, 2, SearchSteps(off, "model", "data", enabled=False))
+    assert not off.exists() and counted.calls == 3
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_sleb_jobs_share_their_steps_through_the_store_and_count_their_cost(tmp_path):
+    def sleb_job(results: str, n: int, *overrides: str) -> dict:
+        """A SLEB job with its own results folder (a job of the same settings is not skipped) and
+        the one step store under tmp_path/stats."""
+        folders = [f"results_dir={tmp_path / results}", f"capture.cache_dir={tmp_path}/stats"]
+        return run_recorded(
+            compose_config([*SMOKE, *folders, "experiment=sleb", f"n_prune={n}", "eval.samples=null", *overrides])
+        )
+
+    shallow = sleb_job("a", 2)
+    deeper = sleb_job("a", 3)  # steps 1 and 2 from the store
+    again = sleb_job("b", 2)  # every step from the store: no search stage runs
+    alone = sleb_job("c", 3, "capture.search_steps=false")  # the store holds all 3 steps, unread
+    assert {r["status"] for r in (shallow, deeper, again, alone)} == {"finished"}
+    assert deeper["sleb_removal_order"] == alone["sleb_removal_order"]
+    assert deeper["sleb_removal_order"][:2] == shallow["sleb_removal_order"] == again["sleb_removal_order"]
+    assert deeper["ppl_heldout"] == alone["ppl_heldout"] and again["ppl_heldout"] == shallow["ppl_heldout"]
+    assert (deeper["search_steps_reused"], again["search_steps_reused"], alone["search_steps_reused"]) == (2, 2, 0)
+    stages = [f"selection search (sleb) step {k}" for k in (1, 2, 3)]
+    measured = shallow["stage_seconds"][stages[0]] + shallow["stage_seconds"][stages[1]]
+    assert deeper["time_reused_s"] == pytest.approx(measured, rel=1e-9)
+    assert again["time_reused_s"] == pytest.approx(measured, rel=1e-9)
+    assert [s in deeper["stage_seconds"] for s in stages] == [False, False, True]
+    assert not any(s in again["stage_seconds"] for s in stages) and again["time_capture_s"] == 0
+    assert all(s in alone["stage_seconds"] for s in stages)
+    cost = compression_cost(pd.DataFrame([deeper, again]))["time_s"].tolist()
+    assert cost == pytest.approx(
+        [
+            deeper["time_capture_s"] + deeper["time_reused_s"] + deeper["time_estimate_s"],
+            measured + again["time_estimate_s"],
+        ]
+    )

@@ -156,3 +156,30 @@ def test_estimated_energy_is_marked_in_table_cells_and_report_rows():
     by_run = {line.rsplit("|", 2)[-2].strip(): line for line in lines[2:]}  # the run id is the last cell
     assert f"| 0.5 {MARK} | 0.12 {MARK} |" in by_run["r1"] and "| 0.25 | 0.14 |" in by_run["r2"]
     assert MARK not in by_run["r2"]
+
+
+@pytest.mark.unit
+def test_a_stage_yields_what_the_clock_books_to_it_and_nothing_without_a_clock(tmp_path):
+    from replaceme_exp.pipeline.clock import StageClock
+    from replaceme_exp.stages import StageCost, observed_by, stage
+
+    with stage("capture", "alone") as cost:
+        pass
+    assert cost == StageCost()  # no clock: nothing measured, nothing made up
+    clock = StageClock(StageEmissions(True, output_dir=tmp_path))
+    try:
+        with observed_by(clock):
+            with stage("capture", "first") as first:
+                sum(range(10**6))
+            before = clock.emissions.columns()
+            with stage("capture", "second") as second:
+                sum(range(10**6))
+    finally:
+        clock.emissions.close()
+    booked = clock.emissions.columns()
+    assert second.seconds == clock.labelled["second"] and first.seconds == clock.labelled["first"]
+    assert first.seconds + second.seconds == pytest.approx(clock.seconds["capture"], rel=1e-12)
+    assert first.energy_kwh == before["energy_kwh_capture"] and first.co2_kg == before["co2_kg_capture"]
+    assert second.energy_kwh == pytest.approx(booked["energy_kwh_capture"] - before["energy_kwh_capture"], rel=1e-9)
+    assert second.co2_kg == pytest.approx(booked["co2_kg_capture"] - before["co2_kg_capture"], rel=1e-9)
+    assert second.energy_kwh > 0 and second.co2_kg > 0

@@ -645,6 +645,7 @@ class CaptureConfig:
     layerwise: LayerwiseConfig = key(doc="layer-wise capture's stores")
     cache: bool = key(True, doc="content-addressed statistics cache")
     cache_dir: str = key(doc="where the statistics cache lives")
+    search_steps: bool = key(True, doc="greedy searches keep finished steps under cache_dir/search_steps")
 
 
 @Group

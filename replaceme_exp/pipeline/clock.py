@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from replaceme_exp.stages import StageCost
 from replaceme_exp.tracking.emissions import StageEmissions
 
 log = logging.getLogger("replaceme_exp.job")
@@ -42,10 +43,13 @@ class StageClock:
             self.peaks_before[kind] = peak_memory_gb(torch.device("cpu")), peak_memory_gb(torch.device("cuda"))
         log.info("stage %s ...", name)
         start = time.perf_counter()
-        energy_before = self.emissions.columns().get(f"energy_kwh_{kind}", 0.0)
+        before = self.emissions.columns()
+        energy_before = before.get(f"energy_kwh_{kind}", 0.0)
+        co2_before = before.get(f"co2_kg_{kind}", 0.0)
+        cost = StageCost()
         try:
             with self.emissions.stage(kind):
-                yield
+                yield cost
         except BaseException:
             self.failed = self.failed or name
             raise
@@ -54,9 +58,13 @@ class StageClock:
             self.seconds[kind] = self.seconds.get(kind, 0.0) + elapsed
             self.labelled[name] = self.labelled.get(name, 0.0) + elapsed
             log.info("stage %s done in %.1f s", name, elapsed)
+            after = self.emissions.columns()
+            energy, co2 = after.get(f"energy_kwh_{kind}"), after.get(f"co2_kg_{kind}")
+            cost.seconds = elapsed
+            cost.energy_kwh = None if energy is None else energy - energy_before
+            cost.co2_kg = None if co2 is None else co2 - co2_before
             if self.on_stage is not None:
-                energy = self.emissions.columns().get(f"energy_kwh_{kind}")
-                self.on_stage(name, elapsed, None if energy is None else energy - energy_before)
+                self.on_stage(name, elapsed, cost.energy_kwh)
 
     def columns(self, device: torch.device, healed: bool) -> dict:
         """Each stage's seconds, the capture / estimate / eval / heal / speed totals and the job's peak

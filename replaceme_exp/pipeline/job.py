@@ -14,6 +14,7 @@ import gc
 import logging
 import platform
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
@@ -34,6 +35,7 @@ from replaceme_exp.models.loading import LoadedModel, resolve_dtype
 from replaceme_exp.pipeline.modality import MODALITIES, Calibration, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.selection.passes import Selection, linear_statistics, select_and_capture
+from replaceme_exp.selection.search_steps import SearchSteps
 from replaceme_exp.stages import stage
 from replaceme_exp.storage import atomic_path
 from replaceme_exp.surgery import (
@@ -150,7 +152,11 @@ class PruningJob:
         self.record(self.calibration.columns)
         root, model = c.capture.cache_dir, self.captured.identity_hash
         enabled, refresh = bool(c.capture.cache), bool(c.force)
-        self.cache = StatisticsCache(root, model, self.calibration.batches.content_hash(), enabled, refresh)
+        tokens = self.calibration.batches.content_hash()
+        self.cache = StatisticsCache(root, model, tokens, enabled, refresh)
+        self.search_steps = SearchSteps(
+            Path(root) / "search_steps", model, tokens, bool(c.capture.search_steps), refresh
+        )
         self.stats_cache = self.cache
         if self.spec.effective.padded_positions:  # padded positions' statistics depend on the batching
             content = self.calibration.estimation.layout_hash()
@@ -177,6 +183,7 @@ class PruningJob:
             extra_statistics=[layer_distances] if layer_distances else [],
             stats_batches=self.calibration.estimation,
             stats_cache=self.stats_cache,
+            search_steps=self.search_steps,
         )
         cuts, distances = self.selection.cuts, self.selection.distances
         self.record({"cuts": [list(cut) for cut in cuts], "num_lts": len(cuts), "n_prune": sum(e - s for s, e in cuts)})

@@ -2,6 +2,11 @@
 holds the selection and a search; estimation; healing), without loading, evaluation and saving, and
 whether the run paid them itself or found part of the work in a cache.
 
+A greedy search's steps taken from the step store (:mod:`replaceme_exp.selection.search_steps`)
+are the method's cost all the same: their cost as measured when they were computed
+(``time_reused_s``, ``co2_kg_reused``) is added; where a reused step's cost went unmeasured, the
+run's cost is missing, not understated.
+
 Shared by the time/emissions figure (``paper_figures``) and the tables with a compression-time
 column (``paper_tables``: :data:`COMPRESSION_TIME` and :data:`COMPRESSION_CO2`, derived per run).
 """
@@ -30,13 +35,25 @@ def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def compression_cost(frame: pd.DataFrame) -> pd.DataFrame:
     """Per run: ``time_s`` and ``co2_kg`` summed over the compression stages (capture,
-    estimation, healing), without loading and evaluation; NaN where a run recorded none."""
+    estimation, healing) and the reused search steps (module docstring), without loading and
+    evaluation; NaN where a run recorded none, or reused steps whose cost is unknown. A run that
+    took every step from the store ran no compression stage: its own share is 0 where the job
+    measured anything at all (``time_total_s``, ``co2_kg``)."""
+    reusing = _numeric(frame, "search_steps_reused").fillna(0) > 0
 
-    def summed(template: str) -> pd.Series:
+    def summed(template: str, reused: str, measured: str) -> pd.Series:
         stages = pd.concat([_numeric(frame, template.format(stage)) for stage in COMPRESSION_STAGES], axis=1)
-        return stages.sum(axis=1, min_count=1)
+        own, extra = stages.sum(axis=1, min_count=1), _numeric(frame, reused)
+        own = own.mask(own.isna() & reusing & _numeric(frame, measured).notna(), 0.0)
+        return (own + extra.fillna(0.0)).mask(reusing & extra.isna())
 
-    return pd.DataFrame({"time_s": summed("time_{}_s"), "co2_kg": summed("co2_kg_{}")}, index=frame.index)
+    return pd.DataFrame(
+        {
+            "time_s": summed("time_{}_s", "time_reused_s", "time_total_s"),
+            "co2_kg": summed("co2_kg_{}", "co2_kg_reused", "co2_kg"),
+        },
+        index=frame.index,
+    )
 
 
 def cached_stages(value) -> list[str] | None:

@@ -509,7 +509,8 @@ TABLES = [
             f"Depth-pruning methods at equal compression (beyond the paper): every method at {100 * fraction:g}% "
             "of the blocks, one model, one calibration sample and one eval suite for all (SmolLM2-135M-Instruct, "
             "its own chat answers as calibration, eval=offline, unless rendered from other runs); compression "
-            "time and CO2 sum the compression stages (capture with selection or search, estimation, healing).",
+            "time and CO2 sum the compression stages (capture with selection or search, estimation, healing) "
+            "and the cost of the search steps a run took from an earlier run (SLEB).",
             equal_compression(fraction),
             [Row("Unpruned", kind="baseline", text={"Preset": ""}), *METHODS_AT_EQUAL_COMPRESSION],
             [

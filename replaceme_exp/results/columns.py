@@ -162,6 +162,13 @@ MEASURED_COLUMNS: dict[str, str] = {
     "sleb_step_ppl": "SLEB: JSON, the calibration perplexity of the model after each step's removal.",
     "sleb_ppl_unpruned": "SLEB: the unpruned model's calibration perplexity (same tokens as `sleb_step_ppl`).",
     "sleb_predictions": "SLEB: the next-token predictions its calibration loss sums over.",
+    "search_steps_reused": "A greedy search (SLEB): steps taken from the step store (`capture.search_steps`: an "
+    "earlier or killed job on the same model, data and settings computed them), not computed by this job.",
+    "time_reused_s": "Wall seconds the reused search steps took when they were computed (null: unmeasured); "
+    "added to the compression time.",
+    "energy_kwh_reused": "Energy of the reused search steps when they were computed (null: unmeasured).",
+    "co2_kg_reused": "CO2 of the reused search steps when they were computed (null: unmeasured); added to the "
+    "compression CO2 (missing when unknown).",
     "laco_merge_layers": "LaCo: C, blocks combined by one merge, as run (null `merge_layers` resolved from the depth).",
     "laco_interval": "LaCo: I, the step down after a kept merge.",
     "laco_threshold": "LaCo: T, a merge is kept when the mean cosine similarity is above it.",

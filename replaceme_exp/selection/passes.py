@@ -5,6 +5,7 @@ few passes over the calibration data as the statistics budget allows."""
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,8 @@ from replaceme_exp.selection.cuts import (
     validate_cuts,
 )
 from replaceme_exp.selection.metrics import SelectionMetric
-from replaceme_exp.selection.search import BlockStates, SearchContext
+from replaceme_exp.selection.search import BlockStates, SearchContext, search_stage
+from replaceme_exp.selection.search_steps import SearchSteps, no_steps
 from replaceme_exp.stages import stage
 
 log = logging.getLogger(__name__)
@@ -165,6 +167,7 @@ def select_and_capture(
     extra_statistics=(),
     stats_batches: TokenBatches | None = None,
     stats_cache: StatisticsCache | None = None,
+    search_steps: SearchSteps | None = None,
 ) -> Selection:
     """Distances for selection (without explicit cuts) and statistics for the chosen cuts, from the
     cache where present, otherwise in as few passes as the budget allows. With
@@ -172,7 +175,8 @@ def select_and_capture(
     are left out (a later pass over the same data, e.g. the token capture, adds them).
     ``extra_statistics`` (e.g. :class:`LayerDistances`) join the selection pass when one runs.
     ``stats_batches`` / ``stats_cache``: other data for the statistics than for the selection (the
-    calibration set with masked copies) and their cache; the selection pass then gathers none."""
+    calibration set with masked copies) and their cache; the selection pass then gathers none.
+    ``search_steps``: where a greedy search keeps its finished steps (None: nowhere)."""
     num_layers = adapter.num_layers
     distances = None
     stats = {}
@@ -183,7 +187,7 @@ def select_and_capture(
     rule, precision, placement = request.rule, request.precision, request.placement
     search_columns: dict[str, Any] = {}
     if request.cuts is None and request.metric.searches:
-        found = searched(request, adapter, calibration)
+        found = searched(request, adapter, calibration, search_steps or no_steps())
         if not needs_stats or found.block_states:
             return found
         # a transform over each run of the blocks the search removed (metric.fits_after)
@@ -254,17 +258,18 @@ def select_and_capture(
     return selection
 
 
-def searched(request: SelectionRequest, adapter, calibration: TokenBatches) -> Selection:
+def searched(request: SelectionRequest, adapter, calibration: TokenBatches, steps: SearchSteps) -> Selection:
     """The selection a search metric makes (SLEB, LaCo): it runs the model itself, in the
-    selection; nothing else is captured for it (its blocks are removed or merged, no
-    transform is fitted)."""
+    selection, in capture stages (compression cost: :func:`search_stage`); nothing else is captured
+    for it (its blocks are removed or merged, no transform is fitted). ``steps``: where a greedy
+    search keeps and finds its finished steps."""
     metric, num_layers = request.metric, adapter.num_layers
     n_blocks = blocks_to_prune(request.n_prune, num_layers)
     if n_blocks > num_layers - 1:
         reason = f"the model has {num_layers} blocks; at most {num_layers - 1} can be removed"
         raise ConfigError("n_prune", request.n_prune, reason)
-    context = SearchContext(adapter, calibration, n_blocks, request.settings, request.seed)
-    with stage("capture", f"selection search ({metric.name})"):  # compression cost, like a capture
+    context = SearchContext(adapter, calibration, n_blocks, request.settings, request.seed, steps)
+    with nullcontext() if metric.stages_itself else search_stage(metric.name):
         result = metric.search(context)
     result.check(num_layers)
     log.info("%s removes blocks %s", metric.name, sorted(result.removed))

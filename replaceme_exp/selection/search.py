@@ -9,12 +9,14 @@ surgery before the blocks are removed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.selection.cuts import Cut, merge_consecutive_cuts
+from replaceme_exp.selection.search_steps import SearchSteps, no_steps
+from replaceme_exp.stages import StageCost, stage
 
 # {original block index: {parameter name inside the block: new value}}
 BlockStates = dict[int, dict[str, torch.Tensor]]
@@ -24,13 +26,25 @@ BlockStates = dict[int, dict[str, torch.Tensor]]
 class SearchContext:
     """``adapter``: the unpruned model (a search must leave it as it found it); ``calibration``: the
     job's calibration batches; ``n_blocks``: how many blocks to remove (``n_prune`` as blocks);
-    ``settings``: the ``selection`` option's typed config (the search's own keys); ``seed``: the job's."""
+    ``settings``: the ``selection`` option's typed config (the search's own keys); ``seed``: the job's;
+    ``steps``: where a greedy search keeps its finished steps and finds earlier ones
+    (:mod:`~replaceme_exp.selection.search_steps`; by default nothing is kept).
+
+    A search runs in stages of kind ``capture`` (:func:`search_stage`): its time and energy are
+    compression cost, like a capture's."""
 
     adapter: Any
     calibration: TokenBatches
     n_blocks: int
     settings: Any
     seed: int
+    steps: SearchSteps = field(default_factory=no_steps)
+
+
+def search_stage(name: str, step: int | None = None) -> ContextManager[StageCost]:
+    """The stage of search ``name``'s work: a whole search (opened around it unless the metric
+    ``stages_itself``), or its ``step``, counted from 1."""
+    return stage("capture", f"selection search ({name})" + ("" if step is None else f" step {step}"))
 
 
 @dataclass

@@ -17,6 +17,12 @@ block ``p``'s input through the blocks after it and the head only (block ``p`` s
 returning its input; the blocks before it are taken out), with the model's own masks and
 positions. Per step that is about half the block passes of the naive loop, with one batch's
 hidden states held at a time.
+
+Each step is a stage of its own (``selection search (sleb) step k``) and is kept with what it
+cost in the job's step store (:mod:`~replaceme_exp.selection.search_steps`): a killed search
+resumes at its next step, and a search for more blocks on the same model, data and barriers
+starts from the steps a search for fewer already took. The row then counts the reused steps and
+adds their cost (:func:`~replaceme_exp.selection.search_steps.reused_columns`).
 """
 
 from __future__ import annotations
@@ -33,9 +39,13 @@ from replaceme_exp.config import schema
 from replaceme_exp.data.batching import TokenBatch, TokenBatches, position_ids_for
 from replaceme_exp.progress import progress
 from replaceme_exp.selection.metrics import SelectionMetric, register
-from replaceme_exp.selection.search import SearchContext, SearchResult
+from replaceme_exp.selection.search import SearchContext, SearchResult, search_stage
+from replaceme_exp.selection.search_steps import StepKey, reused_columns
+from replaceme_exp.stages import StageCost
 
 log = logging.getLogger(__name__)
+
+Losses = tuple[dict[int, float], float, int]  # {candidate: NLL without it}, NLL now, predictions
 
 
 def logits_of(adapter, batch: TokenBatch) -> torch.Tensor:
@@ -68,7 +78,7 @@ def standing_in(block: torch.nn.Module, hidden: torch.Tensor, returns_tuple: boo
 
 
 @torch.inference_mode()
-def removal_losses(adapter, calibration: TokenBatches, candidates: list[int]) -> tuple[dict[int, float], float, int]:
+def removal_losses(adapter, calibration: TokenBatches, candidates: list[int]) -> Losses:
     """The summed calibration NLL of the current model without each candidate block (current
     indices), and of the current model itself. Returns ({candidate: NLL}, NLL now, predictions)."""
     losses = dict.fromkeys(candidates, 0.0)
@@ -101,21 +111,56 @@ def removal_losses(adapter, calibration: TokenBatches, candidates: list[int]) ->
     return losses, current, count
 
 
+def stored_losses(stored, candidates: int) -> bool:
+    """Whether a stored step holds what :func:`step_losses` keeps for ``candidates`` candidates."""
+    numbers = (int, float)
+    return (
+        isinstance(stored, dict)
+        and isinstance(stored.get("losses"), list)
+        and len(stored["losses"]) == candidates
+        and all(isinstance(v, numbers) for v in stored["losses"])
+        and isinstance(stored.get("current"), numbers)
+        and isinstance(stored.get("count"), int)
+    )
+
+
+def step_losses(context: SearchContext, alive: list[int], order: list[int]) -> tuple[Losses, StageCost | None]:
+    """The next step's :func:`removal_losses` for the model of blocks ``alive`` (``order``: those
+    removed so far), from the step store when an earlier job took this step, else computed in a
+    stage of its own and stored. Returns (what :func:`removal_losses` returns, what the step cost
+    when it was taken from the store, else None)."""
+    settings, adapter = context.settings, context.adapter
+    candidates = list(range(settings.early_barrier, len(alive) - settings.latter_barrier))
+    if not candidates:
+        raise ValueError(f"SLEB has no candidate left among {len(alive)} blocks")
+    barriers = {"early_barrier": settings.early_barrier, "latter_barrier": settings.latter_barrier}
+    step = StepKey("sleb", barriers, tuple(order))
+    if (found := context.steps.get(step, lambda stored: stored_losses(stored, len(candidates)))) is not None:
+        stored, cost = found
+        log.info("SLEB step %d found in the step store", len(order) + 1)
+        return (dict(zip(candidates, stored["losses"], strict=True)), stored["current"], stored["count"]), cost
+    with search_stage("sleb", len(order) + 1) as cost:
+        with adapter.without_blocks([i for i in range(adapter.num_layers) if i not in alive]):
+            losses, current, count = removal_losses(adapter, context.calibration, candidates)
+    context.steps.put(step, {"losses": [losses[p] for p in candidates], "current": current, "count": count}, cost)
+    return (losses, current, count), None
+
+
 def sleb_search(context: SearchContext) -> SearchResult:
     """The greedy removal (module docstring). The row records the removal order
     (``sleb_removal_order``, original indices), each step's calibration perplexity after that
-    removal (``sleb_step_ppl``) and the unpruned model's (``sleb_ppl_unpruned``)."""
-    settings, adapter = context.settings, context.adapter
+    removal (``sleb_step_ppl``), the unpruned model's (``sleb_ppl_unpruned``), and the steps taken
+    from the step store with their cost (:func:`reused_columns`)."""
+    adapter = context.adapter
     alive = list(range(adapter.num_layers))
     order: list[int] = []
     step_ppl: list[float] = []
     unpruned, count = None, None
+    reused: list[StageCost] = []
     for _ in range(context.n_blocks):
-        candidates = list(range(settings.early_barrier, len(alive) - settings.latter_barrier))
-        if not candidates:
-            raise ValueError(f"SLEB has no candidate left among {len(alive)} blocks")
-        with adapter.without_blocks([i for i in range(adapter.num_layers) if i not in alive]):
-            losses, current, count = removal_losses(adapter, context.calibration, candidates)
+        (losses, current, count), cost = step_losses(context, alive, order)
+        reused += [cost] if cost is not None else []
+        candidates = sorted(losses)
         unpruned = math.exp(current / count) if unpruned is None else unpruned
         best = min(candidates, key=lambda p: (losses[p], p))
         order.append(alive.pop(best))
@@ -126,12 +171,19 @@ def sleb_search(context: SearchContext) -> SearchResult:
         "sleb_step_ppl": step_ppl,
         "sleb_ppl_unpruned": unpruned,
         "sleb_predictions": count,
+        **reused_columns(reused),
     }
     return SearchResult(order, columns=columns)
 
 
 register(
     SelectionMetric(
-        "sleb", "search", search=sleb_search, method="SLEB", settings=schema.SlebSelectionConfig, fits_after=True
+        "sleb",
+        "search",
+        search=sleb_search,
+        method="SLEB",
+        settings=schema.SlebSelectionConfig,
+        fits_after=True,
+        stages_itself=True,
     )
 )
