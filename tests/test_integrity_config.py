@@ -68,6 +68,17 @@ def test_what_was_accepted_silently_is_refused_in_one_line(tmp_path, no_model_lo
 
 
 @pytest.mark.unit
+def test_the_step_store_s_folder_is_checked_for_a_stepwise_search_even_without_the_statistics_cache(
+    tmp_path, no_model_loads
+):
+    off = ["capture.cache=false", "capture.cache_dir=/dev/null/stats"]
+    assert refused(tmp_path, "experiment=sleb", *off).startswith("capture.cache_dir='/dev/null/stats': /dev/null")
+    # a search that keeps no steps, or a store switched off, leaves the folder alone
+    for other in (["experiment=shortgpt"], ["experiment=sleb", "capture.search_steps=false"]):
+        JobSpec.from_config(job_config(tmp_path, *other, *off))
+
+
+@pytest.mark.unit
 def test_hydra_instantiates_only_the_projects_and_its_own_classes():
     from omegaconf import OmegaConf
 

@@ -121,8 +121,8 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     one raises."""
     writable_directory("results_dir", c.results_dir, results_subfolders(c))
     writable_directory("cache_dir", c.cache_dir)
-    if c.capture.cache or c.capture.search_steps and c.cuts is None and METRICS.get(c.selection.metric).searches:
-        writable_directory("capture.cache_dir", c.capture.cache_dir)  # the statistics, a search's steps
+    if c.capture.cache or c.capture.search_steps and c.cuts is None and METRICS.get(c.selection.metric).stepwise:
+        writable_directory("capture.cache_dir", c.capture.cache_dir)  # the statistics, a stepwise search's steps
     for key, value in (("checkpoint", c.evaluate.checkpoint), ("dtype", c.evaluate.dtype)):
         if value is not None:
             raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")

@@ -47,9 +47,10 @@ class SelectionMetric:
     ``settings``: the schema shape of its ``selection`` option when it has keys of its own (a
     search's, e.g. ``SlebSelectionConfig``; None: the plain one); ``fits_after``: a search that only
     removes blocks, over whose runs of removed blocks a transform may then be fitted (ShortGPT's
-    Block Influence, SLEB's greedy removal; not a merge); ``stages_itself``: a search that announces
-    its own stages (:func:`~replaceme_exp.selection.search.search_stage`, one per greedy step:
-    SLEB's); any other search runs in one stage ``selection search (<name>)``."""
+    Block Influence, SLEB's greedy removal; not a merge); ``stepwise``: a greedy search that runs
+    step by step, each step a stage of its own (:func:`~replaceme_exp.selection.search.search_stage`)
+    kept in the step store (:mod:`~replaceme_exp.selection.search_steps`): SLEB's; any other search
+    runs in one stage ``selection search (<name>)`` and keeps nothing."""
 
     name: str
     kind: str
@@ -63,7 +64,7 @@ class SelectionMetric:
     method: str | None = None
     settings: type | None = None
     fits_after: bool = False
-    stages_itself: bool = False
+    stepwise: bool = False
 
     @property
     def whole_sequence(self) -> bool:

@@ -269,7 +269,7 @@ def searched(request: SelectionRequest, adapter, calibration: TokenBatches, step
         reason = f"the model has {num_layers} blocks; at most {num_layers - 1} can be removed"
         raise ConfigError("n_prune", request.n_prune, reason)
     context = SearchContext(adapter, calibration, n_blocks, request.settings, request.seed, steps)
-    with nullcontext() if metric.stages_itself else search_stage(metric.name):
+    with nullcontext() if metric.stepwise else search_stage(metric.name):
         result = metric.search(context)
     result.check(num_layers)
     log.info("%s removes blocks %s", metric.name, sorted(result.removed))

@@ -43,7 +43,7 @@ class SearchContext:
 
 def search_stage(name: str, step: int | None = None) -> ContextManager[StageCost]:
     """The stage of search ``name``'s work: a whole search (opened around it unless the metric
-    ``stages_itself``), or its ``step``, counted from 1."""
+    ``stepwise``), or its ``step``, counted from 1."""
     return stage("capture", f"selection search ({name})" + ("" if step is None else f" step {step}"))
 
 

@@ -184,6 +184,6 @@ register(
         method="SLEB",
         settings=schema.SlebSelectionConfig,
         fits_after=True,
-        stages_itself=True,
+        stepwise=True,
     )
 )
