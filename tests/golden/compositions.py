@@ -1,69 +1,31 @@
-"""The configurations whose identity is pinned (``tests/golden/config_identity.json``): every shipped
-option of every config group, every method preset, every job of every multirun template, the settings
-whose effective value differs from their spelling, and the robustness tests' bad inputs.
+"""The configurations whose identity is pinned: every shipped option of every config group, every
+method preset, every job of every multirun template, the settings whose effective value differs from
+their spelling, and the robustness tests' bad inputs.
 
-Each entry is a list of Hydra overrides on top of the default job. The pinned file was written from
-commit 3c73b47, before the job spec existed, and stays as it is. A change of what a configuration
-computes changes its hashes on purpose: name the change in ``IDENTITY_CHANGES`` (a tag and why) and run
-``python tests/golden/compositions.py --change <tag>``, which records the new hashes of the
-compositions whose hashes moved in ``identity_changes.json`` under that tag (only the ones not
-recorded yet), with the whole identity of compositions that did not exist (``added``: a new option
-or template job) and a mark on pinned ones no longer composed (``retired``); the test then expects
-those."""
+Each entry is a list of Hydra overrides on top of the default job. ``identity.json`` holds what each
+computes now: its config and setting hashes (without weights, and with a fixed weights fingerprint)
+and its row's setting columns, or the one line that refuses it. ``identity_log.json`` is the history,
+one named change after another: why, and which compositions it moved (their hashes before and
+after), added, retired or described anew (setting columns changed, hashes not).
+
+A change of what a configuration computes changes its identity on purpose: run
+``python tests/golden/compositions.py --change <tag> --why "<what and why>"``, which rewrites
+``identity.json`` and appends the change to the log; the test then expects the new identity. A
+refactor records nothing: the test holds it to ``identity.json``."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 TEMPLATES = ROOT / "multirun_templates"
-GOLDEN = Path(__file__).with_name("config_identity.json")
-CHANGES = Path(__file__).with_name("identity_changes.json")
+IDENTITY = Path(__file__).with_name("identity.json")
+LOG = Path(__file__).with_name("identity_log.json")
 HASHES = ("config_hash", "setting_hash", "config_hash_weights", "setting_hash_weights")
-# Changes of what a configuration computes, by tag: each moved the hashes recorded under its tag.
-IDENTITY_CHANGES = {
-    "healing-master-weights": "issue 22: bf16/fp16 weights that heal (full_model; lt_only's separate T) train "
-    "through float32 master weights (healing.master_weights=float32, the default, enters the hash; "
-    "master_weights=model keeps the hash of before)",
-    "pruned-layers-cosine": "issue 22: the pruned-layers figure and the higher-compression table run the paper's "
-    "'ReplaceMe Adam' (experiment=replaceme_cosine) instead of LS, at 1-7 blocks (Falcon 1-15, its own template)",
-    "official-presets": "issue 22: experiment=replaceme_official, replaceme_official_cosine and uidl_official "
-    "prune 8 blocks and run eval=paper, as the official reproduce configs do",
-    "regularizer-to-identity": "issue 22: the regularizer options l1_to_identity and l2_to_identity (new)",
-    "fewshot-seed": "issue 22: lm-eval suites sample few-shot examples with eval.harness.fewshot_seed (1234, "
-    "lm-eval's default and the official code's) instead of the job's seed, which no longer moves scores",
-    "significance-seeds": "issue 22: +paper=llama3_main's seeds vary only the solver (calibration.seed fixed at 42)",
-    "solvers-table": "issue 22: +paper=solvers runs the non-Adam solvers in the official minibatch schedule and "
-    "adds newton_cg; +paper=solvers_sanity runs the table's MSE + Adam and LS rows",
-    "official-datasets": "issue 22: calibration presets for the official code's C4, WikiText-2 and sec-data-mini (new)",
-    "renderer-rows": "issue 22: the structured_lts table's UIDL and Generic non-consecutive rows and the "
-    "cosine_approximation table's Multi_A rows get their templates (structured_lts_uidl_nc, "
-    "cosine_approximation_multi_a) and the preset experiment=multi_lt_nc_ls (new)",
-    "pwcca": "issue 22: selection=pwcca (new), and +paper=block_selection records CKA, mean CCA and PWCCA over "
-    "the calibration tokens (record_calibration_similarity=true)",
-    "protocol-axis": "issue 22: protocol=paper|official (pipeline/protocol.py) and the official code's settings it "
-    "sets (padded positions, float32 capture, batches in order with the last incomplete one dropped, touching cuts "
-    "composed); the official presets become protocol=official with calibration=slimorca",
-    "official-transforms": "issue 22: the official code's Adam-path options structure=rank1 (two_vectors), "
-    "structure=lower_triangular (thri) and objective=elasticnet (new; objective=ls refuses the two structures)",
-    "peer-methods": "issue 25: the peer depth-pruning methods and the ridge toward the identity (new): "
-    "selection=shortgpt, sleb, laco, channel_cosine; objective=linear_patch, streamline_ffn, streamline_layer, "
-    "ls_ridge_identity; healing=linearpatch_kl, healing/data=wikitext2; their presets and replaceme_ls_sink_aware; "
-    "+paper=llama2_comparison and llama3_main also run experiment=llm_streamline and laco",
-    "solver-precision": "objective.precision: the non-Adam solvers (lbfgs, nlcg, trust_ncg, newton_cg) compute T in "
-    "float64 by default (in float32 their line searches decided on rounding noise: an L-BFGS step moved with the "
-    "CPU's vector kernels); precision=float32, the official code's and protocol=official's, keeps the hash of before",
-    "gemma3-models": "model=gemma3_270m (Gemma 3 270M embedded in wheels) and model=tiny_gemma3 (new); both set "
-    "lt_placement=separate (a norm follows the MLP down-projection)",
-    "offline-tasks": "eval=quick (the default job's suite) runs lm-eval on the first 40 items of the offline tasks "
-    "(world facts, docstring cloze, docstring minimal pairs) besides held-out perplexity, eval=offline runs all their "
-    "items instead of the two toy tasks, and the perplexity-only suite is eval=heldout (new)",
-    "shortgpt-cuts": "issue 35: experiment=replaceme_ls_shortgpt_cuts (new): a least-squares transform over each run "
-    "of the blocks ShortGPT's Block Influence removes (selection=shortgpt with objective=ls, refused before)",
-}
 GROUPS = (
     "model",
     "calibration",
@@ -293,71 +255,83 @@ def composed(compositions: list[list[str]], cache_dir: str):
 WEIGHTS = {"kind": "golden", "sha256": "0" * 64}
 
 
-def current_identity(cfg) -> dict:
-    """What the code computes for one composition: config hash and setting hash (without weights,
-    and with a fixed weights fingerprint) and the row's setting columns; ``valid``, or the one-line
-    error that refuses the configuration. (The pinned file was written by the same function over the
-    API of commit 3c73b47: ``results.identity`` and ``job.base_row``.)"""
+def portable(value, cache_dir: str):
+    """``value`` with this checkout's path and the cache folder spelled ``<repo>`` and ``<cache_dir>``."""
+    if isinstance(value, str):
+        return value.replace(cache_dir, "<cache_dir>").replace(str(ROOT), "<repo>")
+    if isinstance(value, dict):
+        return {k: portable(v, cache_dir) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, cache_dir) for v in value]
+    return value
+
+
+def current_identity(cfg, cache_dir: str) -> dict:
+    """What the code computes for one composition: its config and setting hashes (without weights,
+    and with a fixed weights fingerprint) and the row's setting columns, or the one line that
+    refuses it (``refused``), in JSON's types."""
     from replaceme_exp.errors import ConfigError
     from replaceme_exp.pipeline.spec import JobSpec
 
     try:
         spec = JobSpec.from_config(cfg)
     except ConfigError as err:
-        return {"valid": f"error: ConfigError: {err}", "row_settings": f"error: ConfigError: {err}"}
+        return {"refused": portable(str(err), cache_dir)}
     weighted = spec.with_weights(WEIGHTS)
-    return {
+    identity = {
         "config_hash": spec.config_hash,
         "setting_hash": spec.setting_hash,
         "config_hash_weights": weighted.config_hash,
         "setting_hash_weights": weighted.setting_hash,
         "row_settings": spec.setting_columns(),
-        "valid": "valid",
     }
+    return portable(json.loads(json.dumps(identity)), cache_dir)
 
 
-def expected_hashes(pinned: dict, changes: dict, name: str) -> dict:
-    """The hashes a composition should have now: the latest recorded change, else the pinned ones."""
-    return {k: (changes.get(name) or pinned[name])[k] for k in HASHES}
-
-
-def record_change(tag: str) -> None:
-    """Record under ``tag`` the hashes of every composition whose hashes moved (see the module)."""
-    import tempfile
-
-    if tag not in IDENTITY_CHANGES:
-        raise SystemExit(f"--change {tag}: name it in IDENTITY_CHANGES first (known: {sorted(IDENTITY_CHANGES)})")
-    pinned = json.loads(GOLDEN.read_text())
-    changes = json.loads(CHANGES.read_text()) if CHANGES.is_file() else {}
-    counts = {"moved": 0, "added": 0, "retired": 0}
-    names = set()
+def compute_all() -> dict[str, dict]:
+    """The current identity of every composition, by name."""
     with tempfile.TemporaryDirectory() as cache_dir:
-        for overrides, cfg in composed(all_compositions(), cache_dir):
-            name, now = key(overrides), current_identity(cfg)
-            names.add(name)
-            if name not in pinned:  # a composition that did not exist (a new option or template job)
-                if name not in changes or {k: now.get(k) for k in HASHES} != {k: changes[name].get(k) for k in HASHES}:
-                    counts["added" if name not in changes else "moved"] += 1
-                    changes[name] = {"change": tag, "added": True, **now}
-                continue
-            if now["valid"] != "valid" or pinned[name]["valid"] != "valid":
-                continue
-            if {k: now[k] for k in HASHES} != expected_hashes(pinned, changes, name):
-                changes[name] = {"change": tag, **{k: now[k] for k in HASHES}, "row_settings": now["row_settings"]}
-                counts["moved"] += 1
-    for name in sorted(set(pinned) - names - set(changes)):
-        changes[name] = {"change": tag, "retired": True}
-        counts["retired"] += 1
-    CHANGES.write_text(json.dumps(changes, indent=1, sort_keys=True) + "\n")
-    print(f"{counts} compositions recorded under {tag} in {CHANGES}", file=sys.stderr)
+        return {key(o): current_identity(cfg, cache_dir) for o, cfg in composed(all_compositions(), cache_dir)}
+
+
+def hashes_of(identity: dict) -> dict:
+    """What a log entry keeps of an identity: its hashes, or its refusal."""
+    return {"refused": identity["refused"]} if "refused" in identity else {k: identity[k] for k in HASHES}
+
+
+def record_change(tag: str, why: str) -> None:
+    """Rewrite ``identity.json`` from the code and log what moved under ``tag`` (see the module)."""
+    log = json.loads(LOG.read_text())
+    if tag in {entry["change"] for entry in log}:
+        raise SystemExit(f"--change {tag}: the log has a change of that name already; name this one anew")
+    before, now = json.loads(IDENTITY.read_text()), compute_all()
+    common = sorted(set(before) & set(now))
+    entry = {
+        "change": tag,
+        "why": why,
+        "moved": {
+            n: {"from": hashes_of(before[n]), "to": hashes_of(now[n])}
+            for n in common
+            if hashes_of(before[n]) != hashes_of(now[n])
+        },
+        "added": sorted(set(now) - set(before)),
+        "retired": sorted(set(before) - set(now)),
+        "described": [n for n in common if hashes_of(before[n]) == hashes_of(now[n]) and before[n] != now[n]],
+    }
+    LOG.write_text(json.dumps([*log, entry], indent=1) + "\n")
+    IDENTITY.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+    counts = {k: len(entry[k]) for k in ("moved", "added", "retired", "described")}
+    print(f"{counts} compositions recorded under {tag} in {LOG}", file=sys.stderr)
 
 
 def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--change", required=True, help=f"the tag of the change ({', '.join(IDENTITY_CHANGES)})")
-    record_change(parser.parse_args().change)
+    parser.add_argument("--change", required=True, help="a new name for the change")
+    parser.add_argument("--why", required=True, help="what changed, and why (the issue, the setting)")
+    args = parser.parse_args()
+    record_change(args.change, args.why)
 
 
 if __name__ == "__main__":
