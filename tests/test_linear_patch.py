@@ -5,6 +5,7 @@ the official selection, the hooked model against an explicit patch module, the d
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -71,6 +72,16 @@ def test_hadamard_matrices_are_orthonormal_and_the_official_kronecker_products()
         assert hadamard_order(n) is None
         with pytest.raises(ConfigError, match=f"objective.rotate=True: needs a Hadamard matrix of the hidden size {n}"):
             check_hidden_size(n)
+
+
+@pytest.mark.unit
+def test_the_stored_matrices_and_the_built_ones_are_the_pinned_ones():
+    """Digests taken before the matrices moved from code to ``hadamard_matrices.json``."""
+    stored = hashlib.sha256(b"".join(stored_matrix(k).numpy().tobytes() for k in sorted(ORDERS)))
+    assert stored.hexdigest() == "3718feb2d3120c4b3167d3ab06b954397f8bb0e4a50f28a7bbb21c580a41ec8b"
+    built = hashlib.sha256(b"".join(hadamard_matrix(n).numpy().tobytes() for n in (576, 640, 768, 2048, 4096, 5120)))
+    assert built.hexdigest() == "03d624c883a0b121c2f5c2e26ad4a3ba01e6e44549522778f467096af4298c87"
+    assert ORDERS == (172, 156, 140, 108, 60, 52, 36, 28, 40, 20, 12)
 
 
 @pytest.mark.unit
