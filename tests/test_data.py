@@ -11,7 +11,7 @@ import pytest
 from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build, build_option
 from replaceme_exp.data import build_calibration, heldout_windows
-from replaceme_exp.data.calibration import CALIBRATION_SOURCES
+from replaceme_exp.data.calibration import CALIBRATION_SOURCES, as_read_by
 from replaceme_exp.data.sources import CHAT_PROMPT, document_as_chat, pydoc_text
 from replaceme_exp.errors import ConfigError
 
@@ -22,7 +22,7 @@ def calib_cfg(**kw):
     """A typed calibration option (the shape its keys make, as a composed config gets)."""
     base = dict(name="t", source="pydoc", n_samples=8, seq_len=64, batch_size=3, padding_side="right", seed=0)
     base.update(kw)
-    return build_option("calibration", base, "calibration")
+    return as_read_by(build_option("calibration", base, "calibration"), "paper")
 
 
 def calibration_documents(cfg, tokenizer, n, seed, answerer=None):

@@ -225,7 +225,7 @@ def test_official_slimorca_loader_takes_the_first_records_and_their_first_pair(t
     assert sorted(d.split("Question ")[1][0] for d in decoded) == ["0", "1", "2", "3"]  # the first four, in order
     assert all("follow-up" not in d and "You are an AI assistant" not in d for d in decoded)
     assert first_pair([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])[1]["content"] == "b"
-    shuffled = compose_config(["calibration=jsonl", f"calibration.path={path}", "calibration.chat_field=conversations"])
+    shuffled = typed(["calibration=jsonl", f"calibration.path={path}", "calibration.chat_field=conversations"])
     assert shuffled.calibration.order == "shuffled" and shuffled.calibration.chat_turns == "all"
     official = compose_config(["calibration=slimorca_official"]).calibration
     settings = (official.order, official.chat_turns, official.n_samples, official.seq_len)

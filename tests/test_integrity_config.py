@@ -20,7 +20,8 @@ from replaceme_exp.config import schema
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models.loading import load_model
 from replaceme_exp.models.shape import model_shape
-from replaceme_exp.pipeline.rules import ALLOWED_TARGET_PREFIXES, check_job, check_shape
+from replaceme_exp.estimation.estimators import ALLOWED_TARGET_PREFIXES
+from replaceme_exp.pipeline.rules import check_job, check_shape
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.runtime import run_recorded
 from replaceme_exp.runtime.composition import raised_while_composing
@@ -185,9 +186,7 @@ def test_every_shipped_target_is_one_of_the_projects_own():
         (["model.config.model_type=bogus"], "model.config='bogus': is not a config transformers can build"),
     ],
 )
-def test_what_needs_the_models_config_is_refused_before_its_weights_load(
-    tmp_path, no_model_loads, overrides, named
-):
+def test_what_needs_the_models_config_is_refused_before_its_weights_load(tmp_path, no_model_loads, overrides, named):
     assert refused(tmp_path, *overrides).startswith(named)
 
 

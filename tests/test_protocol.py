@@ -1,4 +1,5 @@
-"""The protocol axis (``protocol=paper|official``, pipeline/protocol.py) and the official code's
+"""The protocol axis (the config group ``protocol=paper|official``, conf/protocol/, and the rules of
+config/protocol.py) and the official code's
 settings it sets: padded positions in the statistics, a float32 capture copy, batches in the order
 read with an incomplete last one dropped, touching cuts composed into one down-projection, and
 sequential transforms for numerical objectives. Each is checked against an independent
@@ -8,6 +9,7 @@ hand-written forward pass (tests/helpers/explicit.py)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -44,7 +46,10 @@ def test_protocol_official_sets_what_the_official_code_ran_and_keeps_explicit_ch
     )
     c, p = spec.config, paper.config
     assert (p.selection.metric, p.selection.tokens, p.calibration.order, p.calibration.chat_turns) == (
-        "cosine", "all", "shuffled", "all",
+        "cosine",
+        "all",
+        "shuffled",
+        "all",
     )
     assert (c.selection.metric, c.selection.tokens) == ("angular", "last")
     assert (c.calibration.order, c.calibration.chat_turns) == ("first", "first_pair")
@@ -80,6 +85,143 @@ def test_protocol_official_sets_what_the_official_code_ran_and_keeps_explicit_ch
 
 
 @pytest.mark.unit
+def test_cfg_job_prints_what_protocol_official_runs():
+    """``--cfg job`` shows the protocol's fixed values; what it leaves to rules shows as null / auto
+    and is settled before the job starts (the rest of this module checks to what)."""
+    import subprocess
+    import sys
+
+    import yaml
+    from helpers.config import ROOT
+
+    out = subprocess.run(
+        [sys.executable, "run.py", "experiment=replaceme_official", "--cfg", "job"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    printed = yaml.safe_load(out)
+    assert printed["protocol"] == "official"
+    assert (printed["selection"]["metric"], printed["selection"]["tokens"]) == ("angular", "last")
+    assert (printed["touching_cuts"], printed["solver_schedule"], printed["model"]["dtype"]) == (
+        "compose",
+        "minibatch",
+        "bfloat16",
+    )
+    assert (printed["calibration"]["order"], printed["calibration"]["chat_turns"]) == (None, None)
+    assert printed["model"]["capture_dtype"] == "auto" and printed["estimation"]["padded_positions"] is None
+    spec = JobSpec.from_config(compose_config(["experiment=replaceme_official"]))
+    assert (spec.config.model.capture_dtype, spec.config.estimation.padded_positions) == ("float32", True)
+    assert (spec.config.calibration.order, spec.config.calibration.chat_turns) == ("first", "first_pair")
+    assert (spec.config.calibration.batch_order, spec.config.calibration.drop_last) == ("as_read", True)
+
+
+@pytest.mark.unit
+def test_a_choice_typed_under_protocol_official_wins_even_when_it_is_the_papers():
+    typed = [
+        "selection=cosine",
+        "model.dtype=float32",
+        "calibration=slimorca",
+        "calibration.order=shuffled",
+        "calibration.chat_turns=all",
+        "calibration.batch_order=by_length",
+        "calibration.drop_last=false",
+        "objective=cosine",
+        "num_lts=2",
+        "multi_lt=independent",
+        "touching_cuts=apart",
+        "solver_schedule=full_batch",
+        "objective.solver=lbfgs",
+        "objective.precision=float64",
+        "estimation=all",
+        "estimation.padded_positions=false",
+        "model.capture_dtype=null",
+    ]
+    chosen = JobSpec.from_config(compose_config(["protocol=official", *typed]))
+    paper = JobSpec.from_config(compose_config(["protocol=paper", *typed]))
+    c = chosen.config
+    assert (c.selection.metric, c.selection.tokens, c.model.dtype, c.model.capture_dtype) == (
+        "cosine",
+        "all",
+        "float32",
+        None,
+    )
+    assert (c.calibration.order, c.calibration.chat_turns, c.calibration.batch_order, c.calibration.drop_last) == (
+        "shuffled",
+        "all",
+        "by_length",
+        False,
+    )
+    assert (c.multi_lt, c.touching_cuts, c.objective.schedule, c.objective.precision) == (
+        "independent",
+        "apart",
+        "full_batch",
+        "float64",
+    )
+    assert c.estimation.padded_positions is False
+    # every setting is the paper's: only the label (and so the hash) differs
+    assert dataclasses.replace(c, protocol="paper") == paper.config
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "preset", ["llm_streamline", "llm_streamline_layer", "shortgpt", "sleb", "laco", "linearpatch"]
+)
+def test_a_peer_preset_keeps_its_own_settings_under_protocol_official(preset):
+    """The protocol sets ReplaceMe's and UIDL's settings; a peer's preset keeps its selection and its
+    fit (the harness's data, dtype and capture copy are the protocol's for every method)."""
+    paper = JobSpec.from_config(compose_config([f"experiment={preset}"]))
+    official = JobSpec.from_config(compose_config([f"experiment={preset}", "protocol=official"]))
+    assert official.config.selection == paper.config.selection
+    assert official.setting_columns()["padded_positions"] is False
+    assert official.config.multi_lt == paper.config.multi_lt == "independent"
+    assert official.config.model.dtype == "bfloat16" and official.config.model.capture_dtype == "float32"
+
+
+@pytest.mark.unit
+def test_masking_runs_under_protocol_official_with_padded_positions_off():
+    for overrides in (["+paper=masking", "mask_ratio=0.25"], ["objective=cosine", "estimation=all", "mask_ratio=0.25"]):
+        spec = JobSpec.from_config(compose_config([*overrides, "protocol=official"]))
+        assert spec.config.estimation.padded_positions is False
+        assert spec.setting_columns()["padded_positions"] is False and spec.setting_columns()["mask_ratio"] == 0.25
+    unmasked = JobSpec.from_config(compose_config(["objective=cosine", "estimation=all", "protocol=official"]))
+    assert unmasked.setting_columns()["padded_positions"] is True
+
+
+@pytest.mark.unit
+def test_capture_4bit_under_protocol_official_is_refused_only_for_what_this_machine_lacks(monkeypatch):
+    """The 4-bit copy is the capture's: the protocol's float32 copy gives way to it. Without a GPU and
+    bitsandbytes the job is refused for them alone, in one line."""
+    from replaceme_exp.models import loading
+
+    overrides = ["experiment=replaceme_official", "model=llama32_1b_instruct", "model.capture_4bit=true"]
+    with pytest.raises(ConfigError) as err:
+        JobSpec.from_config(compose_config(overrides))
+    assert str(err.value).startswith("model.capture_4bit=True: needs the bitsandbytes package") or (
+        "CUDA GPU" in str(err.value)
+    )
+    monkeypatch.setattr(loading, "check_nf4_capture", lambda cfg: None)
+    import replaceme_exp.pipeline.rules as rules
+
+    monkeypatch.setattr(rules, "check_nf4_capture", lambda cfg: None)
+    spec = JobSpec.from_config(compose_config(overrides))
+    assert spec.config.model.capture_4bit is True and spec.config.model.capture_dtype is None
+    assert spec.setting_columns()["capture_4bit"] is True
+
+
+@pytest.mark.unit
+def test_a_vision_job_under_protocol_official_is_refused_in_one_line():
+    overrides = ["model=tiny_clip", "calibration=bundled_images", "eval=clip_offline", "protocol=official"]
+    with pytest.raises(ConfigError) as err:
+        JobSpec.from_config(compose_config(overrides))
+    assert str(err.value).startswith("protocol='official': the official code has no CLIP path") and "\n" not in str(
+        err.value
+    )
+    assert JobSpec.from_config(compose_config(overrides[:-1])).config.protocol == "paper"
+
+
+@pytest.mark.unit
 def test_the_parts_of_a_mix_take_the_official_record_order():
     spec = JobSpec.from_config(compose_config(["calibration=slimorca_fineweb", "protocol=official"]))
     assert {p["order"] for p in spec.config.calibration.parts.values()} == {"first"}
@@ -90,10 +232,14 @@ def test_the_official_presets_are_protocol_official_and_their_rows_can_fill_the_
     for preset in ("replaceme_official", "replaceme_official_cosine", "uidl_official"):
         columns = JobSpec.from_config(compose_config([f"experiment={preset}"])).setting_columns()
         assert (columns["protocol"], columns["calibration"], columns["selection_metric"]) == (
-            "official", "slimorca", "angular_last",
+            "official",
+            "slimorca",
+            "angular_last",
         )
         assert (columns["calibration_order"], columns["calibration_chat_turns"], columns["n_prune"]) == (
-            "first", "first_pair", 8,
+            "first",
+            "first_pair",
+            8,
         )
 
 
@@ -204,8 +350,13 @@ def test_touching_cuts_compose_as_the_official_lstsq(tmp_path):
     """lstsq.py with merge_consecutive=false: T0 maps M_0 to L_2 - Y_0, T1 (estimated on the
     unpruned model) maps the whole L_2 to L_4, and block 0's down-projection becomes T1^T T0^T W."""
     cfg = job_config(
-        tmp_path, "cuts=[[1,3],[3,5]]", "merge_consecutive=false", "touching_cuts=compose",
-        "estimation=all", "save_transforms=true", "save_model=full",
+        tmp_path,
+        "cuts=[[1,3],[3,5]]",
+        "merge_consecutive=false",
+        "touching_cuts=compose",
+        "estimation=all",
+        "save_transforms=true",
+        "save_model=full",
     )
     row = run_recorded(cfg)
     model, sequences = _calibration_sequences(cfg)
@@ -229,8 +380,13 @@ def test_touching_cuts_estimated_sequentially_fuse_into_the_kept_block(tmp_path)
     """cosine_dist.py's order, with LS: the second cut is estimated on the model with the first
     applied, where block 0 (holding M T0) is the block before it."""
     cfg = job_config(
-        tmp_path, "cuts=[[1,3],[3,5]]", "merge_consecutive=false", "touching_cuts=compose",
-        "multi_lt=sequential", "estimation=all", "save_transforms=true",
+        tmp_path,
+        "cuts=[[1,3],[3,5]]",
+        "merge_consecutive=false",
+        "touching_cuts=compose",
+        "multi_lt=sequential",
+        "estimation=all",
+        "save_transforms=true",
     )
     row = run_recorded(cfg)
     model, sequences = _calibration_sequences(cfg)
@@ -285,3 +441,24 @@ def test_the_tables_render_each_protocol_from_its_own_runs():
     official = build_table(spec, runs, target=Target(protocol="official"))
     assert (str(ls_cell(paper)), str(ls_cell(official))) == ("0.6", "0.62")
     assert "protocol=official" in official.attrs["retargeted"] and paper.attrs["retargeted"] is None
+
+
+@pytest.mark.unit
+def test_every_setting_left_to_the_protocol_has_one_rule_and_its_schema_default_leaves_it():
+    from replaceme_exp.config import protocol
+
+    ruled = [k for rule in protocol.RULES for k in rule.keys]
+    assert len(ruled) == len(set(ruled))
+    assert set(protocol.LEFT_TO_PROTOCOL) <= set(ruled)
+    composed = compose_config(["calibration=slimorca", "objective=cosine"])
+    from omegaconf import OmegaConf
+
+    for key, sentinel in protocol.LEFT_TO_PROTOCOL.items():
+        assert OmegaConf.select(composed, key) == sentinel, key
+    with pytest.raises(LookupError, match="no protocol rule settled"):
+        saved = list(protocol.RULES)
+        try:
+            protocol.RULES.clear()
+            typed(["calibration=slimorca"])
+        finally:
+            protocol.RULES[:] = saved

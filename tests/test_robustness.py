@@ -270,14 +270,14 @@ def test_binary_calibration_text_is_refused(tmp_path, smollm2_tokenizer, content
     ],
 )
 def test_malformed_jsonl_names_the_file_line_or_field(tmp_path, smollm2_tokenizer, lines, reason):
-    from helpers.config import compose_config
+    from helpers.config import typed
 
     from replaceme_exp.data import build_calibration
     from replaceme_exp.errors import ConfigError
 
     path = tmp_path / "calib.jsonl"
     path.write_text("\n".join(lines))
-    cfg = compose_config(["calibration=jsonl", f"calibration.path={path}", "calibration.n_samples=1"]).calibration
+    cfg = typed(["calibration=jsonl", f"calibration.path={path}", "calibration.n_samples=1"]).calibration
     with pytest.raises(ConfigError, match=reason):
         build_calibration(cfg, smollm2_tokenizer)
 

@@ -166,8 +166,10 @@ class ModelConfig:
         None, doc="auto: spread over the GPUs (accelerate); null: one device", check=device_map_value
     )
     capture_4bit: bool = key(False, doc="capture on a 4-bit NF4 copy (the official use_4bit; bitsandbytes + GPU)")
-    capture_dtype: Optional[Literal["float32", "float16", "bfloat16"]] = key(
-        None, doc="capture on a copy in this dtype (official: float32), then prune the model in dtype; null: dtype"
+    capture_dtype: Optional[Literal["auto", "float32", "float16", "bfloat16"]] = key(
+        "auto",
+        doc="capture on a copy in this dtype, then prune the model in dtype; null: dtype; auto: the protocol's "
+        "(paper: dtype; official: float32, dtype with capture_4bit)",
     )
 
 
@@ -209,10 +211,14 @@ class CalibrationConfig:
 class TextCalibrationConfig(CalibrationConfig):
     seq_len: int = key(doc="tokens per sequence (longer ones are truncated)", check=positive_int)
     padding_side: Literal["left", "right"] = key("right", doc="where padding goes")
-    batch_order: Literal["by_length", "as_read"] = key(
-        "by_length", doc="sequences batched longest first (least padding), or in the order read (official)"
+    batch_order: Optional[Literal["by_length", "as_read"]] = key(
+        None,
+        doc="sequences batched longest first (least padding), or in the order read; null: the protocol's "
+        "(paper: by_length; official: as_read)",
     )
-    drop_last: bool = key(False, doc="drop an incomplete last batch (the official DataLoader's drop_last)")
+    drop_last: Optional[bool] = key(
+        None, doc="drop an incomplete last batch; null: the protocol's (paper: false; official: true, its DataLoader's)"
+    )
 
 
 @Group
@@ -231,8 +237,13 @@ class DatasetCalibrationConfig(TextCalibrationConfig):
     text_field: Optional[str] = key(None, doc="record field holding plain text")
     chat_field: Optional[str] = key(None, doc="record field holding a list of chat turns")
     streaming: bool = key(False, doc="stream the records instead of downloading the split")
-    order: Literal["shuffled", "first"] = key("shuffled", doc="seeded draw, or the first n_samples (official)")
-    chat_turns: Literal["all", "first_pair"] = key("all", doc="every turn, or the first user/assistant pair (official)")
+    order: Optional[Literal["shuffled", "first"]] = key(
+        None, doc="seeded draw, or the first n_samples; null: the protocol's (paper: shuffled; official: first)"
+    )
+    chat_turns: Optional[Literal["all", "first_pair"]] = key(
+        None,
+        doc="every turn, or the first user/assistant pair; null: the protocol's (paper: all; official: first_pair)",
+    )
 
 
 @Group
@@ -423,10 +434,10 @@ class NumericalObjectiveConfig(ObjectiveConfig):
     init: Literal["identity", "ls"] = key("identity", doc="start from I or from the closed form")
     max_iter: int = key(100, doc="iterations of full_batch solvers", check=positive_int)
     chunk_tokens: int = key(8192, doc="tokens per chunk of a full-batch objective", check=positive_int)
-    precision: Literal["float64", "float32"] = key(
-        "float64",
+    precision: Optional[Literal["float64", "float32"]] = key(
+        None,
         doc="dtype of lbfgs/nlcg/trust_ncg/newton_cg (float32: the official code's, whose steps move with the CPU's "
-        "vector kernels); adam runs in float32",
+        "vector kernels); adam runs in float32; null: the protocol's (paper: float64; official: float32)",
     )
 
 
@@ -466,8 +477,10 @@ class EstimationConfig:
     massive_threshold: float = key(
         20.0, doc="norm over the sequence median that makes a token massive", check=above_one
     )
-    padded_positions: bool = key(
-        False, doc="padded positions' activations enter the fit too (the official code; needs tokens=all)"
+    padded_positions: Optional[bool] = key(
+        None,
+        doc="padded positions' activations enter the fit too (needs tokens=all); null: the protocol's (paper: false; "
+        "official: true for ReplaceMe's and UIDL's fits of every token without masking, left padding or folds)",
     )
 
 
@@ -719,15 +732,17 @@ class JobConfig:
     num_lts: int = key(1, doc="linear transforms (cuts of n_prune/num_lts blocks)", check=positive_int)
     alpha: float = key(0.0, doc="regularisation strength (ridge for ls)", check=finite_non_negative)
     protocol: Literal["paper", "official"] = key(
-        "paper", doc="the paper's text, or what the official code ran (pipeline/protocol.py)"
+        "paper", doc="the paper's text, or what the official code ran (the config group conf/protocol/)"
     )
     merge_consecutive: bool = key(True, doc="join selected cuts that touch into one transform")
     touching_cuts: Literal["apart", "compose"] = key(
         "apart",
         doc="unmerged cuts: kept a block apart, or allowed to touch, both T in one down-projection (official)",
     )
-    multi_lt: Literal["independent", "sequential"] = key(
-        "independent", doc="several cuts: each T from the unpruned model, or on the partly pruned one"
+    multi_lt: Optional[Literal["independent", "sequential"]] = key(
+        None,
+        doc="several cuts: each T from the unpruned model, or on the partly pruned one; null: the protocol's "
+        "(paper: independent; official: sequential for the numerical objectives)",
     )
     cuts: Optional[list[list[int]]] = key(None, doc="explicit [[start, end), ...] cuts; null: select", check=cuts_value)
     lt_placement: Literal["fused", "separate"] = key(

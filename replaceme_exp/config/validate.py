@@ -18,6 +18,7 @@ from typing import Any, Literal, Union
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from replaceme_exp.config import schema
+from replaceme_exp.config.protocol import settle
 from replaceme_exp.errors import ConfigError, first_line
 from replaceme_exp.registry import registry
 
@@ -190,6 +191,7 @@ def resolved_container(cfg: DictConfig | dict) -> dict:
 
 
 def typed_config(cfg: DictConfig | dict) -> schema.JobConfig:
-    """``cfg`` checked key by key and returned as a :class:`~replaceme_exp.config.schema.JobConfig`."""
+    """``cfg`` checked key by key and returned as a :class:`~replaceme_exp.config.schema.JobConfig`,
+    every setting left to the protocol settled (:func:`~replaceme_exp.config.protocol.settle`)."""
     data = {k: v for k, v in resolved_container(cfg).items() if k != "hydra"}
-    return build(schema.JobConfig, data)
+    return settle(build(schema.JobConfig, data))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from replaceme_exp.config import schema
+from replaceme_exp.config.protocol import protocol_rule
 from replaceme_exp.config.validate import build
 from replaceme_exp.data import files
 from replaceme_exp.data.batching import TokenBatches, pack_windows, tokenize_documents
@@ -253,6 +254,44 @@ def mixed_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) 
         documents.extend(source.read(part, tokenizer, share, seed + i, answerer))
     random.Random(seed).shuffle(documents)
     return documents
+
+
+# How each protocol reads and batches calibration records (the official code: utils.py takes the
+# first dataset_size records in order, _load_orca_dataset the first user/assistant pair of each, and
+# its DataLoader(shuffle=False, drop_last=True) batches them as read, an incomplete last batch dropped).
+RECORDS_AS_READ_BY = {
+    "paper": {"order": "shuffled", "chat_turns": "all", "batch_order": "by_length", "drop_last": False},
+    "official": {"order": "first", "chat_turns": "first_pair", "batch_order": "as_read", "drop_last": True},
+}
+
+
+def as_read_by(calibration: Any, protocol: str) -> Any:
+    """The calibration option ``calibration`` with the keys it leaves to the protocol (null) settled
+    as ``protocol`` reads and batches records; under ``protocol=official`` also each part of a
+    ``mix`` that does not set its own order or turns."""
+    settings = RECORDS_AS_READ_BY[protocol]
+    found = {k: v for k, v in settings.items() if hasattr(calibration, k) and getattr(calibration, k) is None}
+    parts = getattr(calibration, "parts", None)
+    if protocol == "official" and isinstance(parts, dict):
+        found["parts"] = {
+            name: {**part, **{k: settings[k] for k in ("order", "chat_turns") if part.get(k) is None}}
+            for name, part in parts.items()
+        }
+    return dataclasses.replace(calibration, **found) if found else calibration
+
+
+@protocol_rule(
+    "calibration.order", "calibration.chat_turns", "calibration.batch_order", "calibration.drop_last", "calibration.parts"
+)
+def records_as_the_protocol_reads_them(config: schema.JobConfig) -> dict[str, Any]:
+    """The job's calibration keys left to the protocol, settled by :func:`as_read_by`."""
+    settled = as_read_by(config.calibration, config.protocol)
+    keys = ("order", "chat_turns", "batch_order", "drop_last", "parts")
+    return {
+        f"calibration.{k}": getattr(settled, k)
+        for k in keys
+        if hasattr(settled, k) and getattr(settled, k) != getattr(config.calibration, k)
+    }
 
 
 def build_calibration(cfg: schema.TextCalibrationConfig, tokenizer, answerer: Answerer | None = None) -> TokenBatches:

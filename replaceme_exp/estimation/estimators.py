@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from hydra.utils import get_class
 
 from replaceme_exp.capture.statistics import LinearStats
+from replaceme_exp.config import schema
+from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.least_squares import diagonal_solve, orthonormal_solve, ridge_solve
 
@@ -79,6 +82,7 @@ class Estimator:
     fits_transform: bool = True  # returns a T (healing=lt_only trains it); False: plain removal
     uses_alpha: bool = True  # regularised by ``alpha``
     alpha_scale: str | None = "token_sum"  # see :class:`Requirements`
+    follows_protocol: bool = True  # ReplaceMe's and UIDL's: protocol=official's fit settings apply to it
 
     @classmethod
     def requirements(cls, objective) -> Requirements:
@@ -138,3 +142,47 @@ class IdentityEstimator(Estimator):
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> None:
         return None
+
+
+# ``objective._target_`` is imported and instantiated: only the project's own modules may be named
+# (a shared sweep file or template must not run arbitrary code); an estimator of one's own goes under
+# replaceme_exp/estimation/ (docs/extending/estimator.md).
+ALLOWED_TARGET_PREFIXES = ("replaceme_exp.",)
+
+
+def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
+    """The estimator class ``objective._target_`` names, one of the project's own."""
+    target = objective._target_
+    if not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
+        reason = "only the project's estimator classes (replaceme_exp.*) are instantiated"
+        raise ConfigError("objective._target_", target, reason)
+    try:
+        found = get_class(objective._target_)
+    except Exception as err:  # noqa: BLE001 - hydra raises several types for an unknown path
+        raise ConfigError("objective._target_", objective._target_, f"no such estimator class ({err})") from err
+    if not (isinstance(found, type) and issubclass(found, Estimator)):
+        raise ConfigError("objective._target_", objective._target_, "is not an Estimator")
+    return found
+
+
+@protocol_rule("estimation.padded_positions", "multi_lt")
+def fit_as_the_protocol_runs_it(config: schema.JobConfig) -> dict:
+    """Under ``protocol=official``, for an estimator that follows it (ReplaceMe's and UIDL's): padded
+    positions in a fit of every token (lstsq.py / cosine_dist.py: ``view(-1, hidden)`` of padded
+    batches keeps them), but not with masking (masked copies carry their own positions), left
+    padding or folds of whole sequences; several cuts of a numerical objective one after another
+    (cosine_dist.py reloads the pruned model for each cut), LS's all from the unpruned model in one
+    pass (lstsq.py). Under ``protocol=paper``, and for other estimators: neither."""
+    estimator = estimator_class(config.objective)
+    official = config.protocol == "official" and estimator.follows_protocol
+    padded = (
+        official
+        and config.estimation.tokens == "all"
+        and config.mask_ratio == 0
+        and getattr(config.calibration, "padding_side", "right") == "right"
+    )
+    settled = {
+        "estimation.padded_positions": padded,
+        "multi_lt": "sequential" if official and estimator.needs_tokens else "independent",
+    }
+    return {k: v for k, v in settled.items() if left_to_protocol(config, k)}

@@ -42,6 +42,8 @@ def check_hidden_size(hidden_size: int, key: str = "objective.rotate") -> None:
 class LinearPatchEstimator(Estimator):
     """The LinearPatch patch of each cut from its :class:`ChannelScales`; nothing regularises it."""
 
+    follows_protocol = False  # not the official code's: protocol=official sets none of its settings
+
     name = "linear_patch"
     needs_statistics = False
     needs_channel_scales = True

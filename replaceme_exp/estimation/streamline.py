@@ -277,6 +277,8 @@ class StreamlineEstimator(Estimator):
     """LLM-Streamline's layer replacement (module docstring); ``objective=streamline_ffn`` or
     ``objective=streamline_layer``. Fits no T: :meth:`replace` trains the network of a cut."""
 
+    follows_protocol = False  # not the official code's: protocol=official sets none of its settings
+
     needs_statistics = False
     fits_transform = False
     uses_alpha = False

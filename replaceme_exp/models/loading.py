@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from replaceme_exp.config.schema import ModelConfig
+from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
+from replaceme_exp.config.schema import JobConfig, ModelConfig
 from replaceme_exp.errors import ConfigError, first_line
 from replaceme_exp.models.embedded import SMOLLM2, EmbeddedModel, embedded_checkpoint, embedded_model
 from replaceme_exp.models.fingerprint import weights_fingerprint
@@ -164,6 +165,17 @@ def load_vision_model(cfg: ModelConfig, cache_dir: str | os.PathLike, weights: d
     if cfg.source == "hub_clip_vision" and getattr(model.config, "_commit_hash", None):
         identity["commit"] = model.config._commit_hash
     return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name, identity=identity, processor=processor)
+
+
+@protocol_rule("model.capture_dtype")
+def capture_dtype_of_the_protocol(config: JobConfig) -> dict:
+    """``model.capture_dtype=auto``: none under ``protocol=paper`` (the capture runs on the model in
+    its dtype); a float32 copy under ``protocol=official`` (from_pretrained without torch_dtype), or
+    none with ``model.capture_4bit`` (the 4-bit copy is the capture's)."""
+    if not left_to_protocol(config, "model.capture_dtype"):
+        return {}
+    official = config.protocol == "official" and not config.model.capture_4bit
+    return {"model.capture_dtype": "float32" if official else None}
 
 
 def check_nf4_capture(cfg: ModelConfig) -> None:

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from hydra.utils import get_class
 
 from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build_option
@@ -26,7 +25,7 @@ from replaceme_exp.data import CALIBRATION_SOURCES
 from replaceme_exp.data.files import check_readable, check_text
 from replaceme_exp.data.hub import HubDataset, require_available
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.estimators import Estimator, Requirements
+from replaceme_exp.estimation.estimators import Requirements, estimator_class
 from replaceme_exp.estimation.linear_patch import check_hidden_size
 from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets, benchmark_task
 from replaceme_exp.evaluation.task_datasets import suite_datasets
@@ -39,26 +38,6 @@ from replaceme_exp.selection.laco import LacoPlan
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
-
-# ``objective._target_`` is imported and instantiated: only the project's own modules may be named
-# (a shared sweep file or template must not run arbitrary code); an estimator of one's own goes under
-# replaceme_exp/estimation/ (docs/extending/estimator.md).
-ALLOWED_TARGET_PREFIXES = ("replaceme_exp.",)  # docs/extending/estimator.md
-
-
-def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
-    """The estimator class ``objective._target_`` names, one of the project's own."""
-    target = objective._target_
-    if not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
-        reason = "only the project's estimator classes (replaceme_exp.*) are instantiated"
-        raise ConfigError("objective._target_", target, reason)
-    try:
-        found = get_class(objective._target_)
-    except Exception as err:  # noqa: BLE001 - hydra raises several types for an unknown path
-        raise ConfigError("objective._target_", objective._target_, f"no such estimator class ({err})") from err
-    if not (isinstance(found, type) and issubclass(found, Estimator)):
-        raise ConfigError("objective._target_", objective._target_, "is not an Estimator")
-    return found
 
 
 def modality_of(model: schema.ModelConfig) -> str:
@@ -127,6 +106,12 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
         if value is not None:
             raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")
     check_embedded(c.model)
+    if c.protocol == "official" and is_vision_config(c.model):
+        raise ConfigError(
+            "protocol",
+            "official",
+            f"the official code has no CLIP path: model={c.model.name} runs under protocol=paper",
+        )
     check_selection(c, needs)
     check_method(c, needs)
     check_official_settings(c, needs)

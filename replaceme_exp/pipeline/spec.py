@@ -47,19 +47,18 @@ from omegaconf import DictConfig
 from replaceme_exp.capture.execution import compute_device, resolve_precision
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config import schema
+from replaceme_exp.config.protocol import settle
 from replaceme_exp.config.validate import typed_config
-from replaceme_exp.estimation.estimators import Estimator, Requirements
+from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.estimation.numerical import regularizer_warning
 from replaceme_exp.models.fingerprint import file_digest
 from replaceme_exp.models.loading import saved_dtype
-from replaceme_exp.pipeline.protocol import apply_protocol
 from replaceme_exp.pipeline.rules import (
     check_checkpoint,
     check_evaluation,
     check_inputs,
     check_job,
-    estimator_class,
     modality_of,
     model_save,
 )
@@ -132,8 +131,7 @@ class JobSpec:
     def from_config(cls, cfg: DictConfig | dict | schema.JobConfig, weights: dict | None = None) -> "JobSpec":
         """Check ``cfg`` (one :class:`~replaceme_exp.errors.ConfigError` naming key, value and reason
         for the first problem) and resolve it. Cheap: no model, no data."""
-        config = cfg if isinstance(cfg, schema.JobConfig) else typed_config(cfg)
-        config = apply_protocol(config, estimator_class(config.objective).requirements(config.objective))
+        config = settle(cfg) if isinstance(cfg, schema.JobConfig) else typed_config(cfg)
         requirements = estimator_class(config.objective).requirements(config.objective)
         metadata = None
         if config.job == "evaluate":

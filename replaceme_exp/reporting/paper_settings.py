@@ -401,7 +401,7 @@ class Retargeting:
         """``conditions`` with the target applied (see the module docstring)."""
         t, out = self.target, dict(conditions)
         out["protocol"] = t.protocol
-        if t.protocol == "official" and out.get("selection_metric") == "cosine":  # pipeline/protocol.py
+        if t.protocol == "official" and out.get("selection_metric") == "cosine":  # conf/protocol/official.yaml
             out["selection_metric"] = "angular_last"
         if not self.active:
             return out
@@ -466,7 +466,7 @@ class Retargeting:
             return None
         t, parts = self.target, []
         if t.protocol == "official":
-            parts.append("protocol=official (the official code's settings, pipeline/protocol.py)")
+            parts.append("protocol=official (the official code's settings, conf/protocol/official.yaml)")
         for key in RETARGET_KEYS:
             value = getattr(t, key)
             if value is None or key not in self.seen:

@@ -39,6 +39,7 @@ GROUPS = (
     "capture",
     "store",
     "tracking",
+    "protocol",
     "experiment",
 )
 # Options that only compose with a companion override (a user's folder or dataset).
@@ -160,6 +161,15 @@ EQUIVALENCES += [
     ["num_lts=2", "merge_consecutive=false", "touching_cuts=compose"],
     ["num_lts=2", "touching_cuts=compose"],
     ["cuts=[[10,12],[12,14]]", "merge_consecutive=false", "touching_cuts=compose"],
+    # the protocol as a config group: typed choices, peer presets, masking, 4-bit and vision under it
+    ["protocol=official", "selection=cosine"],
+    ["protocol=official", "model.dtype=float32", "multi_lt=independent", "objective=cosine", "num_lts=2"],
+    ["protocol=official", "experiment=llm_streamline"],
+    ["protocol=official", "experiment=shortgpt"],
+    ["protocol=official", "experiment=linearpatch"],
+    ["protocol=official", "objective=cosine", "estimation=all", "mask_ratio=0.25"],
+    ["protocol=official", "experiment=replaceme_official", "model=llama32_1b_instruct", "model.capture_4bit=true"],
+    ["protocol=official", "model=tiny_clip", "calibration=bundled_images", "eval=clip_offline"],
 ]
 # tests/test_robustness.py's bad inputs: they compose; their identity is pinned too.
 BAD_INPUTS = [
