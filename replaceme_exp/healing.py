@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 Cut = tuple[int, int]
 HEALING_MODES = ("lt_only", "full_model", "lora")
+# Each mode as the row's ``method`` names it after the method (" + LoRA healing").
+HEALING_LABELS = {"lt_only": "LT healing", "full_model": "full healing", "lora": "LoRA healing"}
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 

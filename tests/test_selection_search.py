@@ -15,6 +15,7 @@ from helpers.models import tiny_model
 from safetensors.torch import load_file
 
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.methods import METHODS, Method
 from replaceme_exp.models import adapter_for, load_model
 from replaceme_exp.models.shape import model_shape
 from replaceme_exp.pipeline import JobSpec
@@ -44,9 +45,13 @@ def toy_search(context: SearchContext) -> SearchResult:
 
 @pytest.fixture
 def toy_metric():
-    METRICS.register("toy_search", SelectionMetric("toy_search", "search", search=toy_search, method="Toy"))
+    METRICS.register("toy_search", SelectionMetric("toy_search", "search", search=toy_search))
+    METHODS.register(
+        "toy", Method("toy", docs="toy.md", label=lambda job: "Toy", selections=("toy_search",), search_label="Toy")
+    )
     yield "toy_search"
     METRICS._entries.pop("toy_search")
+    METHODS.remove("toy")
 
 
 @pytest.mark.unit

@@ -280,16 +280,16 @@ def as_read_by(calibration: Any, protocol: str) -> Any:
     return dataclasses.replace(calibration, **found) if found else calibration
 
 
-@protocol_rule(
-    "calibration.order", "calibration.chat_turns", "calibration.batch_order", "calibration.drop_last", "calibration.parts"
-)
+SETTLED_BY_THE_PROTOCOL = ("order", "chat_turns", "batch_order", "drop_last", "parts")
+
+
+@protocol_rule(*(f"calibration.{key}" for key in SETTLED_BY_THE_PROTOCOL))
 def records_as_the_protocol_reads_them(config: schema.JobConfig) -> dict[str, Any]:
     """The job's calibration keys left to the protocol, settled by :func:`as_read_by`."""
     settled = as_read_by(config.calibration, config.protocol)
-    keys = ("order", "chat_turns", "batch_order", "drop_last", "parts")
     return {
         f"calibration.{k}": getattr(settled, k)
-        for k in keys
+        for k in SETTLED_BY_THE_PROTOCOL
         if hasattr(settled, k) and getattr(settled, k) != getattr(config.calibration, k)
     }
 

@@ -14,7 +14,6 @@ from hydra.utils import get_class
 
 from replaceme_exp.capture.statistics import LinearStats
 from replaceme_exp.config import schema
-from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.least_squares import diagonal_solve, orthonormal_solve, ridge_solve
 
@@ -41,10 +40,8 @@ class Requirements:
     ``solver_schedule``: the solver and the schedule it really runs (None for closed forms);
     ``solver_precision``: the dtype its solver computes T in (None for closed forms);
     ``statistic_folds``: the statistics wanted per fold of whole calibration sequences
-    (:class:`~replaceme_exp.capture.folds.FoldedStats`; 0: all tokens); ``method``: the pruning
-    method it makes, by name, when it is not ReplaceMe with a transform of its objective
-    (``LinearPatch``; the row's ``method``); ``replacement``: a trained network replaces the cut
-    instead of a T (LLM-Streamline: ``"ffn"``, a new FFN after the block before the cut;
+    (:class:`~replaceme_exp.capture.folds.FoldedStats`; 0: all tokens); ``replacement``: a trained
+    network replaces the cut instead of a T (LLM-Streamline: ``"ffn"``, a new FFN after the block before the cut;
     ``"layer"``, the cut's first block retrained, so its selected cut spans one block more than it
     removes)."""
 
@@ -61,7 +58,6 @@ class Requirements:
     solver: str | None = None
     solver_schedule: str | None = None
     solver_precision: str | None = None
-    method: str | None = None
     replacement: str | None = None
     statistic_folds: int = 0  # >= 2: the statistics kept per fold of whole sequences (capture.folds)
 
@@ -82,7 +78,6 @@ class Estimator:
     fits_transform: bool = True  # returns a T (healing=lt_only trains it); False: plain removal
     uses_alpha: bool = True  # regularised by ``alpha``
     alpha_scale: str | None = "token_sum"  # see :class:`Requirements`
-    follows_protocol: bool = True  # ReplaceMe's and UIDL's: protocol=official's fit settings apply to it
 
     @classmethod
     def requirements(cls, objective) -> Requirements:
@@ -163,26 +158,3 @@ def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
     if not (isinstance(found, type) and issubclass(found, Estimator)):
         raise ConfigError("objective._target_", objective._target_, "is not an Estimator")
     return found
-
-
-@protocol_rule("estimation.padded_positions", "multi_lt")
-def fit_as_the_protocol_runs_it(config: schema.JobConfig) -> dict:
-    """Under ``protocol=official``, for an estimator that follows it (ReplaceMe's and UIDL's): padded
-    positions in a fit of every token (lstsq.py / cosine_dist.py: ``view(-1, hidden)`` of padded
-    batches keeps them), but not with masking (masked copies carry their own positions), left
-    padding or folds of whole sequences; several cuts of a numerical objective one after another
-    (cosine_dist.py reloads the pruned model for each cut), LS's all from the unpruned model in one
-    pass (lstsq.py). Under ``protocol=paper``, and for other estimators: neither."""
-    estimator = estimator_class(config.objective)
-    official = config.protocol == "official" and estimator.follows_protocol
-    padded = (
-        official
-        and config.estimation.tokens == "all"
-        and config.mask_ratio == 0
-        and getattr(config.calibration, "padding_side", "right") == "right"
-    )
-    settled = {
-        "estimation.padded_positions": padded,
-        "multi_lt": "sequential" if official and estimator.needs_tokens else "independent",
-    }
-    return {k: v for k, v in settled.items() if left_to_protocol(config, k)}

@@ -42,8 +42,6 @@ def check_hidden_size(hidden_size: int, key: str = "objective.rotate") -> None:
 class LinearPatchEstimator(Estimator):
     """The LinearPatch patch of each cut from its :class:`ChannelScales`; nothing regularises it."""
 
-    follows_protocol = False  # not the official code's: protocol=official sets none of its settings
-
     name = "linear_patch"
     needs_statistics = False
     needs_channel_scales = True
@@ -63,8 +61,6 @@ class LinearPatchEstimator(Estimator):
             regularizers=("none",),
             structures=("generic",),
             placements=("separate",),
-            # the diagonal patch (rotate=false) is another method's number: never averaged with the rotated one
-            method="LinearPatch" if getattr(objective, "rotate", True) else "LinearPatch (unrotated)",
         )
 
     def estimate(self, stats: ChannelScales | None, alpha: float, structure: str = "generic") -> torch.Tensor:

@@ -65,8 +65,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from replaceme_exp.config import schema
-from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.progress import progress_counter
@@ -96,15 +94,6 @@ def solver_precision(solver: str, precision: str) -> str:
     """The dtype ``solver`` computes T in: float32 for Adam (the paper's recipe), ``precision`` for the
     line-search and trust-region solvers (module docstring)."""
     return "float32" if solver == "adam" else precision
-
-
-@protocol_rule("objective.precision")
-def precision_of_the_protocol(config: schema.JobConfig) -> dict:
-    """``objective.precision`` left to the protocol: float64 (paper), float32 (official: torchmin's
-    solvers on float32 activations and a float32 T)."""
-    if not left_to_protocol(config, "objective.precision"):
-        return {}
-    return {"objective.precision": "float32" if config.protocol == "official" else "float64"}
 
 
 def regularizer_warning(loss: str, regularizer: str, alpha: float) -> str | None:

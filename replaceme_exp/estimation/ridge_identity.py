@@ -167,8 +167,6 @@ class RidgeToIdentityEstimator(Estimator):
     calibration data (module docstring); ``None`` (the blocks removed, nothing fused) when the
     identity wins. ``alpha`` does not act: the strength is chosen, and recorded per cut."""
 
-    follows_protocol = False  # not the official code's: protocol=official sets none of its settings
-
     name = "ls_ridge_identity"
     uses_alpha = False
     alpha_scale = None

@@ -37,7 +37,6 @@ from replaceme_exp.progress import progress
 from replaceme_exp.stages import stage
 
 Cut = tuple[int, int]
-METHOD_NAMES = {"ffn": "LLM-Streamline (FFN)", "layer": "LLM-Streamline (layer)"}
 
 
 class SequenceStore:
@@ -277,8 +276,6 @@ class StreamlineEstimator(Estimator):
     """LLM-Streamline's layer replacement (module docstring); ``objective=streamline_ffn`` or
     ``objective=streamline_layer``. Fits no T: :meth:`replace` trains the network of a cut."""
 
-    follows_protocol = False  # not the official code's: protocol=official sets none of its settings
-
     needs_statistics = False
     fits_transform = False
     uses_alpha = False
@@ -296,7 +293,6 @@ class StreamlineEstimator(Estimator):
             uses_alpha=False,
             alpha_scale=None,
             regularizers=("none",),
-            method=METHOD_NAMES[objective.replacement],
             replacement=objective.replacement,
         )
 

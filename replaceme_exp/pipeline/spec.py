@@ -52,6 +52,8 @@ from replaceme_exp.config.validate import typed_config
 from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.estimation.numerical import regularizer_warning
+from replaceme_exp.healing import HEALING_LABELS
+from replaceme_exp.methods import label_of
 from replaceme_exp.models.fingerprint import file_digest
 from replaceme_exp.models.loading import saved_dtype
 from replaceme_exp.pipeline.rules import (
@@ -334,7 +336,7 @@ class JobSpec:
         healing = c.healing.name != "none"
         return {
             "job": "prune",
-            "method": method_of(c, e, r),
+            "method": method_of(c, e),
             "modality": self.modality,
             "model": c.model.name,
             "dtype": str(c.model.dtype),
@@ -483,19 +485,6 @@ class JobSpec:
         return get_class(objective.pop("_target_"))(**objective)
 
 
-# How each objective's transform is named in the ``method`` column (``objective.loss`` of a numerical
-# objective, else ``objective.name``); an objective of one's own is named by its ``name``.
-OBJECTIVE_METHOD_NAMES = {
-    "ls": "LS",
-    "ls_ridge_identity": "LS ridge-to-I",
-    "cosine": "cosine",
-    "cosine_exact": "cosine (exact)",
-    "mse": "MSE",
-    "elasticnet": "elastic net",
-}
-HEALING_METHOD_NAMES = {"lt_only": "LT healing", "full_model": "full healing", "lora": "LoRA healing"}
-
-
 def healing_settings(healing: schema.HealingConfig) -> dict[str, Any]:
     """Every healing setting as the job runs it, without those that cannot act: ``kl_topk`` unless
     the loss is LinearPatch's ``topk_kl``, ``min_lr_factor`` under a constant learning rate."""
@@ -507,28 +496,14 @@ def healing_settings(healing: schema.HealingConfig) -> dict[str, Any]:
     return settings
 
 
-def method_of(c: schema.JobConfig, e: EffectiveSettings, r: Requirements) -> str:
-    """The row's ``method``, from the settings as they act: ``ReplaceMe LS``, ``ReplaceMe cosine``,
-    ... (a fitted transform, by its objective), ``UIDL`` (blocks removed, nothing fused, the cut
-    chosen by the angular distance of last tokens: Gromov et al.), ``block removal`` (the same
-    removal on a cut chosen otherwise, or given), a peer method by the name its estimator
-    (:attr:`Requirements.method`) or, for a plain removal, its selection metric declares
-    (``SLEB``, ``ShortGPT``, ``LinearPatch``), and `` + LoRA healing`` (or LT / full) when the
-    pruned model is trained afterwards."""
-    metric = METRICS.get(c.selection.metric) if c.cuts is None else None
-    if r.method is not None:
-        method = r.method
-    elif r.fits_transform:
-        objective = getattr(c.objective, "loss", None) or c.objective.name
-        method = f"ReplaceMe {OBJECTIVE_METHOD_NAMES.get(objective, objective)}"
-        if metric is not None and metric.searches:  # a transform over the blocks a removal search chose
-            method += f" on {metric.method} cuts"
-    elif metric is not None and metric.method is not None:
-        method = metric.method
-    else:
-        method = "UIDL" if e.selection_metric == "angular_last" else "block removal"
+def method_of(c: schema.JobConfig, e: EffectiveSettings) -> str:
+    """The row's ``method``: the job's method as its plugin names it
+    (:func:`~replaceme_exp.methods.label_of`: ``ReplaceMe LS``, ``UIDL``, ``SLEB``, ...), then the
+    healing that trained the pruned model afterwards (`` + LoRA healing``, and its loss when it is
+    not the language-modelling one)."""
+    method = label_of(c, e.selection_metric)
     if c.healing.name != "none":
-        method += f" + {HEALING_METHOD_NAMES.get(c.healing.name, c.healing.name + ' healing')}"
+        method += f" + {HEALING_LABELS.get(c.healing.name, c.healing.name + ' healing')}"
         if c.healing.loss != "lm":
             method += f" ({c.healing.loss})"
     return method

@@ -184,4 +184,4 @@ def laco_search(context: SearchContext) -> SearchResult:
     return SearchResult(removed_blocks, {b: states[b] for b in sorted(states)}, columns)
 
 
-register(SelectionMetric("laco", "search", search=laco_search, method="LaCo"))
+register(SelectionMetric("laco", "search", search=laco_search))

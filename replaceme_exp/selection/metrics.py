@@ -42,9 +42,7 @@ class SelectionMetric:
     d) -> ()) for sequences; ``search`` (SearchContext -> SearchResult) for searches;
     ``criterion``: what else its cached distances depend on (a ridge, ...); ``last_cut``: whether
     the cut ending at the last block is a candidate (LinearPatch's code never compares with the
-    final block's output); ``method``: the name of the pruning method it makes with the blocks
-    removed and nothing fitted (``SLEB``; the row's ``method``; None: block removal);
-    ``settings``: the schema shape of its ``selection`` option when it has keys of its own (a
+    final block's output); ``settings``: the schema shape of its ``selection`` option when it has keys of its own (a
     search's, e.g. ``SlebSelectionConfig``; None: the plain one); ``fits_after``: a search that only
     removes blocks, over whose runs of removed blocks a transform may then be fitted (ShortGPT's
     Block Influence, SLEB's greedy removal; not a merge); ``stepwise``: a greedy search that runs
@@ -61,7 +59,6 @@ class SelectionMetric:
     search: Callable | None = None
     criterion: str = ""
     last_cut: bool = True
-    method: str | None = None
     settings: type | None = None
     fits_after: bool = False
     stepwise: bool = False

@@ -106,7 +106,6 @@ register(
         "shortgpt",
         "search",
         search=shortgpt_search,
-        method="ShortGPT",
         settings=schema.ShortGptSelectionConfig,
         fits_after=True,
     )

@@ -181,7 +181,6 @@ register(
         "sleb",
         "search",
         search=sleb_search,
-        method="SLEB",
         settings=schema.SlebSelectionConfig,
         fits_after=True,
         stepwise=True,

@@ -1,0 +1,104 @@
+"""A depth-pruning method as a plugin: one module under ``replaceme_exp/methods/`` registers a
+:class:`Method` that says everything the harness needs to know about it, so that the spine
+(``pipeline/``, the schema, the rules, the surgery, the reports) names no method.
+
+A job's methods are found from its components: the method whose estimator the ``objective`` builds
+(:func:`method_of_objective`), and the method whose own search chose the cuts
+(:func:`method_of_selection`, ShortGPT, SLEB, LaCo). The table name (the row's ``method``) is the
+objective's method's :attr:`Method.label`, told the selection's method (ReplaceMe LS "on ShortGPT
+cuts"; a plain removal is named by the search that chose it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from replaceme_exp.config import schema
+from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
+from replaceme_exp.estimation.estimators import Estimator, estimator_class
+from replaceme_exp.registry import Registry
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """What a method's name in tables is decided from: the job's ``config``, its selection as it acts
+    (``selection_metric``: ``angular_last``, ``cosine``, ...; None for given cuts) and the method whose
+    search chose the cuts (``search``; None: a distance chose them, or they were given)."""
+
+    config: schema.JobConfig
+    selection_metric: str | None
+    search: "Method | None"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One depth-pruning method.
+
+    ``name``: its key (``python -m ... --method``, its docs page ``docs/methods/<docs>``);
+    ``estimators``: the estimator classes whose ``objective`` makes it; ``selections``: the
+    ``selection.metric`` names of its own searches; ``label``: its name in tables (the row's
+    ``method``) for a job (:class:`Labelled`); ``search_label``: its name as the search that chose
+    another method's cuts (``ShortGPT`` in "ReplaceMe LS on ShortGPT cuts"); ``follows_protocol``:
+    whether ``protocol=official``'s settings of the fit apply to it (ReplaceMe's and UIDL's: the
+    official code is theirs)."""
+
+    name: str
+    docs: str
+    label: Callable[[Labelled], str]
+    estimators: tuple[type[Estimator], ...] = ()
+    selections: tuple[str, ...] = ()
+    search_label: str | None = None
+    follows_protocol: bool = False
+    presets: tuple[str, ...] = field(default=())
+
+
+METHODS: Registry[Method] = Registry("method", "depth-pruning method")
+
+
+def register(method: Method) -> Method:
+    """Register ``method`` (its module's last statement)."""
+    return METHODS.register(method.name, method)
+
+
+def method_of_objective(objective: schema.ObjectiveConfig) -> Method | None:
+    """The method whose estimator ``objective`` builds (None: an estimator no method declares)."""
+    estimator = estimator_class(objective)
+    found = [m for _, m in METHODS.items() if any(issubclass(estimator, e) for e in m.estimators)]
+    return max(found, key=lambda m: max(len(e.__mro__) for e in m.estimators if issubclass(estimator, e)), default=None)
+
+
+def method_of_selection(config: schema.JobConfig) -> Method | None:
+    """The method whose own search chose the job's cuts (None: a distance chose them, or they were given)."""
+    if config.cuts is not None:
+        return None
+    return next((m for _, m in METHODS.items() if config.selection.metric in m.selections), None)
+
+
+def label_of(config: schema.JobConfig, selection_metric: str | None) -> str:
+    """The job's method as tables name it, before any healing (an estimator no method declares:
+    its objective's name)."""
+    method = method_of_objective(config.objective)
+    if method is None:
+        return config.objective.name
+    return method.label(Labelled(config, selection_metric, method_of_selection(config)))
+
+
+@protocol_rule("estimation.padded_positions")
+def padded_positions_of_the_protocol(config: schema.JobConfig) -> dict:
+    """Under ``protocol=official``, for a method that follows it (ReplaceMe's and UIDL's): padded
+    positions in a fit of every token (lstsq.py / cosine_dist.py: ``view(-1, hidden)`` of padded
+    batches keeps them), but not with masking (masked copies carry their own positions) or left
+    padding. Under ``protocol=paper``, and for the other methods: none."""
+    if not left_to_protocol(config, "estimation.padded_positions"):
+        return {}
+    method = method_of_objective(config.objective)
+    padded = (
+        config.protocol == "official"
+        and method is not None
+        and method.follows_protocol
+        and config.estimation.tokens == "all"
+        and config.mask_ratio == 0
+        and getattr(config.calibration, "padding_side", "right") == "right"
+    )
+    return {"estimation.padded_positions": padded}
