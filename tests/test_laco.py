@@ -15,9 +15,9 @@ from helpers.jobs import job_config
 from helpers.models import tiny_model
 from safetensors.torch import load_file
 
-from replaceme_exp.config import schema
 from replaceme_exp.data.batching import TokenBatch, TokenBatches
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.methods.laco import LacoSelectionConfig
 from replaceme_exp.models import adapter_for, load_model
 from replaceme_exp.models.merging import mergeable_state, official_code_merge, rdsc_merge
 from replaceme_exp.models.shape import model_shape
@@ -116,7 +116,7 @@ def brute_force_laco(model, sequences, c, interval, threshold, lowest, highest, 
 
 
 def search(model, batches, n_blocks, **settings):
-    config = schema.LacoSelectionConfig(metric="laco", **settings)
+    config = LacoSelectionConfig(metric="laco", **settings)
     return laco_search(SearchContext(adapter_for(model), batches, n_blocks, config, 0))
 
 

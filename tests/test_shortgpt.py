@@ -16,8 +16,8 @@ from helpers.models import tiny_model
 
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.token_rules import TokenRule
-from replaceme_exp.config.schema import ShortGptSelectionConfig
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.methods.shortgpt import ShortGptSelectionConfig
 from replaceme_exp.models import adapter_for
 from replaceme_exp.pipeline import JobSpec
 from replaceme_exp.runtime import run_recorded

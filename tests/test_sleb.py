@@ -18,8 +18,8 @@ from helpers.config import compose_config
 from helpers.jobs import SMOKE, job_config
 from helpers.models import tiny_model
 
-from replaceme_exp.config.schema import SlebSelectionConfig
 from replaceme_exp.errors import ConfigError
+from replaceme_exp.methods.sleb import SlebSelectionConfig
 from replaceme_exp.models import adapter_for
 from replaceme_exp.models.shape import model_shape
 from replaceme_exp.pipeline import JobSpec

@@ -344,51 +344,6 @@ class SelectionConfig:
     tokens: Literal["all", "last"] = key("all", doc="every token, or each sequence's last (UIDL)")
 
 
-def cosine_threshold(v) -> str | None:
-    return None if _is_number(v) and -1 <= v < 1 else "must be a cosine similarity in [-1, 1)"
-
-
-@Group
-class LacoSelectionConfig(SelectionConfig):
-    """LaCo (Yang et al. 2024, layer collapse): merge runs of ``merge_layers`` consecutive blocks
-    into the first, from the top down, each merge kept when the merged model's final hidden states
-    on ``samples`` calibration sequences stay above cosine ``threshold`` of the unpruned model's.
-    Defaults: the official code's Llama 2 13B notebook; null ``merge_layers`` and ``highest`` are
-    set from the model's depth (docs/methods/laco.md)."""
-
-    merge_layers: Optional[int] = key(
-        None, doc="C: blocks combined by one merge (null: 1 + 6/40 of the depth, rounded)", check=at_least_two
-    )
-    interval: int = key(1, doc="I: how far the search moves down after a kept merge", check=positive_int)
-    threshold: float = key(0.45, doc="T: keep a merge whose mean cosine similarity is above", check=cosine_threshold)
-    lowest: int = key(0, doc="L: the lowest block a merge may start at", check=non_negative_int)
-    highest: Optional[int] = key(None, doc="H: the top block of the search (null: the last)", check=non_negative_int)
-    samples: int = key(5, doc="calibration sequences the similarity is measured on", check=positive_int)
-    merge: Literal["rdsc", "official_code"] = key(
-        "rdsc", doc="rdsc: the paper's Eq. 1; official_code: the notebooks' in-place update (the last block's weights)"
-    )
-
-
-@Group
-class ShortGptSelectionConfig(SelectionConfig):
-    """ShortGPT (Men et al. 2024): the Block Influence of every block, its official code's reading."""
-
-    window: int = key(
-        256, doc="ShortGPT: each sequence runs in windows of this many tokens (its official stride)", check=positive_int
-    )
-    final_norm: bool = key(
-        True, doc="ShortGPT: the last block's output after the model's final norm, as its official code reads it"
-    )
-
-
-@Group
-class SlebSelectionConfig(SelectionConfig):
-    """SLEB (Song et al. 2024): the blocks its greedy search never removes, as its official code."""
-
-    early_barrier: int = key(1, doc="SLEB: the first this many blocks are never removed", check=non_negative_int)
-    latter_barrier: int = key(1, doc="SLEB: the last this many blocks are never removed", check=non_negative_int)
-
-
 @Group
 class ObjectiveConfig:
     _target_: str = key(doc="the estimator class")
@@ -398,13 +353,6 @@ class ObjectiveConfig:
 @Group
 class LeastSquaresObjectiveConfig(ObjectiveConfig):
     max_condition: float = key(1.0e13, doc="refuse M^T M above this condition number", check=finite_positive)
-
-
-@Group
-class LinearPatchObjectiveConfig(ObjectiveConfig):
-    """objective=linear_patch (LinearPatch): the Hadamard-rotated channel scaling at the cut."""
-
-    rotate: bool = key(True, doc="Hadamard rotation around the channel scaling (false: the diagonal patch)")
 
 
 @Group
@@ -790,12 +738,11 @@ class JobConfig:
 SHAPE_REGISTRIES: dict[str, tuple[str, str]] = {"calibration": ("source", "calibration.source")}
 GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "model": (PretrainedModelConfig, RandomModelConfig),
-    "selection": (SelectionConfig, ShortGptSelectionConfig, SlebSelectionConfig, LacoSelectionConfig),
+    "selection": (SelectionConfig,),
     "objective": (
         ObjectiveConfig,
         LeastSquaresObjectiveConfig,
         RidgeToIdentityObjectiveConfig,
-        LinearPatchObjectiveConfig,
         NumericalObjectiveConfig,
         ReplacementObjectiveConfig,
     ),
@@ -810,3 +757,16 @@ GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "tracking": (TrackingConfig,),
     "progress": (ProgressConfig,),
 }
+
+
+def register_shape(group: str) -> Callable[[type], type]:
+    """``@register_shape(group)`` on a shape class: ``group`` gets it as one of its shapes (a method's
+    own settings, from its plugin module, before :func:`~replaceme_exp.config.store.register_schemas`
+    stores them)."""
+
+    def add(shape: type) -> type:
+        if shape not in GROUP_SHAPES[group]:
+            GROUP_SHAPES[group] = (*GROUP_SHAPES[group], shape)
+        return shape
+
+    return add

@@ -1,9 +1,17 @@
 """The depth-pruning methods, one plugin module each (:mod:`~replaceme_exp.methods.plugin`): importing
 the package registers every module in it, so adding a method is one file here (and its YAML)."""
 
-from replaceme_exp.methods.plugin import METHODS, Labelled, Method, label_of, method_of_objective, method_of_selection
+from replaceme_exp.methods.plugin import (
+    METHODS,
+    Labelled,
+    Method,
+    job_methods,
+    label_of,
+    method_of_objective,
+    method_of_selection,
+)
 from replaceme_exp.registry import import_submodules
 
 import_submodules(__name__)
 
-__all__ = ["METHODS", "Labelled", "Method", "label_of", "method_of_objective", "method_of_selection"]
+__all__ = ["METHODS", "Labelled", "Method", "job_methods", "label_of", "method_of_objective", "method_of_selection"]

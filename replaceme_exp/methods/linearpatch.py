@@ -2,8 +2,26 @@
 attached beside the block before it (``objective=linear_patch``, ``experiment=linearpatch``; with
 its distillation, ``experiment=linearpatch_distill``)."""
 
-from replaceme_exp.estimation.linear_patch import LinearPatchEstimator
+from replaceme_exp.config import schema
+from replaceme_exp.config.schema import Group, ObjectiveConfig, key, register_shape
+from replaceme_exp.estimation.linear_patch import LinearPatchEstimator, check_hidden_size
 from replaceme_exp.methods.plugin import Method, register
+from replaceme_exp.models.shape import ModelShape
+
+
+@register_shape("objective")
+@Group
+class LinearPatchObjectiveConfig(ObjectiveConfig):
+    """``objective=linear_patch``: the Hadamard-rotated channel scaling at the cut."""
+
+    rotate: bool = key(True, doc="Hadamard rotation around the channel scaling (false: the diagonal patch)")
+
+
+def rotation_fits(config: schema.JobConfig, shape: ModelShape) -> None:
+    """The rotation has a Hadamard matrix of the model's hidden size."""
+    if config.objective.rotate and shape.hidden_size is not None:
+        check_hidden_size(shape.hidden_size)
+
 
 register(
     Method(
@@ -13,5 +31,6 @@ register(
         label=lambda job: "LinearPatch" if job.config.objective.rotate else "LinearPatch (unrotated)",
         estimators=(LinearPatchEstimator,),
         presets=("linearpatch", "linearpatch_distill"),
+        check_shape=rotation_fits,
     )
 )

@@ -17,6 +17,7 @@ from typing import Callable
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.estimation.estimators import Estimator, estimator_class
+from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.registry import Registry
 
 
@@ -51,6 +52,7 @@ class Method:
     search_label: str | None = None
     follows_protocol: bool = False
     presets: tuple[str, ...] = field(default=())
+    check_shape: Callable[[schema.JobConfig, ModelShape], None] | None = None
 
 
 METHODS: Registry[Method] = Registry("method", "depth-pruning method")
@@ -73,6 +75,12 @@ def method_of_selection(config: schema.JobConfig) -> Method | None:
     if config.cuts is not None:
         return None
     return next((m for _, m in METHODS.items() if config.selection.metric in m.selections), None)
+
+
+def job_methods(config: schema.JobConfig) -> list[Method]:
+    """The methods a job runs: its objective's, and the one whose search chose its cuts."""
+    found = [method_of_objective(config.objective), method_of_selection(config)]
+    return [m for i, m in enumerate(found) if m is not None and m not in found[:i]]
 
 
 def label_of(config: schema.JobConfig, selection_metric: str | None) -> str:

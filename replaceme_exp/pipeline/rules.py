@@ -26,15 +26,14 @@ from replaceme_exp.data.files import check_readable, check_text
 from replaceme_exp.data.hub import HubDataset, require_available
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Requirements, estimator_class
-from replaceme_exp.estimation.linear_patch import check_hidden_size
 from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets, benchmark_task
 from replaceme_exp.evaluation.task_datasets import suite_datasets
+from replaceme_exp.methods import job_methods
 from replaceme_exp.models.adapters import unfusable_error
 from replaceme_exp.models.embedded import embedded_model
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.selection.cuts import blocks_to_prune, cut_length, validate_cuts
-from replaceme_exp.selection.laco import LacoPlan
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
@@ -160,33 +159,22 @@ def check_given_together(c: schema.JobConfig, given: set[str]) -> None:
 
 def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
     """The keys that need the model's depth, width, positions or family, against its config (before
-    the load): the cuts (or ``n_prune`` and ``num_lts``) fit its blocks, LinearPatch's rotation has a
-    Hadamard matrix of its hidden size, no sequence is longer than its position embeddings, no T is
-    fused where its family makes that inexact (:func:`check_fusable`)."""
+    the load): the cuts (or ``n_prune`` and ``num_lts``) fit its blocks, and each of the job's
+    methods' own rules (:attr:`~replaceme_exp.methods.Method.check_shape`), no sequence is longer than
+    its position embeddings, no T is fused where its family makes that inexact (:func:`check_fusable`)."""
     if c.job == "prune":
         check_fusable(c, shape)
         if c.cuts is not None:
             validate_cuts(c.cuts, shape.num_layers, c.merge_consecutive, c.touching_cuts)
         elif METRICS.get(c.selection.metric).searches:  # the search decides the cuts: any removed blocks
-            removed = blocks_to_prune(c.n_prune, shape.num_layers)
-            kept = max(1, getattr(c.selection, "early_barrier", 0) + getattr(c.selection, "latter_barrier", 0))
-            if removed > shape.num_layers - kept:
-                at_most = shape.num_layers - kept
-                reason = f"the model has {shape.num_layers} blocks; at most {at_most} can be removed"
-                if kept > 1:
-                    reason += f" (selection.early_barrier + selection.latter_barrier = {kept} are kept)"
+            if blocks_to_prune(c.n_prune, shape.num_layers) > shape.num_layers - 1:
+                reason = f"the model has {shape.num_layers} blocks; at most {shape.num_layers - 1} can be removed"
                 raise ConfigError("n_prune", c.n_prune, reason)
-            if isinstance(c.selection, schema.LacoSelectionConfig):
-                LacoPlan.of(c.selection, shape.num_layers)  # its search range within the blocks
         else:
-            length = cut_length(c.n_prune, c.num_lts, shape.num_layers)
-            # LLM-Streamline's layer variant selects a cut one block longer than it removes
-            if getattr(c.objective, "replacement", None) == "layer" and length + 1 > shape.num_layers - 1:
-                reason = f"objective={c.objective.name} retrains one block of a cut of n_prune + 1 blocks: "
-                raise ConfigError("n_prune", c.n_prune, reason + f"at most {shape.num_layers - 2} here")
-        rotates = isinstance(c.objective, schema.LinearPatchObjectiveConfig) and c.objective.rotate
-        if rotates and shape.hidden_size is not None:
-            check_hidden_size(shape.hidden_size)
+            cut_length(c.n_prune, c.num_lts, shape.num_layers)
+        for method in job_methods(c):
+            if method.check_shape is not None:
+                method.check_shape(c, shape)
     if shape.max_positions is None:
         return
     lengths = [("eval.seq_len", getattr(c.eval, "seq_len", None))]
@@ -449,7 +437,7 @@ def check_vision(c: schema.JobConfig) -> None:
         raise ConfigError("multi_lt", "sequential", "not for a vision encoder (its held-out check reads text)")
     if c.model.capture_4bit:
         raise ConfigError("model.capture_4bit", True, "not for a vision encoder")
-    if c.cuts is None and c.selection.metric in ("shortgpt", "sleb"):  # token windows, a language model's loss
+    if c.cuts is None and METRICS.get(c.selection.metric).text_only:
         reason = "runs a language model on text; not for a vision encoder"
         raise ConfigError("selection.metric", c.selection.metric, reason)
 

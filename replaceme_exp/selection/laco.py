@@ -25,7 +25,6 @@ import torch
 from replaceme_exp.data.batching import TokenBatch, TokenBatches, position_ids_for
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models.merging import BlockState, merge_states, mergeable_state, parameters_set
-from replaceme_exp.selection.metrics import SelectionMetric, register
 from replaceme_exp.selection.search import SearchContext, SearchResult
 
 log = logging.getLogger(__name__)
@@ -182,6 +181,3 @@ def laco_search(context: SearchContext) -> SearchResult:
     }
     removed_blocks = sorted(set(range(num_layers)) - set(current))
     return SearchResult(removed_blocks, {b: states[b] for b in sorted(states)}, columns)
-
-
-register(SelectionMetric("laco", "search", search=laco_search))

@@ -48,7 +48,8 @@ class SelectionMetric:
     Block Influence, SLEB's greedy removal; not a merge); ``stepwise``: a greedy search that runs
     step by step, each step a stage of its own (:func:`~replaceme_exp.selection.search.search_stage`)
     kept in the step store (:mod:`~replaceme_exp.selection.search_steps`): SLEB's; any other search
-    runs in one stage ``selection search (<name>)`` and keeps nothing."""
+    runs in one stage ``selection search (<name>)`` and keeps nothing; ``text_only``: it runs a
+    language model on text (windows of tokens, next-token losses), not a vision encoder."""
 
     name: str
     kind: str
@@ -62,6 +63,7 @@ class SelectionMetric:
     settings: type | None = None
     fits_after: bool = False
     stepwise: bool = False
+    text_only: bool = False
 
     @property
     def whole_sequence(self) -> bool:

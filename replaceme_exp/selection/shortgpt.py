@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from replaceme_exp.config import schema
 from replaceme_exp.data.batching import TokenBatch, TokenBatches
 from replaceme_exp.progress import progress
-from replaceme_exp.selection.metrics import SelectionMetric, register
 from replaceme_exp.selection.search import SearchContext, SearchResult
 
 ZERO_NORM_COSINE = 0.5  # the official code's nan_to_num(nan=0.5)
@@ -99,14 +97,3 @@ def shortgpt_search(context: SearchContext) -> SearchResult:
     order = sorted(range(len(influence)), key=lambda i: (influence[i], i))
     columns = {"shortgpt_block_influence": influence, "shortgpt_order": order, "shortgpt_tokens": count}
     return SearchResult(sorted(order[: context.n_blocks]), columns=columns)
-
-
-register(
-    SelectionMetric(
-        "shortgpt",
-        "search",
-        search=shortgpt_search,
-        settings=schema.ShortGptSelectionConfig,
-        fits_after=True,
-    )
-)

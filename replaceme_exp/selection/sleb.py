@@ -35,10 +35,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from replaceme_exp.config import schema
 from replaceme_exp.data.batching import TokenBatch, TokenBatches, position_ids_for
 from replaceme_exp.progress import progress
-from replaceme_exp.selection.metrics import SelectionMetric, register
 from replaceme_exp.selection.search import SearchContext, SearchResult, search_stage
 from replaceme_exp.selection.search_steps import StepKey, reused_columns
 from replaceme_exp.stages import StageCost
@@ -174,15 +172,3 @@ def sleb_search(context: SearchContext) -> SearchResult:
         **reused_columns(reused),
     }
     return SearchResult(order, columns=columns)
-
-
-register(
-    SelectionMetric(
-        "sleb",
-        "search",
-        search=sleb_search,
-        settings=schema.SlebSelectionConfig,
-        fits_after=True,
-        stepwise=True,
-    )
-)
