@@ -8,8 +8,7 @@ import json
 import pytest
 from helpers.config import ROOT
 
-from replaceme_exp.reporting.row_reference import declared_columns, render, undescribed
-from replaceme_exp.results.columns import meaning
+from replaceme_exp.reporting.row_reference import declared_columns, meaning, render, undescribed
 
 pytestmark = pytest.mark.unit
 

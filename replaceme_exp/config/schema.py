@@ -131,9 +131,7 @@ def lora_targets(v) -> str | None:
     return "must be mlp (the family's MLP projections) or a non-empty list of linear layer names"
 
 
-def adam_betas(v) -> str | None:
-    ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v)
-    return None if ok else "must be two numbers in [0, 1): [beta1, beta2]"
+
 
 
 def key(default: Any = ..., *, doc: str = "", check: Callable | None = None, choices: str | None = None) -> Any:
@@ -348,72 +346,6 @@ class SelectionConfig:
 class ObjectiveConfig:
     _target_: str = key(doc="the estimator class")
     name: str = key(doc="the objective's name in rows and tables")
-
-
-@Group
-class LeastSquaresObjectiveConfig(ObjectiveConfig):
-    max_condition: float = key(1.0e13, doc="refuse M^T M above this condition number", check=finite_positive)
-
-
-@Group
-class RidgeToIdentityObjectiveConfig(LeastSquaresObjectiveConfig):
-    """Closed-form LS with a ridge toward the identity whose strength the calibration data choose
-    (``objective=ls_ridge_identity``: docs/methods/ridge-to-identity.md)."""
-
-    criterion: Literal["sequence_folds", "gcv"] = key(
-        "sequence_folds", doc="choose the strength on held-out folds of whole sequences, or by GCV over tokens"
-    )
-    folds: int = key(5, doc="folds of whole calibration sequences (>= 2)", check=at_least_two)
-    grid_min: float = key(1.0e-6, doc="smallest strength tried, times the mean eigenvalue", check=finite_positive)
-    grid_max: float = key(1.0e3, doc="largest strength tried, times the mean eigenvalue", check=finite_positive)
-    grid_points: int = key(19, doc="log-spaced strengths tried (and 0 = LS, inf = identity)", check=positive_int)
-
-
-@Group
-class NumericalObjectiveConfig(ObjectiveConfig):
-    loss: Literal["cosine", "cosine_exact", "mse", "elasticnet"] = key(doc="the loss minimised over T")
-    solver: Literal["adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg"] = key("adam", doc="the optimiser")
-    schedule: Literal["full_batch", "minibatch"] = key(
-        doc="lbfgs/nlcg/trust_ncg over all tokens, or one step per batch"
-    )
-    lr: float = key(1.0e-4, doc="Adam's learning rate", check=finite_positive)
-    batch_tokens: int = key(1024, doc="tokens per batch (adam, minibatch)", check=positive_int)
-    epochs: int = key(10, doc="passes over the tokens (adam, minibatch)", check=positive_int)
-    init: Literal["identity", "ls"] = key("identity", doc="start from I or from the closed form")
-    max_iter: int = key(100, doc="iterations of full_batch solvers", check=positive_int)
-    chunk_tokens: int = key(8192, doc="tokens per chunk of a full-batch objective", check=positive_int)
-    precision: Optional[Literal["float64", "float32"]] = key(
-        None,
-        doc="dtype of lbfgs/nlcg/trust_ncg/newton_cg (float32: the official code's, whose steps move with the CPU's "
-        "vector kernels); adam runs in float32; null: the protocol's (paper: float64; official: float32)",
-    )
-
-
-@Group
-class ReplacementObjectiveConfig(ObjectiveConfig):
-    """LLM-Streamline (Chen et al., ICLR 2025): the cut is replaced by a lightweight network trained
-    to map the cut's input hidden states to its output (MSE); the defaults are its authors' (its
-    options under conf/objective/)."""
-
-    replacement: Literal["ffn", "layer"] = key(
-        doc="ffn: a new FFN after the block before the cut; layer: the cut's first block, retrained, replaces it"
-    )
-    ffn_expansion: int = key(4, doc="ffn: its hidden width as a multiple of the model's", check=positive_int)
-    lr: float = key(2.0e-4, doc="AdamW's peak learning rate", check=finite_positive)
-    min_lr: float = key(5.0e-5, doc="where the cosine schedule ends", check=finite_non_negative)
-    weight_decay: float = key(1.0e-3, doc="AdamW's weight decay", check=finite_non_negative)
-    betas: list[float] = key([0.9, 0.999], doc="AdamW's betas", check=adam_betas)
-    batch_size: int = key(8, doc="calibration sequences per micro-batch", check=positive_int)
-    grad_accumulation: int = key(16, doc="micro-batches per optimizer step", check=positive_int)
-    epochs: int = key(1, doc="passes over the calibration sequences", check=positive_int)
-    schedule_ratio: float = key(
-        1.0, doc="the cosine schedule's length in micro-batches x epochs", check=finite_positive
-    )
-    warmup_ratio: float = key(0.0, doc="linear warm-up, a fraction of the schedule's length", check=finite_non_negative)
-    scheduler_steps: Literal["optimizer_step", "micro_batch"] = key(
-        "optimizer_step", doc="the schedule advances once per optimizer step or per micro-batch"
-    )
-    max_grad_norm: Optional[float] = key(None, doc="clip the gradient norm (null: no clipping)", check=finite_positive)
 
 
 @Group
@@ -739,13 +671,7 @@ SHAPE_REGISTRIES: dict[str, tuple[str, str]] = {"calibration": ("source", "calib
 GROUP_SHAPES: dict[str, tuple[type, ...]] = {
     "model": (PretrainedModelConfig, RandomModelConfig),
     "selection": (SelectionConfig,),
-    "objective": (
-        ObjectiveConfig,
-        LeastSquaresObjectiveConfig,
-        RidgeToIdentityObjectiveConfig,
-        NumericalObjectiveConfig,
-        ReplacementObjectiveConfig,
-    ),
+    "objective": (ObjectiveConfig,),
     "estimation": (EstimationConfig,),
     "regularizer": (RegularizerConfig,),
     "structure": (StructureConfig,),

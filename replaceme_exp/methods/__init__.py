@@ -5,13 +5,25 @@ from replaceme_exp.methods.plugin import (
     METHODS,
     Labelled,
     Method,
+    column_meaning,
     job_methods,
     label_of,
     method_of_objective,
     method_of_selection,
+    method_setting_columns,
 )
 from replaceme_exp.registry import import_submodules
 
 import_submodules(__name__)
 
-__all__ = ["METHODS", "Labelled", "Method", "job_methods", "label_of", "method_of_objective", "method_of_selection"]
+__all__ = [
+    "column_meaning",
+    "METHODS",
+    "Labelled",
+    "Method",
+    "job_methods",
+    "label_of",
+    "method_of_objective",
+    "method_of_selection",
+    "method_setting_columns",
+]

@@ -16,7 +16,7 @@ from typing import Callable
 
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
-from replaceme_exp.estimation.estimators import Estimator, estimator_class
+from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
 from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.registry import Registry
 
@@ -53,6 +53,10 @@ class Method:
     follows_protocol: bool = False
     presets: tuple[str, ...] = field(default=())
     check_shape: Callable[[schema.JobConfig, ModelShape], None] | None = None
+    check: Callable[[schema.JobConfig, Requirements], None] | None = None
+    identity: Callable[[schema.JobConfig, dict], None] | None = None
+    setting_columns: dict[str, str] = field(default_factory=dict)
+    settings_of: Callable[[schema.JobConfig], dict] | None = None
 
 
 METHODS: Registry[Method] = Registry("method", "depth-pruning method")
@@ -81,6 +85,21 @@ def job_methods(config: schema.JobConfig) -> list[Method]:
     """The methods a job runs: its objective's, and the one whose search chose its cuts."""
     found = [method_of_objective(config.objective), method_of_selection(config)]
     return [m for i, m in enumerate(found) if m is not None and m not in found[:i]]
+
+
+def method_setting_columns(config: schema.JobConfig) -> dict:
+    """Every method's setting columns: the values of the job's methods' own, None for the others'."""
+    out: dict = {}
+    mine = job_methods(config)
+    for _, method in METHODS.items():
+        values = method.settings_of(config) if method in mine and method.settings_of is not None else {}
+        out.update({name: values.get(name) for name in method.setting_columns})
+    return out
+
+
+def column_meaning(column: str) -> str | None:
+    """What a method's own row column means (None: no method declares ``column``)."""
+    return next((m.setting_columns[column] for _, m in METHODS.items() if column in m.setting_columns), None)
 
 
 def label_of(config: schema.JobConfig, selection_metric: str | None) -> str:

@@ -2,8 +2,15 @@
 ``experiment=replaceme_ls``): each cut replaced by the T that minimises ``||M T - (L - Y)||^2`` over
 the calibration tokens, fused into the down-projection before the cut (docs/methods/replaceme.md)."""
 
+from replaceme_exp.config.schema import Group, ObjectiveConfig, finite_positive, key, register_shape
 from replaceme_exp.estimation.estimators import LeastSquaresEstimator
 from replaceme_exp.methods.plugin import Labelled, Method, register
+
+
+@register_shape("objective")
+@Group
+class LeastSquaresObjectiveConfig(ObjectiveConfig):
+    max_condition: float = key(1.0e13, doc="refuse M^T M above this condition number", check=finite_positive)
 
 
 def fitted_on(name: str, job: Labelled) -> str:

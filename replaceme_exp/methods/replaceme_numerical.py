@@ -2,15 +2,46 @@
 and its MSE, exact-cosine and elastic-net variants; ``objective=cosine`` ...,
 ``experiment=replaceme_cosine``): docs/methods/replaceme.md."""
 
+from typing import Literal, Optional
+
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
+from replaceme_exp.config.schema import Group, ObjectiveConfig, finite_positive, key, positive_int, register_shape
 from replaceme_exp.estimation.estimators import estimator_class
-from replaceme_exp.estimation.numerical import NumericalEstimator
+from replaceme_exp.estimation.numerical import NumericalEstimator, regularizer_warning
 from replaceme_exp.methods.plugin import Method, register
 from replaceme_exp.methods.replaceme_ls import fitted_on
 
+
+@register_shape("objective")
+@Group
+class NumericalObjectiveConfig(ObjectiveConfig):
+    loss: Literal["cosine", "cosine_exact", "mse", "elasticnet"] = key(doc="the loss minimised over T")
+    solver: Literal["adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg"] = key("adam", doc="the optimiser")
+    schedule: Literal["full_batch", "minibatch"] = key(
+        doc="lbfgs/nlcg/trust_ncg over all tokens, or one step per batch"
+    )
+    lr: float = key(1.0e-4, doc="Adam's learning rate", check=finite_positive)
+    batch_tokens: int = key(1024, doc="tokens per batch (adam, minibatch)", check=positive_int)
+    epochs: int = key(10, doc="passes over the tokens (adam, minibatch)", check=positive_int)
+    init: Literal["identity", "ls"] = key("identity", doc="start from I or from the closed form")
+    max_iter: int = key(100, doc="iterations of full_batch solvers", check=positive_int)
+    chunk_tokens: int = key(8192, doc="tokens per chunk of a full-batch objective", check=positive_int)
+    precision: Optional[Literal["float64", "float32"]] = key(
+        None,
+        doc="dtype of lbfgs/nlcg/trust_ncg/newton_cg (float32: the official code's, whose steps move with the CPU's "
+        "vector kernels); adam runs in float32; null: the protocol's (paper: float64; official: float32)",
+    )
+
+
 # The loss's name in tables.
 LOSS_LABELS = {"cosine": "cosine", "cosine_exact": "cosine (exact)", "mse": "MSE", "elasticnet": "elastic net"}
+
+
+def penalty_warning(config) -> dict:
+    regularizer = config.regularizer.name if config.alpha else "none"
+    return {"regularizer_warning": regularizer_warning(config.objective.loss, regularizer, float(config.alpha))}
+
 
 register(
     Method(
@@ -20,6 +51,11 @@ register(
         estimators=(NumericalEstimator,),
         follows_protocol=True,
         presets=("replaceme_cosine", "multi_lt_nc_cosine", "replaceme_official_cosine"),
+        setting_columns={
+            "regularizer_warning": "Why an L1 / L2 penalty on T with the scale-free cosine loss is ill-posed; "
+            "None elsewhere.",
+        },
+        settings_of=penalty_warning,
     )
 )
 

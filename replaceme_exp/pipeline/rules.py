@@ -331,52 +331,15 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
     if needs.uses_alpha and c.alpha != 0 and c.structure.name in needs.structures_without_alpha:
         reason = f"has no effect with structure={c.structure.name} and objective={name} (its solution ignores alpha)"
         raise ConfigError("alpha", c.alpha, reason + "; use alpha=0")
-    if needs.replacement is not None:
-        check_replacement(c, needs)
-    if needs.statistic_folds:
-        check_folds(c, needs.statistic_folds)
+    for method in job_methods(c):
+        if method.check is not None:
+            method.check(c, needs)
     if c.healing.name == "lt_only" and not needs.fits_transform:
         reason = f"trains the linear transform; objective={name} fits none (heal with lora or full_model)"
         raise ConfigError("healing", c.healing.name, reason)
     if c.healing.name != "none" and c.healing.data.source == "text_file":
         existing_file("healing.data.path", c.healing.data.path)
     check_eval_suite(c)
-
-
-def check_replacement(c: schema.JobConfig, needs: Requirements) -> None:
-    """LLM-Streamline replaces one selected (or given) cut by a trained network, on the model it
-    runs (text only)."""
-    name = c.objective.name
-    if c.cuts is not None and len(c.cuts) != 1:
-        raise ConfigError("cuts", c.cuts, f"objective={name} replaces one cut by one network: give one cut")
-    if c.cuts is None and c.num_lts != 1:
-        raise ConfigError("num_lts", c.num_lts, f"objective={name} replaces one cut by one network (num_lts=1)")
-    if c.cuts is None and METRICS.get(c.selection.metric).searches:
-        reason = f"decides the removed blocks itself; objective={name} replaces a cut chosen by distance"
-        raise ConfigError("selection.metric", c.selection.metric, reason)
-    if c.cuts is not None and needs.replacement == "layer" and c.cuts[0][1] - c.cuts[0][0] < 2:
-        reason = f"objective={name} keeps the cut's first block retrained: give a cut of at least 2 blocks"
-        raise ConfigError("cuts", c.cuts, reason)
-    if c.model.capture_4bit:
-        raise ConfigError("model.capture_4bit", True, f"not with objective={name} (it trains on the model it prunes)")
-    if float(c.mask_ratio):
-        reason = f"not with objective={name} (it trains on the plain sequences)"
-        raise ConfigError("mask_ratio", float(c.mask_ratio), reason)
-
-
-def check_folds(c: schema.JobConfig, folds: int) -> None:
-    """An objective that keeps its statistics per fold of whole sequences (``objective=ls_ridge_identity``)
-    needs a sequence in every fold, and sequences that are one each (no masked copy, no padded row)."""
-    name = c.objective.name
-    if c.calibration.n_samples < folds:
-        reason = f"fewer than the {folds} folds of objective={name} (objective.folds)"
-        raise ConfigError("calibration.n_samples", c.calibration.n_samples, reason)
-    if float(c.mask_ratio):
-        reason = f"not with objective={name}: a masked copy of a sequence would fall into another fold than it"
-        raise ConfigError("mask_ratio", float(c.mask_ratio), reason)
-    if c.estimation.padded_positions:
-        reason = f"not with objective={name}: padded positions belong to no sequence of a fold"
-        raise ConfigError("estimation.padded_positions", True, reason)
 
 
 def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:

@@ -51,9 +51,8 @@ from replaceme_exp.config.protocol import settle
 from replaceme_exp.config.validate import typed_config
 from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
 from replaceme_exp.estimation.fitting import FitRequest
-from replaceme_exp.estimation.numerical import regularizer_warning
 from replaceme_exp.healing import HEALING_LABELS
-from replaceme_exp.methods import label_of
+from replaceme_exp.methods import job_methods, label_of, method_setting_columns
 from replaceme_exp.models.fingerprint import file_digest
 from replaceme_exp.models.loading import saved_dtype
 from replaceme_exp.pipeline.rules import (
@@ -198,8 +197,9 @@ class JobSpec:
             data["objective"].pop("schedule")
         if self.requirements.solver_precision != "float64":  # Adam's, or float32: all solvers' before the key
             data["objective"].pop("precision", None)
-        if self.requirements.replacement == "layer":  # no FFN is built
-            data["objective"].pop("ffn_expansion")
+        for method in job_methods(c):
+            if method.identity is not None:
+                method.identity(c, data)
         if c.cuts is not None:
             for key in ("selection", "n_prune", "num_lts"):
                 data.pop(key)
@@ -360,7 +360,6 @@ class JobSpec:
             "structure": e.structure,
             "regularizer": e.regularizer,
             "alpha": float(e.alpha),
-            "regularizer_warning": regularizer_warning(getattr(c.objective, "loss", ""), e.regularizer, e.alpha),
             "mask_ratio": float(c.mask_ratio),
             "mask_passes": e.mask_passes,
             "estimation_tokens": e.estimation_tokens,
@@ -368,8 +367,6 @@ class JobSpec:
             "massive_threshold": float(e.massive_threshold),
             "lt_placement": e.lt_placement,
             "plain_checkpoint": (e.lt_placement == "fused" or not r.fits_transform) and r.replacement != "ffn",
-            "replacement": r.replacement,
-            "replacement_settings": replacement_settings(c.objective) if r.replacement else None,
             "healing": c.healing.name,
             # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job runs it
             "healing_settings": healing_settings(c.healing) if healing else None,
@@ -387,7 +384,7 @@ class JobSpec:
             "eval": c.eval.name,
             **self.eval_columns(),
             "capture_precision": e.capture_precision,
-            **ridge_columns(c.objective),
+            **method_setting_columns(c),
         }
 
     def selection_setting_columns(self) -> dict[str, Any]:
@@ -507,31 +504,6 @@ def method_of(c: schema.JobConfig, e: EffectiveSettings) -> str:
         if c.healing.loss != "lm":
             method += f" ({c.healing.loss})"
     return method
-
-
-def replacement_settings(objective: schema.ObjectiveConfig) -> dict[str, Any]:
-    """An LLM-Streamline objective's training settings as they act (every key but its class and
-    name; ``ffn_expansion`` only for the FFN)."""
-    settings = dataclasses.asdict(objective)
-    for key in ("_target_", "name"):
-        settings.pop(key)
-    if settings["replacement"] != "ffn":
-        settings.pop("ffn_expansion")
-    return settings
-
-
-def ridge_columns(objective: schema.ObjectiveConfig) -> dict[str, Any]:
-    """How ``objective=ls_ridge_identity`` chooses its strength (None for every other objective):
-    ``ridge_criterion``, ``ridge_folds`` and ``ridge_grid`` ``[min, max, points]`` (relative to the
-    mean eigenvalue of ``M^T M``; 0 and inf are always candidates)."""
-    ridge = isinstance(objective, schema.RidgeToIdentityObjectiveConfig)
-    return {
-        "ridge_criterion": objective.criterion if ridge else None,
-        "ridge_folds": int(objective.folds) if ridge else None,
-        "ridge_grid": [float(objective.grid_min), float(objective.grid_max), int(objective.grid_points)]
-        if ridge
-        else None,
-    }
 
 
 def data_files(section: dict) -> list[Path]:

@@ -7,7 +7,8 @@ The names come from running that code: :func:`~replaceme_exp.results.row.start_r
 :func:`~replaceme_exp.results.row.refused_row` (the columns every row starts with),
 :func:`~replaceme_exp.results.row.skip_row` (a skipped job's row) and
 :meth:`~replaceme_exp.pipeline.spec.JobSpec.setting_columns` of the default pruning job and of an
-evaluate job (the settings as they act); the meanings from :mod:`replaceme_exp.results.columns`.
+evaluate job (the settings as they act); the meanings from :mod:`replaceme_exp.results.columns` and the
+methods' plugins (a method's own columns).
 ``tests/test_row_reference.py`` fails when the file differs from what this prints or a declared
 column has no meaning.
 """
@@ -20,8 +21,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import replaceme_exp.pipeline  # noqa: F401  (the config schema in Hydra's ConfigStore, as run.py has it)
+from replaceme_exp.methods import column_meaning
 from replaceme_exp.pipeline.spec import JobSpec
-from replaceme_exp.results.columns import MEASURED_COLUMNS, meaning
+from replaceme_exp.results import columns
+from replaceme_exp.results.columns import MEASURED_COLUMNS
 from replaceme_exp.results.row import refused_row, skip_row, start_row
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -49,6 +52,12 @@ def declared_columns() -> dict[str, list[str]]:
         "evaluate settings": evaluation,
         "skipped job": skipped,
     }
+
+
+def meaning(column: str) -> str | None:
+    """What ``column`` means: the harness's columns (:mod:`replaceme_exp.results.columns`), then a
+    method's own (its plugin's ``setting_columns``)."""
+    return columns.meaning(column) or column_meaning(column)
 
 
 def undescribed() -> list[str]:

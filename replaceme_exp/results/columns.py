@@ -76,7 +76,6 @@ SETTING_COLUMNS: dict[str, str] = {
     "`lower_triangular`); `generic` where nothing is fitted.",
     "regularizer": "The penalty on T as it acts (`none` when alpha is 0 or the objective takes none).",
     "alpha": "The penalty's strength as it acts (0 where it cannot act).",
-    "regularizer_warning": "Why an L1 / L2 penalty on T with the scale-free cosine loss is ill-posed; None elsewhere.",
     "mask_ratio": "Fraction of tokens hidden in each masked calibration copy (0: no masking).",
     "mask_passes": "Masked copies of the calibration set (None without masking).",
     "estimation_tokens": "Which tokens enter the fit: `all`, `skip_first`, `skip_massive`, `rescale_massive`.",
@@ -85,9 +84,6 @@ SETTING_COLUMNS: dict[str, str] = {
     "lt_placement": "`fused` (T in the down-projection) or `separate` (T as its own module).",
     "plain_checkpoint": "Whether the saved model loads with no custom code (false: separate transforms or "
     "LLM-Streamline's FFN beside it).",
-    "replacement": "LLM-Streamline's lightweight network: `ffn` or `layer` (None for every other method).",
-    "replacement_settings": "JSON: LLM-Streamline's training settings as they act (learning rates, AdamW, "
-    "micro-batch, accumulation, epochs, schedule, clipping, FFN width); None for other methods.",
     "healing": "What trains after pruning: `none`, `lt_only`, `full_model`, `lora`.",
     "healing_settings": "JSON: every healing setting as the job runs it (None without healing).",
     "healing_data": "The healing data option (None without healing).",
@@ -133,13 +129,6 @@ SETTING_COLUMNS: dict[str, str] = {
     "selection_merge": "LaCo: the merge rule, `rdsc` (the paper's Eq. 1) or `official_code` (the notebooks').",
     "eval": "The eval suite option (`eval.name`).",
     "capture_precision": "Precision of the statistics' products: `float64` or `float32`.",
-    "ridge_criterion": "`objective=ls_ridge_identity`: how the strength of the ridge toward I is chosen: "
-    "`sequence_folds` (held-out folds of whole sequences) or `gcv` (generalised cross-validation over tokens); "
-    "None for other objectives.",
-    "ridge_folds": "`objective=ls_ridge_identity`: folds of whole calibration sequences (sequence j in fold j mod "
-    "folds); None for other objectives.",
-    "ridge_grid": "`objective=ls_ridge_identity`: JSON `[min, max, points]`, the log-spaced strengths tried, "
-    "relative to the mean eigenvalue `trace(M^T M) / d` (0 = plain LS and inf = identity are tried too).",
     "evaluated_checkpoint": "An evaluate job's checkpoint directory (None: `model` itself).",
     "pruned_config_hash": "The config hash of the pruning row that saved the evaluated checkpoint.",
     "pruned_run_id": "The run id of the pruning row that saved the evaluated checkpoint.",
