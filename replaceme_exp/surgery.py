@@ -23,7 +23,7 @@ from replaceme_exp.storage import readable_by_others, write_text
 
 Cut = tuple[int, int]
 SEPARATE_TRANSFORMS_FILE = "separate_transforms.safetensors"
-# LLM-Streamline's FFNs beside a checkpoint's weights: "after_block.<index>.<fc1|fc2>.<weight|bias>"
+# Replacement FFNs beside a checkpoint's weights: "after_block.<index>.<fc1|fc2>.<weight|bias>"
 REPLACEMENT_NETWORKS_FILE = "replacement_networks.safetensors"
 METADATA_FILE = "replaceme.json"  # what the pruning job wrote beside the weights (save_checkpoint)
 RECIPE_SUFFIX = ".recipe.json"  # beside transforms/<config_hash>.safetensors (write_recipe)
@@ -48,7 +48,7 @@ def fuse_transform(adapter: DecoderAdapter, block: int, transform: torch.Tensor)
 @torch.no_grad()
 def load_block_states(adapter: DecoderAdapter, states: BlockStates) -> None:
     """Give blocks new parameter values: ``{block index: {parameter name inside the block: value}}``
-    (a merge's result, LaCo), each cast to the parameter's dtype and device. Raises ``ValueError``
+    (a search's merge, a retrained block), each cast to the parameter's dtype and device. Raises ``ValueError``
     naming a parameter the block lacks or a value of the wrong shape."""
     for index, state in sorted(states.items()):
         parameters = dict(adapter.layers[index].named_parameters())
@@ -62,7 +62,7 @@ def load_block_states(adapter: DecoderAdapter, states: BlockStates) -> None:
 
 
 BLOCK_STATE_PREFIX = "block."  # a new block weight in a transforms file: block.<index>.<parameter name>
-NETWORK_PREFIX = "network.after_block."  # an FFN in a transforms file (LLM-Streamline): ...<index>.<parameter>
+NETWORK_PREFIX = "network.after_block."  # a replacement FFN in a transforms file: ...<index>.<parameter>
 
 
 def block_state_tensors(states: BlockStates) -> dict[str, torch.Tensor]:
@@ -167,7 +167,7 @@ def attach_separate_transforms(adapter: DecoderAdapter, transforms: dict[int, to
 
 def attach_replacement_networks(adapter: DecoderAdapter, networks: dict[int, ReplacementFFN]) -> None:
     """Make block ``i``'s output ``net(L_i)`` for each ``{i: net}`` (indices of the current model):
-    LLM-Streamline's FFN in place of the cut after block ``i``.
+    a trained FFN in place of the cut after block ``i``.
 
     Like a separate T, the network lives in a forward hook (cast to the block's dtype and device),
     not as a module of the model, so the state dict stays a plain pruned checkpoint's;
@@ -197,7 +197,7 @@ def attach_replacement_networks(adapter: DecoderAdapter, networks: dict[int, Rep
 
 
 def replacement_parameters(model) -> int:
-    """Parameters ``model`` carries beside its own (not in its own count): LLM-Streamline's replacement
+    """Parameters ``model`` carries beside its own (not in its own count): its replacement
     networks, and each separate transform's d x d."""
     networks = getattr(model, "_replaceme_replacement_networks", {})
     separate = getattr(model, "_replaceme_separate_transforms", None) or {}
@@ -227,7 +227,7 @@ def networks_from_tensors(tensors: dict[str, torch.Tensor], prefix: str = "after
 
 def load_pruned(path: str | os.PathLike, **kwargs):
     """Load a pruned checkpoint; for the separate placement, re-attach its transforms; for
-    LLM-Streamline's FFN, its networks."""
+    a replacement FFN, its networks."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -237,7 +237,7 @@ def load_pruned(path: str | os.PathLike, **kwargs):
 
 def attach_saved_transforms(model, path: str | os.PathLike) -> bool:
     """Re-attach the separate transforms (``lt_placement=separate``) and replacement networks
-    (LLM-Streamline's FFN) a checkpoint at ``path`` carries beside its weights to ``model``,
+    (a trained FFN) a checkpoint at ``path`` carries beside its weights to ``model``,
     loaded from it; returns whether it had any."""
     from safetensors.torch import load_file
 
@@ -269,7 +269,7 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
     (:func:`checkpoint_problem`). Loadable by ``AutoModelForCausalLM.from_pretrained``; a model
     with separate transforms also gets ``separate_transforms.safetensors`` and needs
     :func:`load_pruned` to apply them (it is not a plain checkpoint); so does one with
-    LLM-Streamline's FFN (``replacement_networks.safetensors``)."""
+    a replacement FFN (``replacement_networks.safetensors``)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     recover_checkpoint(target)
@@ -296,7 +296,7 @@ def save_checkpoint(model, tokenizer, path: str | os.PathLike, metadata: dict, p
 def beside_weights(model) -> dict[str, dict[str, torch.Tensor]]:
     """What a pruned model carries beyond its own state dict, as :func:`save_checkpoint` writes it
     beside the weights: ``{file name: {tensor name: tensor}}``, the separate transforms
-    (``after_block.<i>``: (d, d) T in its stored dtype) and LLM-Streamline's FFNs
+    (``after_block.<i>``: (d, d) T in its stored dtype) and the replacement FFNs
     (``after_block.<i>.<fc1|fc2>.<weight|bias>``); empty for a plain pruned (or unpruned) model."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     if separate := getattr(model, "_replaceme_separate_transforms", None):

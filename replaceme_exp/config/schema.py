@@ -131,9 +131,6 @@ def lora_targets(v) -> str | None:
     return "must be mlp (the family's MLP projections) or a non-empty list of linear layer names"
 
 
-
-
-
 def key(default: Any = ..., *, doc: str = "", check: Callable | None = None, choices: str | None = None) -> Any:
     """A schema field: ``default`` (``...``: the option must give it), what it does, and the
     constraint beyond its type (``check(value)`` -> None or the reason) or the registry its value
@@ -339,7 +336,7 @@ class HubImagesConfig(CalibrationConfig):
 @Group
 class SelectionConfig:
     metric: str = key(doc="how candidate cuts are compared", choices="selection.metric")
-    tokens: Literal["all", "last"] = key("all", doc="every token, or each sequence's last (UIDL)")
+    tokens: Literal["all", "last"] = key("all", doc="every token, or each sequence's last")
 
 
 @Group
@@ -360,7 +357,7 @@ class EstimationConfig:
     padded_positions: Optional[bool] = key(
         None,
         doc="padded positions' activations enter the fit too (needs tokens=all); null: the protocol's (paper: false; "
-        "official: true for ReplaceMe's and UIDL's fits of every token without masking, left padding or folds)",
+        "official: true for the fits of the methods that follow it, of every token, without masking or left padding)",
     )
 
 

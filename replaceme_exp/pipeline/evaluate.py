@@ -35,7 +35,7 @@ class EvaluationJob:
         return self.row
 
     def load(self) -> None:
-        """The model (a checkpoint's separate transforms or LLM-Streamline FFN re-attached), checked finite; its depth,
+        """The model (a checkpoint's separate transforms or replacement FFN re-attached), checked finite; its depth,
         its parameters and, for a checkpoint this project saved, the cuts that made it."""
         c = self.config
         with stage("load"):

@@ -215,7 +215,7 @@ class PruningJob:
 
     def estimate(self) -> None:
         """Every transform from the unpruned model's activations (sequential cuts: in :meth:`prune`);
-        LLM-Streamline: the network that replaces the cut (:meth:`replace_cut`)."""
+        a trained network that replaces the cut instead (:meth:`replace_cut`)."""
         self.estimator = self.spec.estimator()
         self.fit = Fit({})
         self.networks = {}
@@ -234,7 +234,8 @@ class PruningJob:
             self.record(self.fit.columns())
 
     def replace_cut(self) -> None:
-        """LLM-Streamline: train the network that replaces the selected cut, then hand the surgery
+        """Train the network that replaces the selected cut (an estimator that declares a
+        ``replacement``), then hand the surgery
         what it removes and adds: the adjusted cuts (the layer variant keeps the cut's first block),
         the retrained block's weights (``block_states``) and the FFN (``networks``, by the original
         index of the block it follows)."""
@@ -324,7 +325,7 @@ class PruningJob:
         """Whether each cut is replaced by its T alone (or nothing), the blocks before it unchanged,
         so the held-out distances between ``L_{start-1}`` and ``L_{end-1}`` describe the pruned model:
         not after a search that merged weights into kept blocks, nor for a cut from block 0 (no
-        ``L_{-1}`` is captured), nor where a trained network replaces the cut (LLM-Streamline)."""
+        ``L_{-1}`` is captured), nor where a trained network replaces the cut."""
         linear = not self.selection.block_states and not self.networks
         return linear and all(start >= 1 for start, _ in self.selection.cuts)
 
@@ -375,7 +376,7 @@ class PruningJob:
 
     def take_teacher_targets(self) -> None:
         """``healing.loss=topk_kl``: the healing windows and the unpruned model's top-k next-token
-        distribution on them, before surgery removes the blocks (LinearPatch's offline data)."""
+        distribution on them, before surgery removes the blocks (the distillation's offline data)."""
         c = self.config
         self.healing_windows, self.targets = None, None
         if c.healing.name == "none" or c.healing.loss != "topk_kl":
@@ -463,8 +464,8 @@ class PruningJob:
     def save_transforms(self) -> None:
         """One safetensors file: ``"<start>-<end>"`` (cuts of the unpruned model) -> T, float64,
         (hidden, hidden), as estimated (before any healing); cuts without a T (identity) are left out.
-        New weights of kept blocks (a search's merges, LLM-Streamline's retrained block) go in as
-        ``"block.<index>.<parameter>"``, LLM-Streamline's FFN as ``"network.after_block.<index>.<parameter>"``
+        New weights of kept blocks (a search's merges, a retrained block) go in as
+        ``"block.<index>.<parameter>"``, a replacement FFN as ``"network.after_block.<index>.<parameter>"``
         (original indices), as computed."""
         fitted = self.fit.transforms.items()
         transforms = {label(cut): t.detach().double().cpu().contiguous() for cut, t in fitted if t is not None}

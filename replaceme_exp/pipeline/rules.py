@@ -294,7 +294,7 @@ def check_search(c: schema.JobConfig, metric, needs: Requirements) -> None:
     """A selection by search removes (or merges) blocks itself: one set of removed blocks (``num_lts``
     does not act), run on the model in its own dtype; nothing fitted, except a transform from the LS
     statistics over each run of removed blocks after a search that only removes them
-    (``fits_after``: ShortGPT, SLEB), fused into the block before it."""
+    (``fits_after``), fused into the block before it."""
     name = metric.name
     if (needs.fits_transform or needs.fits) and not metric.fits_after:
         reason = f"selection.metric={name} removes the blocks it finds, nothing is fitted: use objective=identity"

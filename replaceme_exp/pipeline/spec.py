@@ -389,7 +389,7 @@ class JobSpec:
 
     def selection_setting_columns(self) -> dict[str, Any]:
         """``selection_<key>`` for each key of a selection shape beyond ``metric`` and ``tokens`` (a
-        search's own settings: ShortGPT's ``window``, SLEB's ``early_barrier``, ...), its value
+        search's own settings, e.g. ``window``, ``early_barrier``), its value
         where the job's selection has it and selects (None otherwise)."""
         c, base = self.config, {f.name for f in dataclasses.fields(schema.SelectionConfig)}
         names = [f.name for shape in schema.GROUP_SHAPES["selection"] for f in dataclasses.fields(shape)]
@@ -484,7 +484,7 @@ class JobSpec:
 
 def healing_settings(healing: schema.HealingConfig) -> dict[str, Any]:
     """Every healing setting as the job runs it, without those that cannot act: ``kl_topk`` unless
-    the loss is LinearPatch's ``topk_kl``, ``min_lr_factor`` under a constant learning rate."""
+    the loss is the top-k distillation ``topk_kl``, ``min_lr_factor`` under a constant learning rate."""
     settings = dataclasses.asdict(healing)
     if settings.get("loss") != "topk_kl":
         settings.pop("kl_topk", None)
@@ -495,7 +495,7 @@ def healing_settings(healing: schema.HealingConfig) -> dict[str, Any]:
 
 def method_of(c: schema.JobConfig, e: EffectiveSettings) -> str:
     """The row's ``method``: the job's method as its plugin names it
-    (:func:`~replaceme_exp.methods.label_of`: ``ReplaceMe LS``, ``UIDL``, ``SLEB``, ...), then the
+    (:func:`~replaceme_exp.methods.label_of`: ``ReplaceMe LS``, ...), then the
     healing that trained the pruned model afterwards (`` + LoRA healing``, and its loss when it is
     not the language-modelling one)."""
     method = label_of(c, e.selection_metric)

@@ -123,4 +123,3 @@ def finite_perplexity(model, windows, which: str = "unpruned") -> WindowPerplexi
     measured = window_perplexity(model, windows)
     check_finite("eval", f"the {which} model's held-out perplexity is", [measured.value])
     return measured
-
