@@ -47,7 +47,10 @@ def toy_search(context: SearchContext) -> SearchResult:
 def toy_metric():
     METRICS.register("toy_search", SelectionMetric("toy_search", "search", search=toy_search))
     METHODS.register(
-        "toy", Method("toy", docs="toy.md", label=lambda job: "Toy", selections=("toy_search",), search_label="Toy")
+        "toy",
+        Method(
+            "toy", title="Toy", docs="toy.md", label=lambda job: "Toy", selections=("toy_search",), search_label="Toy"
+        ),
     )
     yield "toy_search"
     METRICS._entries.pop("toy_search")

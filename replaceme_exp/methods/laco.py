@@ -57,11 +57,41 @@ METRICS.register("laco", SelectionMetric("laco", "search", search=laco_search, s
 register(
     Method(
         "laco",
+        title="LaCo",
         docs="laco.md",
         label=lambda job: "LaCo",
         selections=("laco",),
         search_label="LaCo",
         presets=("laco",),
         check_shape=search_range_fits,
+        column_docs={
+            "selection_merge_layers": "LaCo (`selection=laco`): C, blocks combined by one merge, as set (null: from "
+            "the "
+            "depth; `laco_merge_layers` has the value run).",
+            "selection_interval": "LaCo: I, how far the search moves down after a kept merge.",
+            "selection_threshold": "LaCo: T, a merge is kept when the mean cosine similarity is above it.",
+            "selection_lowest": "LaCo: L, the lowest block a merge may start at.",
+            "selection_highest": "LaCo: H, the top block of the search as set (null: the last; `laco_highest` as run).",
+            "selection_samples": "LaCo: calibration sequences the similarity is measured on.",
+            "selection_merge": "LaCo: the merge rule, `rdsc` (the paper's Eq. 1) or `official_code` (the notebooks').",
+            "laco_merge_layers": "LaCo: C, blocks combined by one merge, as run (null `merge_layers` resolved from "
+            "the depth).",
+            "laco_interval": "LaCo: I, the step down after a kept merge.",
+            "laco_threshold": "LaCo: T, a merge is kept when the mean cosine similarity is above it.",
+            "laco_lowest": "LaCo: L, the lowest block a merge may start at.",
+            "laco_highest": "LaCo: H, the top block of the search, as run.",
+            "laco_merge": "LaCo: the merge rule, `rdsc` (the paper's Eq. 1) or `official_code` (the notebooks').",
+            "laco_samples": "LaCo: calibration sequences the similarity was measured on.",
+            "laco_sample_tokens": "LaCo: their tokens.",
+            "laco_tries": "JSON: every merge LaCo tried, in order: `start` (the block merged into), `merged` (the "
+            "blocks "
+            "collapsed, unpruned indices), `similarity`, `accepted`.",
+            "laco_merges": "JSON: LaCo's final merges: each kept block `into` and the unpruned `blocks` collapsed "
+            "into it.",
+            "laco_similarity": "LaCo: the mean cosine similarity of the final merged model with the unpruned one.",
+            "laco_target_blocks": "LaCo: blocks asked for (`n_prune`).",
+            "laco_removed_blocks": "LaCo: blocks removed (fewer than asked when no further merge stayed above T).",
+            "laco_shortfall": "LaCo: `laco_target_blocks - laco_removed_blocks` (0: equal compression reached).",
+        },
     )
 )

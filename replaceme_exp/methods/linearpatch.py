@@ -26,11 +26,17 @@ def rotation_fits(config: schema.JobConfig, shape: ModelShape) -> None:
 register(
     Method(
         "linearpatch",
+        title="LinearPatch",
         docs="linearpatch.md",
         # the diagonal patch (rotate=false) is another method's number: never averaged with the rotated one
         label=lambda job: "LinearPatch" if job.config.objective.rotate else "LinearPatch (unrotated)",
         estimators=(LinearPatchEstimator,),
         presets=("linearpatch", "linearpatch_distill"),
         check_shape=rotation_fits,
+        column_docs={
+            "patch_sequences": "LinearPatch, per cut: the calibration sequences whose channel ratios were averaged.",
+            "patch_scale_gap": "LinearPatch, per cut: mean `|s - 1|` of its channel scales (how far magnitudes differ "
+            "across the cut).",
+        },
     )
 )

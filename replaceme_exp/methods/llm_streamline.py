@@ -115,6 +115,7 @@ def training_settings(c) -> dict:
 register(
     Method(
         "llm_streamline",
+        title="LLM-Streamline",
         docs="llm-streamline.md",
         label=lambda job: LABELS[job.config.objective.replacement],
         estimators=(StreamlineEstimator,),
@@ -128,5 +129,12 @@ register(
             "micro-batch, accumulation, epochs, schedule, clipping, FFN width); None for other methods.",
         },
         settings_of=training_settings,
+        column_docs={
+            "replaced_cut": "LLM-Streamline: the selected cut `[start, end)` its network replaces (the layer variant "
+            "keeps block `start`, retrained, and removes the rest).",
+            "replacement_<quantity>": "LLM-Streamline's training: MSE over every calibration token before and after "
+            "(`loss_before`, `loss_after`), first and last optimizer step's loss and the loss curve, optimizer steps, "
+            "sequences, tokens, parameters added (the FFN's; 0 for the layer).",
+        },
     )
 )

@@ -11,6 +11,7 @@ cuts"; a plain removal is named by the search that chose it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -36,7 +37,7 @@ class Labelled:
 class Method:
     """One depth-pruning method.
 
-    ``name``: its key (``python -m ... --method``, its docs page ``docs/methods/<docs>``);
+    ``name``: its key; ``title``: its name in prose; ``docs``: its page, ``docs/methods/<docs>``;
     ``estimators``: the estimator classes whose ``objective`` makes it; ``selections``: the
     ``selection.metric`` names of its own searches; ``label``: its name in tables (the row's
     ``method``) for a job (:class:`Labelled`); ``search_label``: its name as the search that chose
@@ -45,6 +46,7 @@ class Method:
     official code is theirs)."""
 
     name: str
+    title: str
     docs: str
     label: Callable[[Labelled], str]
     estimators: tuple[type[Estimator], ...] = ()
@@ -57,6 +59,7 @@ class Method:
     identity: Callable[[schema.JobConfig, dict], None] | None = None
     setting_columns: dict[str, str] = field(default_factory=dict)
     settings_of: Callable[[schema.JobConfig], dict] | None = None
+    column_docs: dict[str, str] = field(default_factory=dict)
 
 
 METHODS: Registry[Method] = Registry("method", "depth-pruning method")
@@ -99,7 +102,17 @@ def method_setting_columns(config: schema.JobConfig) -> dict:
 
 def column_meaning(column: str) -> str | None:
     """What a method's own row column means (None: no method declares ``column``)."""
-    return next((m.setting_columns[column] for _, m in METHODS.items() if column in m.setting_columns), None)
+    for _, method in METHODS.items():
+        for name, text in {**method.setting_columns, **method.column_docs}.items():
+            if names(name, column):
+                return text
+    return None
+
+
+def names(name: str, column: str) -> bool:
+    """Whether the declared ``name`` (``<word>`` standing for any text) is ``column``."""
+    parts = re.split(r"(<[^>]+>)", name)
+    return re.fullmatch("".join(".+" if p.startswith("<") else re.escape(p) for p in parts), column) is not None
 
 
 def label_of(config: schema.JobConfig, selection_metric: str | None) -> str:

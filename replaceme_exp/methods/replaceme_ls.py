@@ -21,6 +21,7 @@ def fitted_on(name: str, job: Labelled) -> str:
 register(
     Method(
         "replaceme_ls",
+        title="ReplaceMe LS",
         docs="replaceme.md",
         label=lambda job: fitted_on("ReplaceMe LS", job),
         estimators=(LeastSquaresEstimator,),

@@ -46,6 +46,7 @@ def penalty_warning(config) -> dict:
 register(
     Method(
         "replaceme_numerical",
+        title="ReplaceMe, numerical objectives",
         docs="replaceme.md",
         label=lambda job: fitted_on(f"ReplaceMe {LOSS_LABELS[job.config.objective.loss]}", job),
         estimators=(NumericalEstimator,),

@@ -50,6 +50,7 @@ def strength_choice(c) -> dict:
 register(
     Method(
         "ridge_identity",
+        title="Ridge toward the identity",
         docs="ridge-to-identity.md",
         label=lambda job: fitted_on("ReplaceMe LS ridge-to-I", job),
         estimators=(RidgeToIdentityEstimator,),
@@ -65,5 +66,22 @@ register(
             "relative to the mean eigenvalue `trace(M^T M) / d` (0 = plain LS and inf = identity are tried too).",
         },
         settings_of=strength_choice,
+        column_docs={
+            "ridge_lambda": "`objective=ls_ridge_identity`, per cut: the chosen strength `lam` of `lam ||T - I||^2`, "
+            "added to the statistics of all tokens (0: plain LS; None: the identity won).",
+            "ridge_lambda_relative": "Per cut: the chosen strength over the mean eigenvalue `trace(M^T M) / d` "
+            "(None: the identity won).",
+            "ridge_identity_fallback": "Per cut: true when plain removal (T = I, nothing fused) had the least held-out "
+            "residual.",
+            "ridge_heldout_residual": "Per cut: the mean squared held-out calibration residual per token of the chosen "
+            "strength (each fold's T fitted on the other folds).",
+            "ridge_heldout_residual_ls": "Per cut: the same of plain LS (`lam = 0`; None where a fold's system is "
+            "singular).",
+            "ridge_heldout_residual_identity": "Per cut: the same of T = I (plain removal).",
+            "ridge_gcv_lambda_relative": "Per cut: the relative strength generalised cross-validation over tokens "
+            "picks "
+            "(None: the identity).",
+            "ridge_gcv_agrees": "Per cut: whether GCV over tokens picks the same strength as the held-out sequences.",
+        },
     )
 )

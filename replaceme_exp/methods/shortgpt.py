@@ -30,10 +30,23 @@ METRICS.register(
 register(
     Method(
         "shortgpt",
+        title="ShortGPT",
         docs="shortgpt.md",
         label=lambda job: "ShortGPT",
         selections=("shortgpt",),
         search_label="ShortGPT",
         presets=("shortgpt",),
+        column_docs={
+            "selection_window": "ShortGPT (`selection=shortgpt`): the windows of tokens each sequence runs in (its "
+            "official stride, 256); None for other selections.",
+            "selection_final_norm": "ShortGPT: whether the last block's output is read after the model's final norm "
+            "(its official code, `true`) or as the block returns it; None for other selections.",
+            "shortgpt_block_influence": "ShortGPT: JSON, every block's Block Influence `1 - mean cos(X_i, X_{i+1})` "
+            "over "
+            "the calibration tokens, by block.",
+            "shortgpt_order": "ShortGPT: JSON, the blocks by ascending Block Influence (the first `n_prune` are "
+            "removed).",
+            "shortgpt_tokens": "ShortGPT: the calibration tokens the Block Influence averages over.",
+        },
     )
 )

@@ -49,11 +49,20 @@ METRICS.register(
 register(
     Method(
         "sleb",
+        title="SLEB",
         docs="sleb.md",
         label=lambda job: "SLEB",
         selections=("sleb",),
         search_label="SLEB",
         presets=("sleb",),
         check_shape=barriers_leave_room,
+        column_docs={
+            "selection_early_barrier": "SLEB (`selection=sleb`): the first blocks it never removes (official: 1).",
+            "selection_latter_barrier": "SLEB: the last blocks it never removes (official: 1).",
+            "sleb_removal_order": "SLEB: JSON, the removed blocks in the order its greedy search took them out.",
+            "sleb_step_ppl": "SLEB: JSON, the calibration perplexity of the model after each step's removal.",
+            "sleb_ppl_unpruned": "SLEB: the unpruned model's calibration perplexity (same tokens as `sleb_step_ppl`).",
+            "sleb_predictions": "SLEB: the next-token predictions its calibration loss sums over.",
+        },
     )
 )

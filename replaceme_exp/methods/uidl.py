@@ -17,6 +17,7 @@ def removal_label(job: Labelled) -> str:
 register(
     Method(
         "uidl",
+        title="UIDL and block removal",
         docs="uidl.md",
         label=removal_label,
         estimators=(IdentityEstimator,),

@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import replaceme_exp.pipeline  # noqa: F401  (the config schema in Hydra's ConfigStore, as run.py has it)
-from replaceme_exp.methods import column_meaning
+from replaceme_exp.methods import METHODS, column_meaning
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.results import columns
 from replaceme_exp.results.columns import MEASURED_COLUMNS
@@ -126,8 +126,25 @@ def render() -> str:
         "| column | meaning |",
         "|---|---|",
         *[f"| `{name}` | {text} |" for name, text in MEASURED_COLUMNS.items()],
+        "",
+        "## Each method's own columns",
+        "",
+        "What a method's search or fit records, declared by its plugin (`replaceme_exp/methods/<method>.py`);",
+        "every other row leaves them out (its setting columns above: None).",
+        *[line for name, method in METHODS.items() if method.column_docs for line in _method_rows(method)],
     ]
     return "\n".join(out) + "\n"
+
+
+def _method_rows(method) -> list[str]:
+    return [
+        "",
+        f"### {method.title} (`{method.name}`)",
+        "",
+        "| column | meaning |",
+        "|---|---|",
+        *[f"| `{n}` | {t} |" for n, t in method.column_docs.items()],
+    ]
 
 
 if __name__ == "__main__":

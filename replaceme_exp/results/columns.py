@@ -113,20 +113,6 @@ SETTING_COLUMNS: dict[str, str] = {
     "n_prune": "Number of blocks removed.",
     "selection_metric": "The selection criterion as it acts (`cosine`, `angular_last`, `ls_residual`, "
     "`cka`, ...); None with explicit `cuts`.",
-    "selection_window": "ShortGPT (`selection=shortgpt`): the windows of tokens each sequence runs in (its "
-    "official stride, 256); None for other selections.",
-    "selection_final_norm": "ShortGPT: whether the last block's output is read after the model's final norm "
-    "(its official code, `true`) or as the block returns it; None for other selections.",
-    "selection_early_barrier": "SLEB (`selection=sleb`): the first blocks it never removes (official: 1).",
-    "selection_latter_barrier": "SLEB: the last blocks it never removes (official: 1).",
-    "selection_merge_layers": "LaCo (`selection=laco`): C, blocks combined by one merge, as set (null: from the "
-    "depth; `laco_merge_layers` has the value run).",
-    "selection_interval": "LaCo: I, how far the search moves down after a kept merge.",
-    "selection_threshold": "LaCo: T, a merge is kept when the mean cosine similarity is above it.",
-    "selection_lowest": "LaCo: L, the lowest block a merge may start at.",
-    "selection_highest": "LaCo: H, the top block of the search as set (null: the last; `laco_highest` as run).",
-    "selection_samples": "LaCo: calibration sequences the similarity is measured on.",
-    "selection_merge": "LaCo: the merge rule, `rdsc` (the paper's Eq. 1) or `official_code` (the notebooks').",
     "eval": "The eval suite option (`eval.name`).",
     "capture_precision": "Precision of the statistics' products: `float64` or `float32`.",
     "evaluated_checkpoint": "An evaluate job's checkpoint directory (None: `model` itself).",
@@ -137,20 +123,7 @@ SETTING_COLUMNS: dict[str, str] = {
 # Measured and run columns the stages add, by name or by pattern (<task>, <stage>, <benchmark>, ...).
 MEASURED_COLUMNS: dict[str, str] = {
     "cuts": "JSON `[[start, end], ...]`: the removed blocks of each cut, in the unpruned model's indices.",
-    "replaced_cut": "LLM-Streamline: the selected cut `[start, end)` its network replaces (the layer variant "
-    "keeps block `start`, retrained, and removes the rest).",
-    "replacement_<quantity>": "LLM-Streamline's training: MSE over every calibration token before and after "
-    "(`loss_before`, `loss_after`), first and last optimizer step's loss and the loss curve, optimizer steps, "
-    "sequences, tokens, parameters added (the FFN's; 0 for the layer).",
     "kept_blocks": "JSON: the unpruned model's indices of the blocks the pruned model keeps.",
-    "shortgpt_block_influence": "ShortGPT: JSON, every block's Block Influence `1 - mean cos(X_i, X_{i+1})` over "
-    "the calibration tokens, by block.",
-    "shortgpt_order": "ShortGPT: JSON, the blocks by ascending Block Influence (the first `n_prune` are removed).",
-    "shortgpt_tokens": "ShortGPT: the calibration tokens the Block Influence averages over.",
-    "sleb_removal_order": "SLEB: JSON, the removed blocks in the order its greedy search took them out.",
-    "sleb_step_ppl": "SLEB: JSON, the calibration perplexity of the model after each step's removal.",
-    "sleb_ppl_unpruned": "SLEB: the unpruned model's calibration perplexity (same tokens as `sleb_step_ppl`).",
-    "sleb_predictions": "SLEB: the next-token predictions its calibration loss sums over.",
     "search_steps_reused": "A greedy search (SLEB): steps taken from the step store (`capture.search_steps`: an "
     "earlier or killed job on the same model, data and settings computed them), not computed by this job.",
     "time_reused_s": "Wall seconds the reused search steps took when they were computed (null: unmeasured); "
@@ -158,21 +131,6 @@ MEASURED_COLUMNS: dict[str, str] = {
     "energy_kwh_reused": "Energy of the reused search steps when they were computed (null: unmeasured).",
     "co2_kg_reused": "CO2 of the reused search steps when they were computed (null: unmeasured); added to the "
     "compression CO2 (missing when unknown).",
-    "laco_merge_layers": "LaCo: C, blocks combined by one merge, as run (null `merge_layers` resolved from the depth).",
-    "laco_interval": "LaCo: I, the step down after a kept merge.",
-    "laco_threshold": "LaCo: T, a merge is kept when the mean cosine similarity is above it.",
-    "laco_lowest": "LaCo: L, the lowest block a merge may start at.",
-    "laco_highest": "LaCo: H, the top block of the search, as run.",
-    "laco_merge": "LaCo: the merge rule, `rdsc` (the paper's Eq. 1) or `official_code` (the notebooks').",
-    "laco_samples": "LaCo: calibration sequences the similarity was measured on.",
-    "laco_sample_tokens": "LaCo: their tokens.",
-    "laco_tries": "JSON: every merge LaCo tried, in order: `start` (the block merged into), `merged` (the blocks "
-    "collapsed, unpruned indices), `similarity`, `accepted`.",
-    "laco_merges": "JSON: LaCo's final merges: each kept block `into` and the unpruned `blocks` collapsed into it.",
-    "laco_similarity": "LaCo: the mean cosine similarity of the final merged model with the unpruned one.",
-    "laco_target_blocks": "LaCo: blocks asked for (`n_prune`).",
-    "laco_removed_blocks": "LaCo: blocks removed (fewer than asked when no further merge stayed above T).",
-    "laco_shortfall": "LaCo: `laco_target_blocks - laco_removed_blocks` (0: equal compression reached).",
     "num_layers": "Blocks of the (unpruned or evaluated) model.",
     "params_before": "Parameters of the unpruned model.",
     "params_after": "Parameters of the pruned model.",
@@ -245,22 +203,6 @@ MEASURED_COLUMNS: dict[str, str] = {
     "alpha_effect": "Per cut, with a closed-form fit and alpha > 0: `||T(alpha) - T(0)||_F / ||T(0)||_F` "
     "(below the dtype's resolution: alpha did nothing; the sweep summary says so).",
     "gram_mean_eigenvalue": "Per cut: `trace(M^T M) / d` of the fit's statistics (the scale alpha competes with).",
-    "patch_sequences": "LinearPatch, per cut: the calibration sequences whose channel ratios were averaged.",
-    "patch_scale_gap": "LinearPatch, per cut: mean `|s - 1|` of its channel scales (how far magnitudes differ "
-    "across the cut).",
-    "ridge_lambda": "`objective=ls_ridge_identity`, per cut: the chosen strength `lam` of `lam ||T - I||^2`, "
-    "added to the statistics of all tokens (0: plain LS; None: the identity won).",
-    "ridge_lambda_relative": "Per cut: the chosen strength over the mean eigenvalue `trace(M^T M) / d` "
-    "(None: the identity won).",
-    "ridge_identity_fallback": "Per cut: true when plain removal (T = I, nothing fused) had the least held-out "
-    "residual.",
-    "ridge_heldout_residual": "Per cut: the mean squared held-out calibration residual per token of the chosen "
-    "strength (each fold's T fitted on the other folds).",
-    "ridge_heldout_residual_ls": "Per cut: the same of plain LS (`lam = 0`; None where a fold's system is singular).",
-    "ridge_heldout_residual_identity": "Per cut: the same of T = I (plain removal).",
-    "ridge_gcv_lambda_relative": "Per cut: the relative strength generalised cross-validation over tokens picks "
-    "(None: the identity).",
-    "ridge_gcv_agrees": "Per cut: whether GCV over tokens picks the same strength as the held-out sequences.",
     "energy_tracking_mode": "CodeCarbon's tracking mode: `process` (this job's share of CPU and RAM) or `machine`.",
     "energy_power": "Per device (cpu, gpu, ram), how its power was obtained: measured (RAPL, NVML; the whole "
     "device) or estimated (TDP, constant).",
