@@ -114,3 +114,25 @@ def test_a_new_method_is_one_python_file_and_one_yaml(tmp_path, before_last):
     by_hand = run_recorded(job_config(tmp_path / "b", f"cuts=[[{layers - 3},{layers - 1}]]", "objective=identity"))
     assert by_hand["method"] == "block removal" and by_hand["kept_blocks"] == row["kept_blocks"]
     assert row["ppl_heldout"] == by_hand["ppl_heldout"]
+
+
+SPINE = ("replaceme_exp/pipeline", "replaceme_exp/config/schema.py", "replaceme_exp/surgery.py")
+
+
+@pytest.mark.unit
+def test_the_spine_names_no_method():
+    """The pipeline (its rules included), the schema and the surgery mention no registered method, by
+    its key or its name in tables or prose, in code or docs (the reports follow when the paper tables'
+    records become data)."""
+    import re
+
+    words = {w for _, m in METHODS.items() for w in (m.name, m.title, m.search_label) if w}
+    pattern = re.compile("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)), re.I)
+    files = [p for place in SPINE for p in ([ROOT / place] if place.endswith(".py") else (ROOT / place).glob("*.py"))]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert len(files) > 10 and not found, found

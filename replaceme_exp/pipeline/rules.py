@@ -302,7 +302,7 @@ def check_search(c: schema.JobConfig, metric, needs: Requirements) -> None:
     if needs.fits and (needs.tokens or needs.replacement is not None or needs.channel_scales):
         reason = (
             f"after selection.metric={name} a transform is fitted from the LS statistics alone "
-            "(objective=ls or ls_ridge_identity)"
+            "(a closed form from them, such as objective=ls)"
         )
         raise ConfigError("objective", c.objective.name, reason)
     if c.num_lts != 1:

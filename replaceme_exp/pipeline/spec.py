@@ -495,7 +495,7 @@ def healing_settings(healing: schema.HealingConfig) -> dict[str, Any]:
 
 def method_of(c: schema.JobConfig, e: EffectiveSettings) -> str:
     """The row's ``method``: the job's method as its plugin names it
-    (:func:`~replaceme_exp.methods.label_of`: ``ReplaceMe LS``, ...), then the
+    (:func:`~replaceme_exp.methods.label_of`), then the
     healing that trained the pruned model afterwards (`` + LoRA healing``, and its loss when it is
     not the language-modelling one)."""
     method = label_of(c, e.selection_metric)
