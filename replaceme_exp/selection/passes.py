@@ -157,48 +157,28 @@ def selection_distances(
     return distances, stats
 
 
-def select_and_capture(
+def select(
     request: SelectionRequest,
     adapter,
     calibration: TokenBatches,
     cache: StatisticsCache,
-    needs_stats: bool,
-    compute_missing: bool = True,
+    gather_stats: bool = False,
     extra_statistics=(),
-    stats_batches: TokenBatches | None = None,
-    stats_cache: StatisticsCache | None = None,
     search_steps: SearchSteps | None = None,
-) -> Selection:
-    """Distances for selection (without explicit cuts) and statistics for the chosen cuts, from the
-    cache where present, otherwise in as few passes as the budget allows. With
-    ``compute_missing=False`` statistics that are neither cached nor gathered by the selection pass
-    are left out (a later pass over the same data, e.g. the token capture, adds them).
-    ``extra_statistics`` (e.g. :class:`LayerDistances`) join the selection pass when one runs.
-    ``stats_batches`` / ``stats_cache``: other data for the statistics than for the selection (the
-    calibration set with masked copies) and their cache; the selection pass then gathers none.
+) -> tuple[Selection, dict[Cut, LinearStats]]:
+    """The cuts: as given, found by a search (:func:`searched`), or of the lowest distance over the
+    calibration data (distances from the cache where present). Returns the selection and the LS
+    statistics of candidate cuts that the selection pass gathered on the way (``gather_stats``: an
+    ``ls_residual`` selection's, which are the chosen cuts' statistics too; else none).
+    ``extra_statistics`` (e.g. :class:`LayerDistances`) join the selection pass when one runs;
     ``search_steps``: where a greedy search keeps its finished steps (None: nowhere)."""
     num_layers = adapter.num_layers
-    distances = None
-    stats = {}
-    separate_data = stats_batches is not None and stats_batches is not calibration
-    folds = request.folds
-    stats_batches = calibration if stats_batches is None else stats_batches
-    stats_cache = cache if stats_cache is None else stats_cache
-    rule, precision, placement = request.rule, request.precision, request.placement
-    search_columns: dict[str, Any] = {}
+    distances, stats, columns = None, {}, {}
     if request.cuts is None and request.metric.searches:
         found = searched(request, adapter, calibration, search_steps or no_steps())
-        if not needs_stats or found.block_states:
-            return found
-        # a transform over each run of the blocks the search removed (metric.fits_after)
-        if any(start == 0 for start, _ in found.cuts):
-            end = next(e for s, e in found.cuts if s == 0)
-            reason = (
-                f"removed block 0 (cut [0, {end})): a transform is fused into the block before its cut and "
-                "no block comes before block 0 (objective=identity removes it)"
-            )
-            raise ConfigError("selection.metric", request.metric.name, reason)
-        cuts, search_columns = found.cuts, found.columns
+        if found.block_states:  # merged weights: the surgery applies them as found
+            return found, {}
+        cuts, columns = found.cuts, found.columns
     elif request.cuts is not None:
         cuts = validate_cuts(
             [list(c) for c in request.cuts], num_layers, request.merge_consecutive, request.touching_cuts
@@ -212,48 +192,116 @@ def select_and_capture(
                 reason = f"selection={request.metric.name} compares no cut ending at the last block; none is left"
                 raise ConfigError("n_prune", request.n_prune, reason)
         distances, stats = selection_distances(
-            request, adapter, calibration, cache, candidates, needs_stats and not separate_data and not folds,
-            extra_statistics,
+            request, adapter, calibration, cache, candidates, gather_stats, extra_statistics
         )
-        if separate_data or folds:  # selection statistics (ls_residual) are of all plain data, not per fold
-            stats = {}
         cuts = select_cuts(distances, request.num_lts, request.merge_consecutive, request.touching_cuts)
         log.info("selected cuts %s", cuts)
     # estimated on the unpruned model, a touching cut's T maps L_{start-1}; sequentially, on the
     # partly pruned model, it is an ordinary fused cut of that model
     composes = request.touching_cuts == "compose" and not request.merge_consecutive and not request.sequential
     composed = composed_cuts(cuts) if composes else frozenset()
-    selection = Selection(cuts, distances, {}, composed, columns=search_columns)
-    if not needs_stats:
-        return selection
+    return Selection(cuts, distances, {}, composed, columns=columns), stats
+
+
+def fit_over_search(selection: Selection, request: SelectionRequest) -> None:
+    """A transform over each run of the blocks a search removed (``metric.fits_after``) is fused into
+    the block before the run: refused when the search removed block 0."""
+    if any(start == 0 for start, _ in selection.cuts):
+        end = next(e for s, e in selection.cuts if s == 0)
+        reason = (
+            f"removed block 0 (cut [0, {end})): a transform is fused into the block before its cut and "
+            "no block comes before block 0 (objective=identity removes it)"
+        )
+        raise ConfigError("selection.metric", request.metric.name, reason)
+
+
+def cached_cut_statistics(
+    selection: Selection, request: SelectionRequest, cache: StatisticsCache, gathered: dict[Cut, LinearStats]
+) -> dict[Cut, LinearStats]:
+    """The chosen cuts' statistics that need no capture: gathered by the selection pass (kept in the
+    cache, in the placement they were gathered in) or found in the cache."""
+    rule, precision, placement, folds = request.rule, request.precision, request.placement, request.folds
     found = {}
-    for cut in cuts:
+    for cut in selection.cuts:
         cut_placement = selection.placement_of(cut, placement)
-        if cut in stats and cut_placement == placement:
-            found[cut] = stats[cut]
-            stats_cache.put_stats(stats[cut], placement, rule.key(), precision)
-        elif (cached := cached_stats(stats_cache, cut, cut_placement, rule, precision, folds)) is not None:
+        if cut in gathered and cut_placement == placement:
+            found[cut] = gathered[cut]
+            cache.put_stats(gathered[cut], placement, rule.key(), precision)
+        elif (cached := cached_stats(cache, cut, cut_placement, rule, precision, folds)) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
-    missing = [cut for cut in cuts if cut not in found]
+    return found
+
+
+def capture_cut_statistics(
+    cuts: list[Cut], selection: Selection, request: SelectionRequest, adapter, batches: TokenBatches
+) -> dict[str, dict[Cut, LinearStats]]:
+    """The LS statistics of ``cuts`` in one capture pass over ``batches``, by the placement each is
+    fitted in (``{placement: {cut: statistics}}``, per fold with ``request.folds``)."""
+    rule, precision, placement, folds = request.rule, request.precision, request.placement, request.folds
+    device = input_device(adapter)
+    accumulators = {
+        where: linear_statistics(group, adapter.hidden_size, device, where, rule, precision, folds)
+        for where in ("fused", "separate")
+        if (group := [cut for cut in cuts if selection.placement_of(cut, placement) == where])
+    }
+    with stage("capture", "capture (statistics)"):
+        run_capture(adapter, batches, list(accumulators.values()), desc="capture (statistics)")
+    out = {}
+    for where, accumulator in accumulators.items():
+        if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
+            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
+        out[where] = accumulator.result()
+    return out
+
+
+def keep_cut_statistics(
+    captured: dict[str, dict[Cut, LinearStats]], request: SelectionRequest, cache: StatisticsCache
+) -> None:
+    """Store captured statistics in the cache, under the placement and token rule they were taken with."""
+    rule, precision = request.rule, request.precision
+    for where, stats in captured.items():
+        for s in stats.values():
+            if request.folds:
+                cache.put_folded_stats(s, where, rule.key(), precision)
+            else:
+                cache.put_stats(s, where, rule.key(), precision)
+
+
+def select_and_capture(
+    request: SelectionRequest,
+    adapter,
+    calibration: TokenBatches,
+    cache: StatisticsCache,
+    needs_stats: bool,
+    compute_missing: bool = True,
+    extra_statistics=(),
+    stats_batches: TokenBatches | None = None,
+    stats_cache: StatisticsCache | None = None,
+    search_steps: SearchSteps | None = None,
+) -> Selection:
+    """:func:`select`, then the chosen cuts' statistics (``needs_stats``): from the selection pass or
+    the cache, else captured and kept (``compute_missing=False``: left out, for a later pass over the
+    same data such as the token capture). ``stats_batches`` / ``stats_cache``: other data for the
+    statistics than for the selection (the calibration set with masked copies) and their cache; the
+    selection pass then gathers none, nor per fold."""
+    separate_data = stats_batches is not None and stats_batches is not calibration
+    stats_batches = calibration if stats_batches is None else stats_batches
+    stats_cache = cache if stats_cache is None else stats_cache
+    gather = needs_stats and not separate_data and not request.folds
+    selection, gathered = select(request, adapter, calibration, cache, gather, extra_statistics, search_steps)
+    if separate_data or request.folds:  # a selection pass's statistics (ls_residual) are of all plain data
+        gathered = {}
+    if not needs_stats or selection.block_states:
+        return selection
+    if request.cuts is None and request.metric.searches:
+        fit_over_search(selection, request)
+    found = cached_cut_statistics(selection, request, stats_cache, gathered)
+    missing = [cut for cut in selection.cuts if cut not in found]
     if missing and compute_missing:
-        device = input_device(adapter)
-        accumulators = {
-            where: linear_statistics(group, adapter.hidden_size, device, where, rule, precision, folds)
-            for where in ("fused", "separate")
-            if (group := [cut for cut in missing if selection.placement_of(cut, placement) == where])
-        }
-        with stage("capture", "capture (statistics)"):
-            run_capture(adapter, stats_batches, list(accumulators.values()), desc="capture (statistics)")
-        for where, accumulator in accumulators.items():
-            if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
-                raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
-            for cut, s in accumulator.result().items():
-                if folds:
-                    stats_cache.put_folded_stats(s, where, rule.key(), precision)
-                else:
-                    stats_cache.put_stats(s, where, rule.key(), precision)
-                found[cut] = s
+        captured = capture_cut_statistics(missing, selection, request, adapter, stats_batches)
+        keep_cut_statistics(captured, request, stats_cache)
+        found.update({cut: s for stats in captured.values() for cut, s in stats.items()})
     selection.stats = found
     return selection
 
