@@ -43,7 +43,9 @@ class Requirements:
     (:class:`~replaceme_exp.capture.folds.FoldedStats`; 0: all tokens); ``replacement``: a trained
     network replaces the cut instead of a T (LLM-Streamline: ``"ffn"``, a new FFN after the block before the cut;
     ``"layer"``, the cut's first block retrained, so its selected cut spans one block more than it
-    removes)."""
+    removes); ``beside_weights``: what it trains rides beside the checkpoint's weights (a saved model
+    is no plain checkpoint); ``extra_blocks``: how many blocks more than it removes its selected cut
+    spans."""
 
     statistics: bool
     tokens: bool = False
@@ -60,6 +62,8 @@ class Requirements:
     solver_precision: str | None = None
     replacement: str | None = None
     statistic_folds: int = 0  # >= 2: the statistics kept per fold of whole sequences (capture.folds)
+    beside_weights: bool = False  # a trained module rides beside the checkpoint's weights (not a plain one)
+    extra_blocks: int = 0  # its selected cut spans this many blocks more than it removes
 
     @property
     def fits(self) -> bool:

@@ -294,6 +294,8 @@ class StreamlineEstimator(Estimator):
             alpha_scale=None,
             regularizers=("none",),
             replacement=objective.replacement,
+            beside_weights=objective.replacement == "ffn",  # the FFN after the block before the cut
+            extra_blocks=1 if objective.replacement == "layer" else 0,  # the cut's first block, retrained, stays
         )
 
     def estimate(self, stats, alpha: float, structure: str = "generic") -> None:

@@ -366,7 +366,7 @@ class JobSpec:
             "estimation_first": e.estimation_first,
             "massive_threshold": float(e.massive_threshold),
             "lt_placement": e.lt_placement,
-            "plain_checkpoint": (e.lt_placement == "fused" or not r.fits_transform) and r.replacement != "ffn",
+            "plain_checkpoint": (e.lt_placement == "fused" or not r.fits_transform) and not r.beside_weights,
             "healing": c.healing.name,
             # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job runs it
             "healing_settings": healing_settings(c.healing) if healing else None,
@@ -457,7 +457,7 @@ class JobSpec:
             sequential=e.multi_lt == "sequential",
             settings=c.selection,
             seed=int(c.seed),
-            extra_blocks=1 if self.requirements.replacement == "layer" else 0,
+            extra_blocks=self.requirements.extra_blocks,
             folds=self.requirements.statistic_folds,
         )
 
