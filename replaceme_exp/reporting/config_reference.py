@@ -115,6 +115,16 @@ def render() -> str:
         "| key | type | default | meaning |",
         "|---|---|---|---|",
         *key_rows(schema.JobConfig, "", skip=GROUP_ORDER),
+        "",
+        "## `protocol`",
+        "",
+        "A config group of top-level settings (`conf/protocol/`): its fixed values compose like any other",
+        "option's; the settings it leaves to rules (`null`, or `auto` for `model.capture_dtype`) are settled",
+        "before the job starts (`replaceme_exp/config/protocol.py`). A value given anywhere wins.",
+        "",
+        "| option | what it is |",
+        "|---|---|",
+        *[f"| `{name}` | {text} |" for name, text in options("protocol")],
     ]
     for group in GROUP_ORDER:
         out += ["", f"## `{group}`", ""]
