@@ -17,6 +17,7 @@ from helpers.jobs import job_config
 from helpers.tables import SPECS, cells, frame, run
 
 from replaceme_exp.reporting.paper_figures import FIGURES, _undersampled_footnote, block_selection, calibration_size
+from replaceme_exp.reporting.paper_records import paper_records
 from replaceme_exp.reporting.paper_settings import (
     LLAMA3_25,
     Retargeting,
@@ -25,9 +26,11 @@ from replaceme_exp.reporting.paper_settings import (
     resolve_target,
     translate_n_prune,
 )
-from replaceme_exp.reporting.paper_tables import LLAMA2_TABLE_COLUMNS, MISSING, TABLES, build_table, load_quoted
+from replaceme_exp.reporting.paper_tables import MISSING, TABLES, build_table, load_quoted
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.runtime import run_recorded
+
+LLAMA2_TABLE_COLUMNS = paper_records()["columns"]["llama2_table"]  # [header, metric] pairs
 
 
 def synthetic_row(i: int, **values) -> dict:
@@ -149,11 +152,22 @@ def paper_tables(tmp_path_factory):
         ),
         # Block-selection figure: two explicit windows, LS.
         synthetic_row(
-            18, cuts="[[1, 9]]", selection_metric=None, cos_dist_before=0.5, l2_dist_before=40.0, avg_acc=0.40,
-            linear_cka_before=0.7, mean_cca_before=0.8,
+            18,
+            cuts="[[1, 9]]",
+            selection_metric=None,
+            cos_dist_before=0.5,
+            l2_dist_before=40.0,
+            avg_acc=0.40,
+            linear_cka_before=0.7,
+            mean_cca_before=0.8,
         ),
         synthetic_row(
-            19, cuts="[[20, 28]]", selection_metric=None, cos_dist_before=0.2, l2_dist_before=90.0, avg_acc=0.60,
+            19,
+            cuts="[[20, 28]]",
+            selection_metric=None,
+            cos_dist_before=0.2,
+            l2_dist_before=90.0,
+            avg_acc=0.60,
             linear_cka_before=0.9,
         ),
         # The diagonal LT again, in float32: not the paper's dtype, left out of the cell and noted.

@@ -9,7 +9,7 @@ accuracy as the difference. A comparison whose interval contains 0 (ratio 1) is 
 or ahead on every metric is *level with* the reference.
 
     python -m replaceme_exp.reporting.paired --results results --results results_lead \\
-        --reference LinearPatch --out results/paired.md
+        --reference <method> --out results/paired.md
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ AHEAD, TIE, BEHIND = "ahead", "tie", "behind"
 
 def labels(runs: pd.DataFrame) -> pd.Series:
     """Each run's method, with the :data:`LABEL_SETTINGS` in which it differs from another run of
-    the same method (``method [objective=ls_ridge_identity]``)."""
+    the same method (``<method> [objective=<objective>]``)."""
     out = runs["method"].astype(str).copy()
     for _, group in runs.groupby("method", sort=False):
         varying = [c for c in LABEL_SETTINGS if c in group and group[c].astype(str).nunique() > 1]

@@ -7,12 +7,15 @@ table cell, a point averages only runs identical except for the seed: where the 
 hold several settings, one is shown (``selection.choose_setting``) and the CSV's ``note`` column
 (and a line under the figure) names the settings left out.
 
+Each figure draws the series paper.yaml's ``figures`` lists for it (a label, the conditions of its
+runs, a style): the paper's methods, LS and cosine ReplaceMe and its identity baseline.
+
 - ``calibration_size``: average accuracy and perplexity against the number of calibration
-  samples (LS and cosine, the unpruned model dashed).
+  samples (its series, the unpruned model dashed).
 - ``pruned_layers``: average accuracy against the number of pruned blocks (1-7; Falcon 1-15), the
-  paper's "ReplaceMe Adam" (the cosine objective) and UIDL, one panel per model.
-- ``time_emissions``: compression time and CO2 relative to ReplaceMe (LS), and RP, for LS,
-  cosine and UIDL healed with LoRA (its healing counts as compression); uncached runs only (a
+  paper's "ReplaceMe Adam" (the cosine objective) and the identity baseline, one panel per model.
+- ``time_emissions``: compression time and CO2 relative to the first series (LS), and RP, for
+  its series, the baseline healed with LoRA (its healing counts as compression); uncached runs only (a
   run whose selection distances or LS statistics came from a cache did not pay for them; a run
   without a ``cached_stages`` record is excluded as unknown); the figure and its CSV say how many runs were excluded.
 - ``block_selection``: every 8-block window's held-out cosine distance and L2 distance, and its
@@ -23,7 +26,7 @@ hold several settings, one is shown (``selection.choose_setting``) and the CSV's
   and accuracies over the window's position.
 - ``layer_distances``: the mean cosine distance between the outputs of every pair of blocks.
 - ``leaderboard``: scores on BBH, MATH, GPQA, MuSR and MMLU-Pro relative to the unpruned model,
-  for LS, cosine and UIDL, one panel per model (Llama 2 7B and Llama 3 8B Instruct at 25%).
+  per series, one panel per model (Llama 2 7B and Llama 3 8B Instruct at 25%).
 
 Each figure takes a :class:`paper_settings.Target` like the tables (``make paper-tables MODEL=
 CALIBRATION= EVAL=``): its conditions are retargeted to another model, calibration set or suite,
@@ -48,10 +51,10 @@ from replaceme_exp.reporting.cells import choose_setting, matches
 from replaceme_exp.reporting.compression_cost import compression_cost, uncached_runs
 from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
 from replaceme_exp.reporting.energy_marks import any_estimated, marked
+from replaceme_exp.reporting.paper_records import conditions, paper_records
 from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
-    UIDL,
     Retargeting,
     Tally,
     Target,
@@ -59,12 +62,7 @@ from replaceme_exp.reporting.paper_settings import (
     finished_runs,
     select_cell,
 )
-from replaceme_exp.reporting.paper_tables import (
-    EQUAL_COMPRESSION_HOME,
-    EQUAL_COMPRESSION_RATIOS,
-    METHODS_AT_EQUAL_COMPRESSION,
-    equal_compression,
-)
+from replaceme_exp.reporting.paper_tables import METHODS_TABLES, table_named
 from replaceme_exp.reporting.paths import file_name
 
 
@@ -79,8 +77,25 @@ def _pyplot():
     return plt
 
 
-REPLACEME_LS = {"objective": "ls", "selection_metric": "cosine"}
-REPLACEME_COSINE = {"objective": "cosine", "selection_metric": "cosine"}
+@dataclass(frozen=True)
+class Series:
+    """One series of a figure (paper.yaml's ``figures``): its label, the conditions of its runs (over
+    the figure's own) and its matplotlib style."""
+
+    label: str
+    conditions: dict
+    style: dict
+
+
+def series_of(figure: str) -> list[Series]:
+    """The series ``figure`` draws, in their order in paper.yaml."""
+    where = f"paper.yaml figures.{figure}"
+    return [
+        Series(s["label"], conditions(s.get("conditions"), where), dict(s.get("style") or {}))
+        for s in paper_records()["figures"][figure]
+    ]
+
+
 PRUNED_LAYERS_MODELS = {
     "llama3_8b_instruct": "Llama 3 8B instruct",
     "mistral_7b_instruct_v03": "Mistral 7B instruct v0.3",
@@ -89,7 +104,7 @@ PRUNED_LAYERS_MODELS = {
 }
 # Methods differ in their selection metric (a method's conditions name it).
 METHOD_FREE = {k: v for k, v in DEFAULT_METHOD.items() if k != "selection_metric"}
-# ... and in healing (UIDL is healed with LoRA, ReplaceMe is not).
+# ... and in healing (time_emissions' baseline is healed with LoRA, ReplaceMe is not).
 TIME_EMISSIONS_WHERE = {
     **{k: v for k, v in METHOD_FREE.items() if k != "healing"},
     **{"model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"},
@@ -214,11 +229,11 @@ def calibration_size(runs: pd.DataFrame, path: Path, target: Target | None = Non
         metric, named = plotted.retarget.metric(paper_metric)  # the target suite's perplexity, named
         title = "Average accuracy" if metric == "avg_acc" else f"Perplexity ({metric})" if named else "Perplexity"
         drawn, matched = False, 0
-        for label, method, color in (("LS", REPLACEME_LS, "green"), ("Cosine", REPLACEME_COSINE, "blue")):
-            selected = plotted.runs(runs, {**where, **method})
+        for series in series_of("calibration_size"):
+            selected = plotted.runs(runs, {**where, **series.conditions})
             matched += len(selected)
             points = mean_std(selected, "n_calib_samples", metric)
-            drawn |= _line(ax, points, plotted, metric, label, color=color)
+            drawn |= _line(ax, points, plotted, metric, series.label, **series.style)
         if (value := _baseline(base, metric)) is not None:
             plotted.add(metric, "baseline", pd.DataFrame([{"x": np.nan, "mean": value, "std": 0.0, "n": 1}]))
             ax.axhline(value, color="orange", linestyle="--", label=f"{model or 'Llama3 8B'} (baseline)")
@@ -244,12 +259,14 @@ def pruned_layers(runs: pd.DataFrame, path: Path, target: Target | None = None) 
         where = {**METHOD_FREE, "model": paper_models[0], "eval": "paper"}
         for other in paper_models[1:]:  # the caption names every paper model this panel stands for
             plotted.retarget.conditions({**where, "model": other})
-        uidl, replaceme = plotted.runs(runs, {**where, **UIDL}), plotted.runs(runs, {**where, **REPLACEME_COSINE})
-        drawn = _line(ax, mean_std(uidl, "n_prune", "avg_acc"), plotted, panel, "UIDL", color="blue", ls="--")
-        drawn |= _line(ax, mean_std(replaceme, "n_prune", "avg_acc"), plotted, panel, "ReplaceMe Adam", color="green")
+        drawn, matched = False, 0
+        for series in series_of("pruned_layers"):
+            selected = plotted.runs(runs, {**where, **series.conditions})
+            matched += len(selected)
+            drawn |= _line(ax, mean_std(selected, "n_prune", "avg_acc"), plotted, panel, series.label, **series.style)
         if not drawn:
             sweep = "+paper=pruned_layers_falcon" if panel == "falcon2_11b" else "+paper=pruned_layers"
-            plotted.no_runs(ax, sweep, len(uidl) + len(replaceme), "avg_acc")
+            plotted.no_runs(ax, sweep, matched, "avg_acc")
         ax.set(title=title, xlabel="Pruned blocks", ylabel="Average accuracy")
         ax.grid(alpha=0.3)
     _legend(*axes[0])
@@ -261,11 +278,8 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
     """Uncached runs only (:func:`uncached_runs`); per method, one setting of its runs
     (:func:`selection.choose_setting`)."""
     plotted = Plotted(target)
-    methods = {
-        "Ours (LS)": {**REPLACEME_LS, "healing": "none"},
-        "Ours (Cosine)": {**REPLACEME_COSINE, "healing": "none"},
-        "UIDL + LoRA": {**UIDL, "healing": "lora"},
-    }
+    methods = {series.label: series.conditions for series in series_of("time_emissions")}
+    first = next(iter(methods))  # the reference the costs are relative to
     _, n_cached, n_unknown = uncached_runs(plotted.select(runs, TIME_EMISSIONS_WHERE))
     excluded = (
         f"uncached runs only: excluded {n_cached} with cached selection/statistics, "
@@ -288,7 +302,7 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
                 "note": note,
             }
     fig, (left, right) = _pyplot().subplots(1, 2, figsize=(10, 3.6))
-    reference = stats.get("Ours (LS)")
+    reference = stats.get(first)
     costs = {k: v for k, v in stats.items() if not np.isnan(v["time"])}
     if reference and reference["time"] > 0:
         width = 0.8 / len(costs)
@@ -303,7 +317,7 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
         left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, [emissions, "Time"])
         _legend(left)
     else:
-        plotted.no_runs(left, "+paper=time_emissions (ReplaceMe LS is the reference)")
+        plotted.no_runs(left, f"+paper=time_emissions ({first} is the reference)")
     left.set(title="Compression cost relative to LS (uncached runs only)", ylabel="Rel. to LS")
     with_rp = {k: v["rp"] for k, v in stats.items() if not np.isnan(v["rp"])}
     for label, value in with_rp.items():
@@ -373,9 +387,8 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
     least-squares trend line; then, over the window's start, the bounded measures as distances
     (cosine, 1 - CKA, 1 - CCA, 1 - PWCCA, from the LS runs) and each method's accuracy."""
     plotted = Plotted(target)
-    methods = {"ReplaceMe (LS)": {"objective": "ls"}, "ReplaceMe (Cosine)": {"objective": "cosine"}}
-    methods["UIDL"] = {"objective": "identity"}
-    colors = dict(zip(methods, ("green", "blue", "red")))
+    methods = {series.label: series.conditions for series in series_of("block_selection")}
+    colors = {series.label: series.style["color"] for series in series_of("block_selection")}
     where = {**LLAMA3_25, "selection_metric": None}  # explicit cuts: the sliding windows
     windows = {
         name: _window_start(plotted.runs(runs, {**where, **method}, keep=_one_window, kept=ONE_WINDOW))
@@ -409,7 +422,7 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
         ax.grid(alpha=0.3)
     profile, accuracy = axes[1, 1], axes[1, 2]
     axes[1, 3].axis("off")
-    ls_windows = windows["ReplaceMe (LS)"]
+    ls_windows = windows[next(iter(windows))]  # the first series' (the LS runs)
     drawn = False
     profiles = [("cos_dist_before", "cosine distance", "black")]
     profiles += [
@@ -522,7 +535,7 @@ def _suite_tasks(frame: pd.DataFrame) -> list[str]:
 
 
 def leaderboard(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
-    """Figure "Comparison between our proposed methods and UIDL on a different set of benchmarks":
+    """Figure "Comparison between our proposed methods and <the baseline> on a different set of benchmarks":
     per paper model (25%: 8 of 32 blocks), each method's score on BBH, MATH, GPQA, MuSR and
     MMLU-Pro divided by the unpruned model's score on the same task (``score_<task>`` /
     ``baseline_score_<task>`` of the same run), averaged over the runs of one setting."""
@@ -531,7 +544,7 @@ def leaderboard(runs: pd.DataFrame, path: Path, target: Target | None = None) ->
     panels = {m: (title, [m]) for m, title in LEADERBOARD_MODELS.items()}
     if model is not None:
         panels = {model: (model, list(LEADERBOARD_MODELS))}
-    methods = {"Ours (LS)": REPLACEME_LS, "Ours (Cosine)": REPLACEME_COSINE, "UIDL": UIDL}
+    methods = {series.label: series.conditions for series in series_of("leaderboard")}
     fig_width = 12 if len(panels) > 1 else 6
     fig, axes = _pyplot().subplots(1, len(panels), figsize=(fig_width, 3.8), sharey=True, squeeze=False)
     for ax, (panel, (title, paper_models)) in zip(axes[0], panels.items()):
@@ -639,12 +652,14 @@ def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) 
     job), at every compression of the tables, with 95% intervals as error bars, the unpruned model at
     speedup 1, and the Pareto front of each panel."""
     plotted = Plotted(target)
-    plotted.retarget = Retargeting(target, EQUAL_COMPRESSION_HOME, "the figure's default")
+    tables = [table_named(name) for name in METHODS_TABLES]
+    plotted.retarget = Retargeting(target, tables[0].home, "the figure's default")
     found: list[dict] = []
     unpruned: dict[str, float] = {}
-    for fraction in EQUAL_COMPRESSION_RATIOS.values():
-        for row in METHODS_AT_EQUAL_COMPRESSION:
-            choice = choose_setting(plotted.runs(runs, {**equal_compression(fraction), **row.conditions}))
+    for table in tables:
+        fraction = table.where["n_prune"].fraction
+        for row in (r for r in table.row_specs() if r.kind == "measured"):
+            choice = choose_setting(plotted.runs(runs, {**table.where, **row.conditions}))
             plotted.tally.show(choice.shown)
             if choice.shown is None:
                 continue

@@ -38,33 +38,15 @@ import pandas as pd
 import yaml
 
 from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, metric_column
-from replaceme_exp.reporting.cells import ANY, FractionOfDepth, _value_text, matches
+from replaceme_exp.reporting.cells import FractionOfDepth, _value_text, matches
+from replaceme_exp.reporting.paper_records import setting
 
-# The paper's setting unless a table or row says otherwise (a row's conditions override these):
-# no regularisation, 8k SlimOrca samples, cuts selected by cosine distance (explicit cuts record
-# no metric).
-DEFAULT_METHOD = {
-    "structure": "generic",
-    "lt_placement": "fused",
-    "mask_ratio": 0.0,
-    "num_lts": 1,
-    "healing": "none",
-    "alpha": 0.0,
-    "calibration": "slimorca",
-    "n_calib_samples": 8000,
-    "selection_metric": "cosine",
-}
-LLAMA3_25 = {**DEFAULT_METHOD, "model": "llama3_8b_instruct", "n_prune": 8, "eval": "paper"}
-UIDL = {"objective": "identity", "selection_metric": "angular_last"}
-# A peer method's row (ShortGPT, SLEB, LaCo, LinearPatch, LLM-Streamline: picked by its ``method`` column)
-# lifts the ReplaceMe settings a paper table's cells share: its preset decides how it selects, how many
-# cuts it leaves, what its transform is and how many calibration samples it reads (its authors' defaults),
-# on the table's model, data set and suite.
-PEER_METHOD = {key: ANY for key in ("selection_metric", "num_lts", "structure", "lt_placement", "alpha")}
-PEER_METHOD |= {"mask_ratio": ANY, "n_calib_samples": ANY}
-# Multi_LT_NC (the official code's num_A > 1 with merge_consecutive False, "Multi_A"): two transforms on
-# two cuts never merged into one (experiment=multi_lt_nc_cosine / multi_lt_nc_ls; the paper gives no number).
-MULTI_LT_NC = {"num_lts": 2, "merge_consecutive": False}
+# The paper's named condition sets (paper.yaml's settings): DEFAULT_METHOD is its setting unless a
+# table or row says otherwise; PEER_METHOD lifts the ReplaceMe settings for a row picked by its method.
+DEFAULT_METHOD = setting("default_method")
+LLAMA3_25 = setting("llama3_25")
+PEER_METHOD = setting("peer_method")
+MULTI_LT_NC = setting("multi_lt_nc")
 
 PAPER_CALIBRATION = DEFAULT_METHOD["calibration"]
 PAPER_CALIB_SAMPLES = DEFAULT_METHOD["n_calib_samples"]

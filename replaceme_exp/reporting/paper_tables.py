@@ -41,21 +41,16 @@ from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import (
     DEFAULTS_FOR_MISSING_COLUMNS,  # noqa: F401  (kept importable here)
     PREFERRED_SETTINGS,
-    FractionOfDepth,
     best_first,
     choose_setting,
     preference_rule,
 )
-from replaceme_exp.reporting.compression_cost import COMPRESSION_CO2, COMPRESSION_TIME, with_compression_cost
+from replaceme_exp.reporting.compression_cost import with_compression_cost
 from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
 from replaceme_exp.reporting.energy_marks import any_estimated, is_energy_metric, marked
+from replaceme_exp.reporting.paper_records import conditions, paper_records
 from replaceme_exp.reporting.paper_settings import (
-    DEFAULT_METHOD,
-    LLAMA3_25,
-    MULTI_LT_NC,
     PAPER_HOME,
-    PEER_METHOD,
-    UIDL,
     Retargeting,
     Tally,
     Target,
@@ -163,374 +158,65 @@ class TableSpec:
         return out
 
 
-PAPER_COLUMNS = [Column("Avg-acc", "avg_acc"), Column("Perplexity", "ppl_lambada"), Column("RP", "rp")]
-PAPER_TASKS = [("Race", "race"), ("Winogrande", "winogrande"), ("PiQA", "piqa"), ("BoolQ", "boolq")]
-PAPER_TASKS += [("OpenBookQA", "openbookqa"), ("SciQ", "sciq")]
-# The metric the paper reports per task (conf/eval/paper.yaml, harness.metrics): acc_norm for
-# PIQA, OpenBookQA and SciQ, acc for the others.
-PAPER_METRICS = {
-    "race": "acc",
-    "winogrande": "acc",
-    "piqa": "acc_norm",
-    "boolq": "acc",
-    "openbookqa": "acc_norm",
-    "sciq": "acc_norm",
-}
-TASK_COLUMNS = [Column(header, f"{PAPER_METRICS[task]}_{task}") for header, task in PAPER_TASKS]
-# The Llama 2 comparison's benchmarks: header -> accuracy column (conf/eval/llama2_table.yaml).
-LLAMA2_TABLE_COLUMNS = [
-    ("C3", "acc_replaceme_c3"),
-    ("CMNLI", "acc_replaceme_cmnli"),
-    ("CHID", "acc_replaceme_chid"),
-    ("WSC", "acc_wsc"),
-    ("HellaSwag", "acc_hellaswag"),
-    ("PIQA", "acc_piqa"),
-    ("Race-M", "acc_replaceme_race_middle"),
-    ("Race-H", "acc_replaceme_race_high"),
-    ("MMLU", "acc_mmlu"),
-    ("CMMLU", "acc_cmmlu"),
-]
-CLIP_COLUMNS = [
-    Column("MS-COCO text recall@5", "text_recall5_mscoco"),
-    Column("MS-COCO vision recall@5", "vision_recall5_mscoco"),
-    Column("Cifar10 acc1", "acc1_cifar10"),
-    Column("Cifar10 acc5", "acc5_cifar10"),
-    Column("VOC2007 mean avg. precision", "mean_avg_p_voc2007"),
-    Column("EuroSAT acc1", "acc1_eurosat"),
-    Column("EuroSAT acc5", "acc5_eurosat"),
-]
-
-LLAMA3_8B = {"model": "llama3_8b_instruct", "n_prune": 8}
-
-# The table "depth-pruning methods at equal compression" (beyond the paper): one row per method, the
-# runs whose ``method`` column names it (where two presets make one method, also the setting that tells
-# them apart), its preset in the text column. Adding a method is one row here and its preset in the
-# experiment axis of multirun_templates/methods/equal_compression.yaml (tests/test_methods_table.py
-# checks the two agree).
-METHODS_AT_EQUAL_COMPRESSION = [
-    Row("UIDL", {"method": "UIDL"}, text={"Preset": "uidl_baseline"}),
-    Row("ReplaceMe LS", {"method": "ReplaceMe LS", "estimation_tokens": "all"}, text={"Preset": "replaceme_ls"}),
-    Row("ReplaceMe cosine", {"method": "ReplaceMe cosine"}, text={"Preset": "replaceme_cosine"}),
-    Row(
-        "ReplaceMe LS, sink-aware estimation",
-        {"method": "ReplaceMe LS", "estimation_tokens": "rescale_massive"},
-        text={"Preset": "replaceme_ls_sink_aware"},
-    ),
-    Row("ShortGPT", {"method": "ShortGPT"}, text={"Preset": "shortgpt"}),
-    Row("SLEB", {"method": "SLEB"}, text={"Preset": "sleb"}),
-    Row("LaCo", {"method": "LaCo"}, text={"Preset": "laco"}),
-    Row("LinearPatch", {"method": "LinearPatch"}, text={"Preset": "linearpatch"}),
-    Row("LLM-Streamline (FFN)", {"method": "LLM-Streamline (FFN)"}, text={"Preset": "llm_streamline"}),
-    Row("LLM-Streamline (layer)", {"method": "LLM-Streamline (layer)"}, text={"Preset": "llm_streamline_layer"}),
-    Row("ReplaceMe LS, ridge toward I", {"method": "ReplaceMe LS ridge-to-I"}, text={"Preset": "ls_ridge_identity"}),
-    Row(
-        "ReplaceMe LS on ShortGPT's cuts",
-        {"method": "ReplaceMe LS on ShortGPT cuts"},
-        text={"Preset": "replaceme_ls_shortgpt_cuts"},
-    ),
-]
-# Where its runs come from unless MODEL= / CALIBRATION= / EVAL= say otherwise: SmolLM2 offline, the model's
-# own chat answers (128 samples), a fraction of the blocks whatever the depth (25%, and 37.5%: a deeper cut).
-EQUAL_COMPRESSION_HOME = {"calibration": "self_generated", "n_calib_samples": 128}
-EQUAL_COMPRESSION_RATIOS = {"methods_equal_compression": 0.25, "methods_equal_compression_deeper": 0.375}
+def _column(entry, where: str) -> list:
+    """A table's column as written in paper.yaml: ``[header, metric]``, ``{header, metric, conditions}``,
+    ``suite_accuracies``, or ``{use: <named column list>}``; returns the columns it stands for."""
+    if entry == "suite_accuracies":
+        return [SuiteAccuracies()]
+    if isinstance(entry, list):
+        return [Column(*entry)]
+    if set(entry) == {"use"}:
+        return [c for named in paper_records()["columns"][entry["use"]] for c in _column(named, where)]
+    return [Column(entry["header"], entry["metric"], conditions(entry.get("conditions"), where))]
 
 
-def equal_compression(fraction: float) -> dict:
-    return {"model": "smollm2_135m", **EQUAL_COMPRESSION_HOME, "eval": "offline", "n_prune": FractionOfDepth(fraction)}
+def _row(entry: dict, where: str) -> Row:
+    return Row(
+        entry["label"],
+        conditions(entry.get("conditions"), where),
+        entry.get("kind", "measured"),
+        text=dict(entry.get("text") or {}),
+        prefer=dict(entry.get("prefer") or {}),
+        run_of=entry.get("run_of"),
+    )
 
 
-EQUAL_COMPRESSION = equal_compression(EQUAL_COMPRESSION_RATIOS["methods_equal_compression"])
+def table_spec(entry: dict) -> TableSpec:
+    """A :class:`TableSpec` from its entry in paper.yaml's ``tables``."""
+    where = f"paper.yaml tables.{entry['name']}"
+    unknown = sorted(set(entry) - set(TableSpec.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}")
+    optional = {k: entry[k] for k in ("text_columns", "quoted_at", "transpose", "modality", "reference") if k in entry}
+    if "columns" in entry:
+        optional["columns"] = [c for written in entry["columns"] for c in _column(written, where)]
+    if "home" in entry:
+        optional["home"] = conditions(entry["home"], where)
+    return TableSpec(
+        entry["name"],
+        " ".join(entry["caption"].split()),
+        conditions(entry["where"], where),
+        [_row(r, where) for r in entry["rows"]],
+        prefer=dict(entry.get("prefer") or {}),
+        sweeps=tuple(Sweep(template, jobs) for template, jobs in entry.get("sweeps", ())),
+        **optional,
+    )
 
-TABLES = [
-    TableSpec(
-        "llama2_comparison",
-        "Llama 2 7B pruned by 25%: ReplaceMe (training-free) against methods healed after pruning (quoted; "
-        "UIDL with LoRA healing also run here).",
-        {**DEFAULT_METHOD, "model": "llama2_7b", "n_prune": 8, "eval": "llama2_table"},
-        [
-            Row("Llama 2 7B (baseline)", kind="baseline", text={"Train-free": ""}),
-            Row("Ours (Cosine)", {"objective": "cosine", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
-            Row("Ours (LS)", {"objective": "ls", "selection_metric": "cosine"}, text={"Train-free": "yes"}),
-            Row("UIDL + LoRA healing", {**UIDL, "healing": "lora"}, text={"Train-free": "no"}, run_of="UIDL"),
-            Row(
-                "LLM-Streamline",
-                {"method": "LLM-Streamline (FFN)", **PEER_METHOD},
-                text={"Train-free": "no"},
-                run_of="LLM-Streamline",
-            ),
-            Row("LaCo", {"method": "LaCo", **PEER_METHOD}, text={"Train-free": "yes"}, run_of="LaCo"),
-        ],
-        [Column(h, m) for h, m in LLAMA2_TABLE_COLUMNS] + [Column("AVG", "avg_acc"), Column("RP", "rp")],
-        text_columns=["Train-free"],
-        quoted_at=1,
-        sweeps=(Sweep("paper/llama2_comparison", 5),),
-    ),
-    TableSpec(
-        "llama3_main",
-        "Llama 3 8B Instruct pruned by 25% without healing (Avg-acc over Race, Winogrande, PIQA, BoolQ, "
-        "OpenBookQA, SciQ; Lambada OpenAI perplexity).",
-        LLAMA3_25,
-        [
-            Row("Llama 3 8B Instruct", kind="baseline", text={"Linear transform": ""}),
-            Row("UIDL", UIDL, text={"Linear transform": "Identity"}),
-            Row(
-                "ReplaceMe", {"objective": "ls", "selection_metric": "cosine"}, text={"Linear transform": "Linear (LS)"}
-            ),
-            Row(
-                "ReplaceMe",
-                {"objective": "cosine", "selection_metric": "cosine"},
-                text={"Linear transform": "Linear (Cosine)"},
-            ),
-            Row(
-                "ReplaceMe",
-                {"objective": "cosine", **MULTI_LT_NC},
-                text={"Linear transform": "Multi_LT_NC (Cosine)"},
-            ),
-            Row(
-                "LLM-Streamline",
-                {"method": "LLM-Streamline (FFN)", **PEER_METHOD},
-                text={"Linear transform": "FFN, trained"},
-                run_of="LLM-Streamline",
-            ),
-            Row(
-                "LaCo",
-                {"method": "LaCo", **PEER_METHOD},
-                text={"Linear transform": "None (layers merged)"},
-                run_of="LaCo",
-            ),
-        ],
-        [Column("Lambada OpenAI ppl", "ppl_lambada"), Column("Avg-acc", "avg_acc"), Column("RP", "rp")],
-        text_columns=["Linear transform"],
-        quoted_at=1,
-        sweeps=(Sweep("paper/llama3_main", 18),),
-    ),
-    TableSpec(
-        "higher_compression",
-        "Average accuracy of ReplaceMe (cosine objective, Adam) and UIDL at higher compression ratios "
-        "(Llama 3 8B Instruct): the 6 tasks of the caption; the paper's 25% cells (60.7 / 50.4) are "
-        "the 7-task average with Lambada accuracy, the last column.",
-        {k: v for k, v in LLAMA3_25.items() if k != "n_prune"},
-        [Row("UIDL", UIDL), Row("Ours", {"objective": "cosine", "selection_metric": "cosine"})],
-        [
-            *(Column(f"{100 * n / 32:g}%", "avg_acc", {"n_prune": n}) for n in (4, 8, 12, 16)),
-            Column("25% (7 tasks, with Lambada acc)", "avg_acc_all", {"n_prune": 8}),
-        ],
-        sweeps=(Sweep("paper/higher_compression", 8),),
-    ),
-    TableSpec(
-        "model_scales",
-        "ReplaceMe (LS) on the Llama 3 family: Llama 3.2 1B and Llama 3.1 8B at 25%, Llama 3 70B at 25% and 37.5%.",
-        {**DEFAULT_METHOD, "objective": "ls", "eval": "paper"},
-        [
-            Row("Llama-3.2-1B-Instruct Baseline", {"model": "llama32_1b_instruct"}, "baseline"),
-            Row("Llama-3.2-1B-Instruct ReplaceMe", {"model": "llama32_1b_instruct", "n_prune": 4}),
-            Row("Llama-3.1-8B-Instruct Baseline", {"model": "llama31_8b_instruct"}, "baseline"),
-            Row("Llama-3.1-8B-Instruct ReplaceMe", {"model": "llama31_8b_instruct", "n_prune": 8}),
-            Row("Llama-3-70B-Instruct Baseline", {"model": "llama3_70b_instruct"}, "baseline"),
-            Row("Llama-3-70B-Instruct ReplaceMe 25%", {"model": "llama3_70b_instruct", "n_prune": 20}),
-            Row("Llama-3-70B-Instruct ReplaceMe 37.5%", {"model": "llama3_70b_instruct", "n_prune": 30}),
-        ],
-        [
-            Column("Avg-Acc", "avg_acc"),
-            Column("RP", "rp"),
-            Column("Compression ratio (blocks)", "blocks_pruned_ratio"),
-            Column("Compression ratio (parameters)", "compression_ratio"),
-        ],
-        transpose=True,
-        sweeps=(Sweep("paper/model_scales", 2),),
-    ),
-    TableSpec(
-        "task_specific",
-        "Llama 3 8B Instruct (25%) calibrated on SciQ's train split or on SlimOrca, evaluated on SciQ's test split.",
-        {**LLAMA3_25, "eval": "sciq"},
-        [
-            Row("Llama3 8B instruct", kind="baseline", text={"Calibration data": "-", "Compression": "-"}),
-            Row(
-                "UIDL",
-                {**UIDL, "calibration": "sciq"},
-                text={"Calibration data": "SciQ (task specific)", "Compression": "25%"},
-            ),
-            Row(
-                "Ours (LSTSQ)",
-                {"objective": "ls", "selection_metric": "cosine", "calibration": "sciq"},
-                text={"Calibration data": "SciQ (task specific)", "Compression": "25%"},
-            ),
-            Row(
-                "Ours (LSTSQ)",
-                {"objective": "ls", "selection_metric": "cosine", "calibration": "slimorca"},
-                text={"Calibration data": "SlimOrca (general)", "Compression": "25%"},
-            ),
-        ],
-        [Column("SciQ accuracy", f"{PAPER_METRICS['sciq']}_sciq")],
-        text_columns=["Calibration data", "Compression"],
-        sweeps=(Sweep("paper/task_specific", 4),),
-    ),
-    TableSpec(
-        "clip",
-        "Pruning the CLIP ViT-L/14 vision encoder (3 and 6 of 24 blocks): ReplaceMe (LS) against UIDL.",
-        {
-            **{k: v for k, v in DEFAULT_METHOD.items() if k not in ("calibration", "n_calib_samples")},
-            "model": "clip_vit_l14",
-            "eval": "clip",
-        },
-        [
-            Row("CLIP-L/14", kind="baseline", text={"Compression ratio": "-"}),
-            Row("UIDL", {**UIDL, "n_prune": 3}, text={"Compression ratio": "13%"}),
-            Row("ReplaceMe (LS)", {"objective": "ls", "n_prune": 3}, text={"Compression ratio": "13%"}),
-            Row("UIDL", {**UIDL, "n_prune": 6}, text={"Compression ratio": "25%"}),
-            Row("ReplaceMe (LS)", {"objective": "ls", "n_prune": 6}, text={"Compression ratio": "25%"}),
-        ],
-        CLIP_COLUMNS,
-        text_columns=["Compression ratio"],
-        prefer={"dtype": "float32"},  # conf/model/clip_vit_l14.yaml
-        sweeps=(Sweep("paper/clip", 4),),
-        modality="vision",
-    ),
-    TableSpec(
-        "healing",
-        "ReplaceMe (Llama 2 7B, 25%) without healing, healing only the LT, and healing the full model.",
-        {**{k: v for k, v in DEFAULT_METHOD.items() if k != "healing"}, "model": "llama2_7b", "n_prune": 8},
-        [
-            Row("Llama 2 7B", {"eval": "paper"}, "baseline", text={"Training params": "None"}),
-            Row("ReplaceMe", {"eval": "paper", "objective": "ls", "healing": "none"}, text={"Training params": "None"}),
-            Row(
-                "ReplaceMe",
-                {"eval": "paper", "objective": "ls", "healing": "lt_only"},
-                text={"Training params": "Only LT"},
-            ),
-            Row(
-                "ReplaceMe",
-                {"eval": "paper", "objective": "ls", "healing": "full_model"},
-                text={"Training params": "Full model"},
-            ),
-        ],
-        TASK_COLUMNS + [Column("Perplexity", "ppl_lambada"), Column("Avg. Acc", "avg_acc")],
-        text_columns=["Training params"],
-        sweeps=(Sweep("paper/healing", 3),),
-    ),
-    TableSpec(
-        "regularization",
-        "The effect of regularization on LS and cosine methods (Llama 3 8B Instruct, 25%).",
-        LLAMA3_25,
-        [(f"LS, alpha={a:g}", {"objective": "ls", "alpha": a}) for a in (0, 0.1, 0.5, 10, 100, 1000, 10000)]
-        + [
-            ("Cosine", {"objective": "cosine", "alpha": 0.0}),
-            ("Cosine + L2, alpha=0.01", {"objective": "cosine", "regularizer": "l2", "alpha": 0.01}),
-            ("Cosine + L1, alpha=1e-4", {"objective": "cosine", "regularizer": "l1", "alpha": 0.0001}),
-        ],
-        sweeps=(Sweep("paper/regularization", 7), Sweep("paper/regularization_cosine", 4)),
-    ),
-    TableSpec(
-        "structured_lts",
-        "Structure of the LT matrix, and two LTs on non-consecutive cuts (Llama 3 8B Instruct, 25%, LS; UIDL for "
-        "reference).",
-        {**LLAMA3_25, "objective": "ls"},
-        [(s.capitalize(), {"structure": s}) for s in ("generic", "diagonal", "orthonormal")]
-        + [
-            ("UIDL", UIDL),
-            ("Generic, non-consecutive (2 LTs)", {"structure": "generic", **MULTI_LT_NC}),
-        ],
-        sweeps=(Sweep("paper/structured_lts", 3), Sweep("paper/structured_lts_uidl_nc", 2)),
-    ),
-    TableSpec(
-        "solvers",
-        "Solvers for the cosine objective, and MSE (Adam) against the LS closed form (Llama 3 8B Instruct, 25%).",
-        LLAMA3_25,
-        [
-            (f"Cosine, {s}", {"objective": "cosine", "solver": s})
-            for s in ("adam", "nlcg", "trust_ncg", "lbfgs", "newton_cg")
-        ]
-        + [("MSE, adam", {"objective": "mse", "solver": "adam"}), ("LS (closed form)", {"objective": "ls"})],
-        sweeps=(Sweep("paper/solvers", 5), Sweep("paper/solvers_sanity", 2)),
-    ),
-    TableSpec(
-        "multi_lt_count",
-        "ReplaceMe (LS) with 1, 2, 4 or 8 transforms for 8 pruned blocks.",
-        {**DEFAULT_METHOD, "n_prune": 8, "objective": "ls", "eval": "paper"},
-        [
-            (f"{m}, {k} LT", {"model": m, "num_lts": k})
-            for m in ("llama3_8b_instruct", "mistral_7b_instruct_v03")
-            for k in (1, 2, 4, 8)
-        ],
-        TASK_COLUMNS + [Column("Perplexity", "ppl_lambada"), Column("Avg. Acc", "avg_acc")],
-        sweeps=(Sweep("paper/multi_lt_count", 8),),
-    ),
-    TableSpec(
-        "fused_vs_separate",
-        "Mergeable LT vs. LT as an independent block (Llama 3 8B Instruct, 25%, cosine).",
-        {**LLAMA3_25, "objective": "cosine"},
-        [("Fusable into MLP", {"lt_placement": "fused"}), ("Separate LT block", {"lt_placement": "separate"})],
-        sweeps=(Sweep("paper/fused_vs_separate", 2),),
-    ),
-    TableSpec(
-        "cosine_approximation",
-        "The approximated cosine loss against the original one.",
-        {**DEFAULT_METHOD, "eval": "paper"},
-        [
-            ("Llama 3 8B, approx. loss", {**LLAMA3_8B, "objective": "cosine"}),
-            ("Llama 3 8B, orig. loss", {**LLAMA3_8B, "objective": "cosine_exact"}),
-            ("Qwen 2.5 7B, approx. loss", {"model": "qwen25_7b_instruct", "n_prune": 7, "objective": "cosine"}),
-            ("Qwen 2.5 7B, orig. loss", {"model": "qwen25_7b_instruct", "n_prune": 7, "objective": "cosine_exact"}),
-            # Multi_A (Llama 3 8B only, as in the paper): the approx. row is the main table's Multi_LT_NC (Cosine).
-            ("Llama 3 8B, Multi_A approx. loss", {**LLAMA3_8B, "objective": "cosine", **MULTI_LT_NC}),
-            ("Llama 3 8B, Multi_A orig. loss", {**LLAMA3_8B, "objective": "cosine_exact", **MULTI_LT_NC}),
-        ],
-        [Column("Perplexity", "ppl_lambada"), Column("Avg-acc", "avg_acc")],
-        sweeps=(Sweep("paper/cosine_approximation", 2), Sweep("paper/cosine_approximation_multi_a", 2)),
-    ),
-    TableSpec(
-        "masking",
-        "Random token masking during the estimation (Llama 3 8B Instruct, 25%, cosine).",
-        {**LLAMA3_25, "objective": "cosine"},
-        [
-            (f"{n // 1000}k samples, {'masked' if m else 'no masking'}", {"n_calib_samples": n, "mask_ratio": m})
-            for n in (1000, 8000)
-            for m in (0.0, 0.25)
-        ],
-        sweeps=(Sweep("paper/masking", 4),),
-    ),
-    TableSpec(
-        "calibration_types",
-        "Calibration data (Llama 3 8B Instruct, 25%).",
-        LLAMA3_25,
-        [
-            (f"{o.upper() if o == 'ls' else o.capitalize()}, {c}", {"objective": o, "calibration": c})
-            for o, data in (
-                ("ls", ("fineweb", "slimorca", "orca_generated")),
-                ("cosine", ("fineweb", "slimorca", "slimorca_fineweb", "aya_slimorca", "orca_generated")),
-            )
-            for c in data
-        ],
-        sweeps=(Sweep("paper/calibration_types", 10),),
-    ),
-    *(
-        TableSpec(
-            name,
-            f"Depth-pruning methods at equal compression (beyond the paper): every method at {100 * fraction:g}% "
-            "of the blocks, one model, one calibration sample and one eval suite for all (SmolLM2-135M-Instruct, "
-            "its own chat answers as calibration, eval=offline, unless rendered from other runs); compression "
-            "time and CO2 sum the compression stages (capture with selection or search, estimation, healing) "
-            "and the cost of the search steps a run took from an earlier run (SLEB).",
-            equal_compression(fraction),
-            [Row("Unpruned", kind="baseline", text={"Preset": ""}), *METHODS_AT_EQUAL_COMPRESSION],
-            [
-                Column("Held-out ppl", "ppl_heldout"),
-                SuiteAccuracies(),
-                Column("Avg-acc", "avg_acc"),
-                Column("RP", "rp"),
-                Column("Decode speedup (batch 1)", "speed_decode_b1_speedup"),
-                Column("Prefill speedup", "speed_prefill_speedup"),
-                Column("Compression time (s)", COMPRESSION_TIME),
-                Column("CO2 (kg)", COMPRESSION_CO2),
-            ],
-            text_columns=["Preset"],
-            sweeps=(Sweep("methods/equal_compression", len(METHODS_AT_EQUAL_COMPRESSION) * 2),),
-            home=EQUAL_COMPRESSION_HOME,
-            reference="the table's default",
-        )
-        for name, fraction in EQUAL_COMPRESSION_RATIOS.items()
-    ),
-]
+
+PAPER_COLUMNS = [c for written in paper_records()["columns"]["paper"] for c in _column(written, "columns.paper")]
+TASK_COLUMNS = [c for written in paper_records()["columns"]["tasks"] for c in _column(written, "columns.tasks")]
+TABLES = [table_spec(entry) for entry in paper_records()["tables"]]
+
+
+def table_named(name: str) -> TableSpec:
+    """The table called ``name``."""
+    return next(spec for spec in TABLES if spec.name == name)
+
+
+# The methods tables (beyond the paper): one row per method at each compression (FractionOfDepth) of
+# their ``where``; paper_figures' quality/speed figure reads the same rows.
+METHODS_TABLES = ("methods_equal_compression", "methods_equal_compression_deeper")
+METHODS_AT_EQUAL_COMPRESSION = [r for r in table_named(METHODS_TABLES[0]).row_specs() if r.kind == "measured"]
 
 
 for _table in TABLES:
@@ -643,7 +329,7 @@ def _condition_key(conditions: dict) -> str:
 
 
 def _failure_line(label: str, failure: pd.Series | None) -> str | None:
-    """``LaCo: no finished run; its latest run failed in stage <stage>: <error>`` (None: no failure)."""
+    """``<row>: no finished run; its latest run failed in stage <stage>: <error>`` (None: no failure)."""
     if failure is None:
         return None
     stage = failure.get("failed_stage")

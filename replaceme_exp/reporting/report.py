@@ -519,9 +519,9 @@ GENERIC_NAMES = ("sweep", "single")
 
 
 def sweep_label(names: list[str], axes: list[str]) -> str | None:
-    """What a sweep compares, for its title: its ``sweep_name`` (``experiment=replaceme_ls,uidl_baseline``);
-    rows written before sweeps were named as a whole name each job's preset (``experiment/replaceme_ls``,
-    ``experiment/uidl_baseline``): joined into ``experiment=replaceme_ls,uidl_baseline``; a sweep of no
+    """What a sweep compares, for its title: its ``sweep_name`` (``experiment=<a>,<b>``); rows written
+    before sweeps were named as a whole name each job's preset (``experiment/<a>``, ``experiment/<b>``):
+    joined into ``experiment=<a>,<b>``; a sweep of no
     preset (``sweep``) by its swept settings (``alpha, n_prune``); None when nothing says more."""
     distinct = [n for n in dict.fromkeys(names) if n not in GENERIC_NAMES]
     if len(distinct) == 1:
