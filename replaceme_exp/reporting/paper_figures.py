@@ -285,40 +285,9 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
         f"uncached runs only: excluded {n_cached} with cached selection/statistics, "
         f"{n_unknown} without a cached_stages record"
     )
-    stats, estimated = {}, False
-    for label, method in methods.items():
-        choice = choose_setting(uncached_runs(plotted.runs(runs, {**TIME_EMISSIONS_WHERE, **method}))[0])
-        plotted.tally.show(choice.shown)
-        if choice.shown is not None:
-            chosen = choice.shown
-            estimated = estimated or any_estimated(chosen)
-            cost = compression_cost(chosen)
-            note = "; ".join(filter(None, ["uncached runs only", choice.note(label)]))
-            stats[label] = {
-                "co2": cost["co2_kg"].mean(),
-                "time": cost["time_s"].mean(),
-                "rp": _numeric(chosen, "rp").mean(),
-                "n": len(chosen),
-                "note": note,
-            }
+    stats, estimated = _uncached_costs(runs, methods, plotted)
     fig, (left, right) = _pyplot().subplots(1, 2, figsize=(10, 3.6))
-    reference = stats.get(first)
-    costs = {k: v for k, v in stats.items() if not np.isnan(v["time"])}
-    if reference and reference["time"] > 0:
-        width = 0.8 / len(costs)
-        for i, (label, s) in enumerate(costs.items()):
-            relative = [s["co2"] / reference["co2"] if reference["co2"] else np.nan, s["time"] / reference["time"]]
-            for what, value in zip(("emissions_rel_ls", "time_rel_ls"), relative):
-                point = {"x": np.nan, "mean": value, "std": 0.0, "n": s["n"], "note": s["note"]}
-                plotted.add(what, label, pd.DataFrame([point]))
-            bars = left.bar(np.arange(2) + i * width, relative, width, label=label)
-            left.bar_label(bars, fmt="%.3g", fontsize="x-small")
-        emissions = marked("Emissions", estimated)  # "Emissions (est.)": CodeCarbon estimated the power
-        left.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, [emissions, "Time"])
-        _legend(left)
-    else:
-        plotted.no_runs(left, f"+paper=time_emissions ({first} is the reference)")
-    left.set(title="Compression cost relative to LS (uncached runs only)", ylabel="Rel. to LS")
+    _relative_costs(left, stats, first, estimated, plotted)
     with_rp = {k: v["rp"] for k, v in stats.items() if not np.isnan(v["rp"])}
     for label, value in with_rp.items():
         point = {"x": np.nan, "mean": value, "std": 0.0, "n": stats[label]["n"], "note": stats[label]["note"]}
@@ -335,6 +304,50 @@ def time_emissions(runs: pd.DataFrame, path: Path, target: Target | None = None)
     footnote = excluded[0].upper() + excluded[1:] + "." + (f" {ESTIMATED_NOTE}" if estimated else "")
     _save(fig, path, plotted.footnote(footnote, _settings_footnote(plotted)))
     return plotted.frame("time_emissions")
+
+
+def _uncached_costs(runs: pd.DataFrame, methods: dict[str, dict], plotted: Plotted) -> tuple[dict[str, dict], bool]:
+    """Per series label, over one setting of its uncached runs: mean ``co2`` (kg), ``time`` (s) and
+    ``rp``, the run count ``n`` and the ``note`` on settings left out; and whether any energy was
+    estimated."""
+    stats, estimated = {}, False
+    for label, method in methods.items():
+        choice = choose_setting(uncached_runs(plotted.runs(runs, {**TIME_EMISSIONS_WHERE, **method}))[0])
+        plotted.tally.show(choice.shown)
+        if choice.shown is not None:
+            chosen = choice.shown
+            estimated = estimated or any_estimated(chosen)
+            cost = compression_cost(chosen)
+            note = "; ".join(filter(None, ["uncached runs only", choice.note(label)]))
+            stats[label] = {
+                "co2": cost["co2_kg"].mean(),
+                "time": cost["time_s"].mean(),
+                "rp": _numeric(chosen, "rp").mean(),
+                "n": len(chosen),
+                "note": note,
+            }
+    return stats, estimated
+
+
+def _relative_costs(ax, stats: dict[str, dict], first: str, estimated: bool, plotted: Plotted) -> None:
+    """Bars of each series' emissions and time over the ``first`` series' (the reference)."""
+    reference = stats.get(first)
+    costs = {k: v for k, v in stats.items() if not np.isnan(v["time"])}
+    if reference and reference["time"] > 0:
+        width = 0.8 / len(costs)
+        for i, (label, s) in enumerate(costs.items()):
+            relative = [s["co2"] / reference["co2"] if reference["co2"] else np.nan, s["time"] / reference["time"]]
+            for what, value in zip(("emissions_rel_ls", "time_rel_ls"), relative):
+                point = {"x": np.nan, "mean": value, "std": 0.0, "n": s["n"], "note": s["note"]}
+                plotted.add(what, label, pd.DataFrame([point]))
+            bars = ax.bar(np.arange(2) + i * width, relative, width, label=label)
+            ax.bar_label(bars, fmt="%.3g", fontsize="x-small")
+        emissions = marked("Emissions", estimated)  # "Emissions (est.)": CodeCarbon estimated the power
+        ax.set_xticks(np.arange(2) + width * (len(costs) - 1) / 2, [emissions, "Time"])
+        _legend(ax)
+    else:
+        plotted.no_runs(ax, f"+paper=time_emissions ({first} is the reference)")
+    ax.set(title="Compression cost relative to LS (uncached runs only)", ylabel="Rel. to LS")
 
 
 ONE_WINDOW = "has one explicit cut (cuts=[[start, end]]: +paper=block_selection)"
@@ -401,27 +414,45 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
     ]
     fig, axes = _pyplot().subplots(2, 4, figsize=(20, 7.2))
     scatter_axes = [axes[0, 0], axes[0, 1], axes[0, 2], axes[0, 3], axes[1, 0]]
-    for ax, (metric, label, data) in zip(scatter_axes, measures):
-        drawn, matched = False, 0
-        for name, frame in windows.items():
-            matched += len(frame)
-            points = mean_std(frame, metric, "avg_acc")
-            if points.empty:
-                continue
-            drawn = True
-            plotted.add(metric, name, points)
-            ax.scatter(points["x"], points["mean"], color=colors[name], label=name, s=14)
-            if len(points) >= 2:
-                slope, intercept = np.polyfit(points["x"], points["mean"], 1)
-                xs = np.linspace(points["x"].min(), points["x"].max(), 2)
-                ax.plot(xs, slope * xs + intercept, color=colors[name], ls="--", lw=1)
-        if not drawn:
-            plotted.no_runs(ax, "+paper=block_selection", matched, f"{metric} and avg_acc")
-        ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} ({data})")
-        ax.set_ylabel("Average accuracy")
-        ax.grid(alpha=0.3)
+    for ax, measure in zip(scatter_axes, measures):
+        _accuracy_against(ax, measure, windows, colors, plotted)
     profile, accuracy = axes[1, 1], axes[1, 2]
     axes[1, 3].axis("off")
+    _window_profiles(profile, accuracy, windows, colors, source, plotted)
+    _legend(*scatter_axes)
+    _legend(profile)
+    _legend(accuracy)
+    _save(fig, path, plotted.footnote(_undersampled_footnote(windows.values(), source), _settings_footnote(plotted)))
+    return plotted.frame("block_selection")
+
+
+def _accuracy_against(ax, measure: tuple[str, str, str], windows: dict, colors: dict, plotted: Plotted) -> None:
+    """One scatter panel: each series' window runs, the window's ``measure`` (column, label, where it was
+    measured) against the pruned model's average accuracy, with a least-squares trend line."""
+    metric, label, data = measure
+    drawn, matched = False, 0
+    for name, frame in windows.items():
+        matched += len(frame)
+        points = mean_std(frame, metric, "avg_acc")
+        if points.empty:
+            continue
+        drawn = True
+        plotted.add(metric, name, points)
+        ax.scatter(points["x"], points["mean"], color=colors[name], label=name, s=14)
+        if len(points) >= 2:
+            slope, intercept = np.polyfit(points["x"], points["mean"], 1)
+            xs = np.linspace(points["x"].min(), points["x"].max(), 2)
+            ax.plot(xs, slope * xs + intercept, color=colors[name], ls="--", lw=1)
+    if not drawn:
+        plotted.no_runs(ax, "+paper=block_selection", matched, f"{metric} and avg_acc")
+    ax.set(title=f"{label} of the window vs. accuracy", xlabel=f"{label} ({data})")
+    ax.set_ylabel("Average accuracy")
+    ax.grid(alpha=0.3)
+
+
+def _window_profiles(profile, accuracy, windows: dict, colors: dict, source: str, plotted: Plotted) -> None:
+    """Over the window's first block: the first series' distances (cosine, 1 - each similarity) on
+    ``profile``, and every series' accuracy on ``accuracy``."""
     ls_windows = windows[next(iter(windows))]  # the first series' (the LS runs)
     drawn = False
     profiles = [("cos_dist_before", "cosine distance", "black")]
@@ -446,11 +477,6 @@ def block_selection(runs: pd.DataFrame, path: Path, target: Target | None = None
         plotted.no_runs(accuracy, "+paper=block_selection", sum(len(f) for f in windows.values()), "avg_acc")
     accuracy.set(title="Accuracy of each window", xlabel="First pruned block", ylabel="Average accuracy")
     accuracy.grid(alpha=0.3)
-    _legend(*scatter_axes)
-    _legend(profile)
-    _legend(accuracy)
-    _save(fig, path, plotted.footnote(_undersampled_footnote(windows.values(), source), _settings_footnote(plotted)))
-    return plotted.frame("block_selection")
 
 
 def _with_matrix(frame: pd.DataFrame) -> pd.DataFrame:
@@ -646,14 +672,9 @@ def _signed(interval: tuple[float, float], sign: float) -> tuple[float, float]:
     return (sign * interval[0], sign * interval[1])
 
 
-def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
-    """Beyond the paper, the methods tables' figure: each method's held-out perplexity and average
-    accuracy against its decode speedup at batch 1 (over the unpruned model, measured alternately in its
-    job), at every compression of the tables, with 95% intervals as error bars, the unpruned model at
-    speedup 1, and the Pareto front of each panel."""
-    plotted = Plotted(target)
-    tables = [table_named(name) for name in METHODS_TABLES]
-    plotted.retarget = Retargeting(target, tables[0].home, "the figure's default")
+def _methods_points(runs: pd.DataFrame, tables: list, plotted: Plotted) -> tuple[list[dict], dict[str, float]]:
+    """Each measured row of the methods ``tables`` with a run: ``{"label": "<row> (<fraction>%)", "run": its
+    latest run of the shown setting, "note"}``; and the unpruned model's value of each quality metric."""
     found: list[dict] = []
     unpruned: dict[str, float] = {}
     for table in tables:
@@ -668,6 +689,18 @@ def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) 
             for metric, _, _ in QUALITY_PANELS:
                 if (value := _baseline(choice.shown, metric)) is not None:
                     unpruned[metric] = value
+    return found, unpruned
+
+
+def quality_speed(runs: pd.DataFrame, path: Path, target: Target | None = None) -> pd.DataFrame:
+    """Beyond the paper, the methods tables' figure: each method's held-out perplexity and average
+    accuracy against its decode speedup at batch 1 (over the unpruned model, measured alternately in its
+    job), at every compression of the tables, with 95% intervals as error bars, the unpruned model at
+    speedup 1, and the Pareto front of each panel."""
+    plotted = Plotted(target)
+    tables = [table_named(name) for name in METHODS_TABLES]
+    plotted.retarget = Retargeting(target, tables[0].home, "the figure's default")
+    found, unpruned = _methods_points(runs, tables, plotted)
     fig, axes = _pyplot().subplots(1, 2, figsize=(11, 4.2))
     for ax, (metric, title, lower) in zip(axes, QUALITY_PANELS):
         points = []

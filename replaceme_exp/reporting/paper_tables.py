@@ -337,6 +337,21 @@ def _failure_line(label: str, failure: pd.Series | None) -> str | None:
     return f"{label}: no finished run; its latest run failed{where}: {str(failure['error']).rstrip('.')}"
 
 
+@dataclass
+class _Rendering:
+    """What :func:`build_table` gathers while it fills the rows: the rows' cells in order, the notes
+    on settings left out, the failure lines of rows without a finished run, whether any energy was
+    estimated, the measured cells per column for the leaders, and the cells of the rows that run a
+    quoted method (by the quoted label)."""
+
+    out: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    estimated: bool = False
+    ranked: dict[str, dict[int, Cell]] = field(default_factory=dict)  # header -> {id of the row's cells: cell}
+    runs_of: dict[str, list[dict]] = field(default_factory=dict)
+
+
 def build_table(
     spec: TableSpec, runs: pd.DataFrame, quoted: dict | None = None, target: Target | None = None
 ) -> pd.DataFrame:
@@ -356,83 +371,112 @@ def build_table(
     for column in spec.column_specs(suite):
         metric, header = retarget.metric(column.metric)  # e.g. Lambada's perplexity -> the suite's
         columns.append(Column(header or column.header, metric, column.conditions))
-    out, notes, failures, estimated = [], [], [], False
-    runs_of: dict[str, list[dict]] = {}  # quoted label -> the cells of the rows that run it here
-    ranked: dict[str, dict[int, Cell]] = {}  # header -> {id of the row's cells: the cell}, for the leaders
+    rendering = _Rendering()
     for row in spec.row_specs():
-        prefer = spec.preferences(row)
         cells = {"Setting": row.shown_label, **{t: row.text.get(t, "") for t in spec.text_columns}}
         if row.run_of is not None:
-            runs_of.setdefault(row.run_of, []).append(cells)
+            rendering.runs_of.setdefault(row.run_of, []).append(cells)
         if row.kind == "baseline":
             conditions = {k: v for k, v in {**spec.where, **row.conditions}.items() if k in BASELINE_KEYS}
             selected = select_cell(finished, retarget.conditions(conditions))
             cells["Runs"] = "unpruned"
-            cells.update({c.header: _baseline_cell(selected, c.metric, prefer) for c in columns})
-            out.append(cells)
-            continue
-        # One choice per distinct column condition (columns without conditions share the row's).
-        shown: dict[str, pd.DataFrame] = {}
-        for column in columns:
-            key = _condition_key(column.conditions)
-            if key in shown:
-                continue
-            conditions = retarget.conditions({**spec.where, **row.conditions, **column.conditions})
-            in_cell = tally.cell(finished, conditions)
-            choice = choose_setting(in_cell, prefer)
-            tally.show(choice.shown)
-            shown[key] = choice.shown if choice.shown is not None else in_cell.iloc[0:0]
-            headers = [c.header for c in columns if _condition_key(c.conditions) == key]
-            name = row_name(spec, row) + (f" [{', '.join(headers)}]" if column.conditions else "")
-            if (note := choice.note(name)) is not None:
-                notes.append(note)
-        cells["Runs"] = len(set().union(*(frame.index for frame in shown.values()))) if shown else 0
-        if not cells["Runs"]:
-            conditions = retarget.conditions({**spec.where, **row.conditions})
-            if (line := _failure_line(row.shown_label, latest_failure(runs, conditions, spec.modality))) is not None:
-                failures.append(line)
-        for column in columns:
-            in_cell = shown[_condition_key(column.conditions)]
-            metric = column.metric
-            if metric in in_cell.columns:
-                values = pd.to_numeric(in_cell[metric], errors="coerce").dropna()
-                interval = run_interval(in_cell.iloc[0], metric) if len(values) == 1 else None
-                cells[column.header] = format_cell(in_cell[metric], interval)
-                mean = float(values.mean()) if not values.empty else None
-                ranked.setdefault(column.header, {})[id(cells)] = Cell(mean, in_cell.loc[values.index])
-            else:
-                cells[column.header] = MISSING
-            if is_energy_metric(metric) and any_estimated(in_cell):
-                cells[column.header] = marked(cells[column.header], True)
-                estimated = True
-        out.append(cells)
-    led = _mark_leaders(out, columns, ranked)
+            cells.update({c.header: _baseline_cell(selected, c.metric, spec.preferences(row)) for c in columns})
+        else:
+            shown = _shown_settings(spec, row, columns, finished, retarget, tally, rendering.notes)
+            cells["Runs"] = len(set().union(*(frame.index for frame in shown.values()))) if shown else 0
+            if not cells["Runs"]:
+                conditions = retarget.conditions({**spec.where, **row.conditions})
+                failure = latest_failure(runs, conditions, spec.modality)
+                if (line := _failure_line(row.shown_label, failure)) is not None:
+                    rendering.failures.append(line)
+            _fill_measured_cells(cells, columns, shown, rendering)
+        rendering.out.append(cells)
+    led = _mark_leaders(rendering.out, columns, rendering.ranked)
     has_quoted = spec.quoted_at is not None and quoted and spec.name in quoted
+    out = rendering.out
     if has_quoted and not retarget.active:
-        block = []
-        beside = [c for entry in quoted[spec.name]["rows"] for c in runs_of.get(entry["label"], [])]
-        at = spec.quoted_at - sum(any(c is r for r in beside) for c in out[: spec.quoted_at])
-        out = [c for c in out if not any(c is r for r in beside)]  # moved beside their quoted rows
-        for entry in quoted[spec.name]["rows"]:
-            cells = {"Setting": f"{entry['label']} (quoted)"}
-            cells.update({t: entry["text"].get(t, "") for t in spec.text_columns})
-            cells["Runs"] = "quoted"
-            for column in columns:
-                value = entry["values"].get(column.header)
-                cells[column.header] = format_value(value) if value is not None else MISSING
-            block += [cells, *runs_of.get(entry["label"], [])]
-        out[at:at] = block
+        out = _with_quoted_rows(spec, out, columns, quoted[spec.name]["rows"], rendering.runs_of)
     table = pd.DataFrame(out)
     if spec.transpose:
         table = table.set_index("Setting").T.reset_index().rename(columns={"index": ""})
     retargeted = retarget.caption()
     if retargeted and has_quoted:
         retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
-    table.attrs.update(notes=notes, retargeted=retargeted, counts=tally.line(spec.name), estimated=estimated)
-    table.attrs["failures"] = failures
-    table.attrs["harness_rows"] = bool(runs_of)
-    table.attrs["leaders"] = led
+    table.attrs.update(notes=rendering.notes, retargeted=retargeted, counts=tally.line(spec.name))
+    table.attrs.update(estimated=rendering.estimated, failures=rendering.failures)
+    table.attrs.update(harness_rows=bool(rendering.runs_of), leaders=led)
     return table
+
+
+def _shown_settings(
+    spec: TableSpec,
+    row: Row,
+    columns: list[Column],
+    finished: pd.DataFrame,
+    retarget: Retargeting,
+    tally: Tally,
+    notes: list[str],
+) -> dict[str, pd.DataFrame]:
+    """The runs a measured row shows, per distinct column condition (columns without conditions share
+    the row's): one setting of those matching (:func:`choose_setting`), an empty frame where none
+    match; the settings left out are appended to ``notes``."""
+    shown: dict[str, pd.DataFrame] = {}
+    for column in columns:
+        key = _condition_key(column.conditions)
+        if key in shown:
+            continue
+        conditions = retarget.conditions({**spec.where, **row.conditions, **column.conditions})
+        in_cell = tally.cell(finished, conditions)
+        choice = choose_setting(in_cell, spec.preferences(row))
+        tally.show(choice.shown)
+        shown[key] = choice.shown if choice.shown is not None else in_cell.iloc[0:0]
+        headers = [c.header for c in columns if _condition_key(c.conditions) == key]
+        name = row_name(spec, row) + (f" [{', '.join(headers)}]" if column.conditions else "")
+        if (note := choice.note(name)) is not None:
+            notes.append(note)
+    return shown
+
+
+def _fill_measured_cells(
+    cells: dict, columns: list[Column], shown: dict[str, pd.DataFrame], rendering: _Rendering
+) -> None:
+    """Write a measured row's metric cells into ``cells`` from its shown runs, and note each for the
+    leaders (``rendering.ranked``) and any estimated energy."""
+    for column in columns:
+        in_cell = shown[_condition_key(column.conditions)]
+        metric = column.metric
+        if metric in in_cell.columns:
+            values = pd.to_numeric(in_cell[metric], errors="coerce").dropna()
+            interval = run_interval(in_cell.iloc[0], metric) if len(values) == 1 else None
+            cells[column.header] = format_cell(in_cell[metric], interval)
+            mean = float(values.mean()) if not values.empty else None
+            rendering.ranked.setdefault(column.header, {})[id(cells)] = Cell(mean, in_cell.loc[values.index])
+        else:
+            cells[column.header] = MISSING
+        if is_energy_metric(metric) and any_estimated(in_cell):
+            cells[column.header] = marked(cells[column.header], True)
+            rendering.estimated = True
+
+
+def _with_quoted_rows(
+    spec: TableSpec, out: list[dict], columns: list[Column], quoted_rows: list[dict], runs_of: dict[str, list[dict]]
+) -> list[dict]:
+    """The rows with the quoted block at ``spec.quoted_at``, each quoted row followed by the rows that
+    run its method here (moved from where they stood)."""
+    beside = [c for entry in quoted_rows for c in runs_of.get(entry["label"], [])]
+    at = spec.quoted_at - sum(any(c is r for r in beside) for c in out[: spec.quoted_at])
+    out = [c for c in out if not any(c is r for r in beside)]
+    block = []
+    for entry in quoted_rows:
+        cells = {"Setting": f"{entry['label']} (quoted)"}
+        cells.update({t: entry["text"].get(t, "") for t in spec.text_columns})
+        cells["Runs"] = "quoted"
+        for column in columns:
+            value = entry["values"].get(column.header)
+            cells[column.header] = format_value(value) if value is not None else MISSING
+        block += [cells, *runs_of.get(entry["label"], [])]
+    out[at:at] = block
+    return out
 
 
 def _mark_leaders(out: list[dict], columns: list[Column], ranked: dict[str, dict[int, Cell]]) -> bool:
