@@ -185,6 +185,30 @@ class JobSpec:
             data["model"]["weights"] = self.weights
         data["eval"].pop("samples")  # what the job shows, not what it measures
         data["eval"].pop("speed")  # measures the machine, not the model (its settings are row columns)
+        self._estimation_as_it_acts(data)
+        for method in job_methods(c):
+            if method.identity is not None:
+                method.identity(c, data)
+        self._drop_what_does_not_act(data)
+        self._healing_as_it_acts(data)
+        if not c.record_calibration_similarity:  # off: the hash every row had before the key existed
+            data.pop("record_calibration_similarity")
+        parts = [p for p in (data["calibration"].get("parts") or {}).values() if isinstance(p, dict)]
+        for section in (data["calibration"], *parts, data["eval"], data["healing"].get("data") or {}):
+            self.add_file_digests(section)  # a mix part's file too (no shipped mix names one)
+        if e.precision_acts:
+            data["capture_precision"] = e.capture_precision  # float32 products round differently
+        if e.mask_passes is None:
+            data["mask_ratio"] = 0
+            data.pop("mask_passes")
+        data["semantics_version"] = SEMANTICS_VERSION
+        return _by_value(data)
+
+    def _estimation_as_it_acts(self, data: dict) -> None:
+        """In ``data`` (the config as a dict), the estimation settings as they act: the effective
+        regulariser, structure, placement and tokens; the solver's schedule and precision only where
+        they change the solve."""
+        e = self.effective
         data["alpha"] = e.alpha
         data["regularizer"] = {"name": e.regularizer}
         data["structure"] = {"name": e.structure}
@@ -197,9 +221,12 @@ class JobSpec:
             data["objective"].pop("schedule")
         if self.requirements.solver_precision != "float64":  # Adam's, or float32: all solvers' before the key
             data["objective"].pop("precision", None)
-        for method in job_methods(c):
-            if method.identity is not None:
-                method.identity(c, data)
+
+    def _drop_what_does_not_act(self, data: dict) -> None:
+        """Remove from ``data`` the keys that do not act in this job (explicit cuts' selection, a
+        search's cut count, settings at their pre-key value), so that hashes pinned before a key
+        existed stay."""
+        c, e = self.config, self.effective
         if c.cuts is not None:
             for key in ("selection", "n_prune", "num_lts"):
                 data.pop(key)
@@ -223,6 +250,11 @@ class JobSpec:
             data["estimation"].pop("padded_positions")
         if e.multi_lt is None:
             data.pop("multi_lt")
+
+    def _healing_as_it_acts(self, data: dict) -> None:
+        """``data["healing"]`` reduced to what moves a number: nothing but its name when off, its
+        non-semantic keys and keys at their pre-key values removed."""
+        c, e = self.config, self.effective
         if c.healing.name == "none":  # its keys only let sweeps set them
             data["healing"] = {"name": "none"}
         for key in NON_SEMANTIC_HEALING_KEYS:
@@ -235,18 +267,6 @@ class JobSpec:
             data["healing"].pop("min_lr_factor")
         if e.healing_master_weights != "float32":
             data["healing"].pop("master_weights", None)
-        if not c.record_calibration_similarity:  # off: the hash every row had before the key existed
-            data.pop("record_calibration_similarity")
-        parts = [p for p in (data["calibration"].get("parts") or {}).values() if isinstance(p, dict)]
-        for section in (data["calibration"], *parts, data["eval"], data["healing"].get("data") or {}):
-            self.add_file_digests(section)  # a mix part's file too (no shipped mix names one)
-        if e.precision_acts:
-            data["capture_precision"] = e.capture_precision  # float32 products round differently
-        if e.mask_passes is None:
-            data["mask_ratio"] = 0
-            data.pop("mask_passes")
-        data["semantics_version"] = SEMANTICS_VERSION
-        return _by_value(data)
 
     def evaluation_identity(self) -> dict:
         """An evaluate job's identity: the evaluated model (its weights by content where known, not
