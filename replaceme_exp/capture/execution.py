@@ -164,36 +164,14 @@ def plan_execution(
         chunk_batches=store.chunk_batches,
         directory=store.directory,
     )
-    spread = model.device_map is not None
-    if free_bytes is None:
-        free_bytes = free_gpu_bytes(device, all_devices=spread) if device.type == "cuda" else available_cpu_bytes()
-    budget = float(capture.max_gpu_gb) * GIB if capture.max_gpu_gb is not None else 0.9 * free_bytes
-    if device.type != "cuda" and capture.max_gpu_gb is None:
-        budget = 0.5 * free_bytes
+    budget = _memory_budget(capture, model, device, free_bytes)
     if memory is None and mode != "whole":
         memory = model_memory(model, cache_dir)
     seq_len = seq_len or (memory.positions if memory else None) or 1
     activations = memory.forward_activations(int(batch_size), int(seq_len)) if memory else 0
     where = "GPU memory" if device.type == "cuda" else "host memory"
     if mode == "layerwise" or (mode == "auto" and device.type == "cuda" and memory is not None):
-        whole_need = memory.weights + activations if memory else None
-        if mode == "auto" and whole_need <= budget:
-            stats = _stats_budget(capture, budget - whole_need)
-            reason = (
-                f"whole-model capture: weights {gib(memory.weights)} + activations {gib(activations)} fit in "
-                f"{gib(budget)} of {where}; statistics may take {gib(stats)}"
-            )
-            return replace(base, mode="whole", stats_bytes=stats, reason=reason)
-        resident = (memory.largest_block + activations) if memory else 0
-        stats = _stats_budget(capture, budget - resident)
-        why = (
-            "capture.mode=layerwise"
-            if mode == "layerwise"
-            else f"weights {gib(memory.weights)} + activations {gib(activations)} exceed {gib(budget)} of {where}"
-        )
-        size = f"; one block at a time on {device} ({gib(memory.largest_block)})" if memory else f" on {device}"
-        reason = f"layer-wise capture: {why}{size}; statistics may take {gib(stats)}"
-        return replace(base, mode="layerwise", stats_bytes=stats, reason=reason)
+        return _whole_if_it_fits(capture, base, memory, activations, budget, where)
     if mode == "auto" and device.type == "cuda":
         reason = "whole-model capture: the model's size is unknown"
         return replace(base, mode="whole", stats_bytes=_stats_budget(capture, None), reason=reason)
@@ -202,6 +180,51 @@ def plan_execution(
     why = "capture.mode=whole" if mode == "whole" else f"no GPU: the model runs in {where}"
     reason = f"whole-model capture: {why}; statistics may take {gib(stats)}"
     return replace(base, mode="whole", stats_bytes=stats, reason=reason)
+
+
+def _memory_budget(capture: CaptureConfig, model: ModelConfig, device, free_bytes: int | None) -> float:
+    """The bytes the capture may use: ``capture.max_gpu_gb`` when set, else 90% of the free GPU memory
+    (every GPU with ``model.device_map``) or, without a GPU, half the available host memory;
+    ``free_bytes`` overrides the measurement."""
+    if free_bytes is None:
+        spread = model.device_map is not None
+        free_bytes = free_gpu_bytes(device, all_devices=spread) if device.type == "cuda" else available_cpu_bytes()
+    budget = float(capture.max_gpu_gb) * GIB if capture.max_gpu_gb is not None else 0.9 * free_bytes
+    if device.type != "cuda" and capture.max_gpu_gb is None:
+        budget = 0.5 * free_bytes
+    return budget
+
+
+def _whole_if_it_fits(
+    capture: CaptureConfig,
+    base: CaptureExecution,
+    memory: ModelMemory | None,
+    activations: float,
+    budget: float,
+    where: str,
+) -> CaptureExecution:
+    """Under ``capture.mode=auto`` on a GPU: whole-model when the weights and one batch's activations fit
+    in ``budget``, else layer-wise; under ``capture.mode=layerwise``: layer-wise. The statistics get
+    what the resident part leaves."""
+    device = base.device
+    whole_need = memory.weights + activations if memory else None
+    if capture.mode == "auto" and whole_need <= budget:
+        stats = _stats_budget(capture, budget - whole_need)
+        reason = (
+            f"whole-model capture: weights {gib(memory.weights)} + activations {gib(activations)} fit in "
+            f"{gib(budget)} of {where}; statistics may take {gib(stats)}"
+        )
+        return replace(base, mode="whole", stats_bytes=stats, reason=reason)
+    resident = (memory.largest_block + activations) if memory else 0
+    stats = _stats_budget(capture, budget - resident)
+    why = (
+        "capture.mode=layerwise"
+        if capture.mode == "layerwise"
+        else f"weights {gib(memory.weights)} + activations {gib(activations)} exceed {gib(budget)} of {where}"
+    )
+    size = f"; one block at a time on {device} ({gib(memory.largest_block)})" if memory else f" on {device}"
+    reason = f"layer-wise capture: {why}{size}; statistics may take {gib(stats)}"
+    return replace(base, mode="layerwise", stats_bytes=stats, reason=reason)
 
 
 def _stats_budget(capture: CaptureConfig, left: float | None) -> float:
