@@ -325,16 +325,8 @@ class NumericalEstimator(Estimator):
         """The info dict of :meth:`fit`, logged; a loss that became NaN or inf raises :class:`ConfigError`."""
         if not all(torch.isfinite(torch.tensor(curve))):
             raise ConfigError("objective.lr", self.lr, "the loss became NaN or inf; lower the learning rate")
-        log.info(
-            "%s/%s (%s): loss %.5f -> %.5f in %d steps on %d batches",
-            self.name,
-            self.solver,
-            self.schedule,
-            curve[0],
-            curve[-1],
-            steps,
-            batches,
-        )
+        run = f"{self.name}/{self.solver} ({self.schedule})"
+        log.info("%s: loss %.5f -> %.5f in %d steps on %d batches", run, curve[0], curve[-1], steps, batches)
         log.info("loss curve: %s", " ".join(f"{v:.5f}" for v in curve))
         return {
             "loss_curve": curve,
