@@ -35,14 +35,16 @@ import logging
 import random
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from replaceme_exp.config.schema import HealingConfig
-from replaceme_exp.data.batching import TokenBatches, pack_windows
+from replaceme_exp.data.batching import TokenBatch, TokenBatches, pack_windows
 from replaceme_exp.data.calibration import healing_documents
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models.adapters import DecoderAdapter
@@ -337,6 +339,95 @@ def make_optimizer(parameters: list[torch.Tensor], cfg: HealingConfig):
     return optimizer, scheduler
 
 
+def micro_batch_loss(model, batch: TokenBatch, index: int, targets: TeacherTargets | None) -> tuple[torch.Tensor, int]:
+    """The loss of one micro-batch (a scalar) and how many positions it counts: the LM loss, or with
+    ``targets`` the KL to the teacher's top-k distribution of batch ``index`` (:func:`topk_kl_loss`)."""
+    device = model.get_input_embeddings().weight.device
+    input_ids, attention_mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+    if targets is None:
+        return _lm_loss(model, input_ids, attention_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    loss = topk_kl_loss(logits, targets.probs[index], targets.indices[index], attention_mask)
+    return loss, int(attention_mask.sum())
+
+
+def accumulate_gradients(
+    model, batches, cfg: HealingConfig, step: int, targets: TeacherTargets | None
+) -> tuple[float, int, int]:
+    """The backward passes of optimizer step ``step``: ``gradient_accumulation_steps`` micro-batches of
+    ``batches`` (:func:`_micro_batches`). Returns their mean loss, positions counted and windows."""
+    accumulate = int(cfg.gradient_accumulation_steps)
+    step_loss, tokens, sequences = 0.0, 0, 0
+    for _ in range(accumulate):
+        _, index, batch = next(batches)
+        loss, n = micro_batch_loss(model, batch, index, targets)
+        if not torch.isfinite(loss):
+            reason = f"the {cfg.loss} loss became {float(loss)} at step {step}"
+            raise ConfigError("healing.lr", cfg.lr, reason)
+        (loss / accumulate).backward()
+        step_loss += float(loss.detach()) / accumulate
+        tokens += n
+        sequences += batch.input_ids.shape[0]
+    return step_loss, tokens, sequences
+
+
+def optimizer_step(masters: MasterWeights, optimizer, scheduler, max_grad_norm: float | None) -> None:
+    """Update the master weights from the accumulated gradients (clipped to ``max_grad_norm`` when
+    set) and round them into the model's; the learning-rate schedule moves on."""
+    masters.take_gradients()
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(masters.optimised, float(max_grad_norm))
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    masters.write_back()
+
+
+@dataclass
+class LossCurve:
+    """``points``: [step, mean step loss] every ``log_every`` steps and at the last of ``steps``."""
+
+    log_every: int
+    steps: int
+    points: list[list] = field(default_factory=list)
+    pending: list[float] = field(default_factory=list)  # the step losses since the last point
+
+    def add(self, step: int, loss: float) -> None:
+        self.pending.append(loss)
+        if step % self.log_every == 0 or step == self.steps:
+            self.points.append([step, sum(self.pending) / len(self.pending)])
+            log.info("healing step %d/%d: loss %.4f", step, self.steps, self.points[-1][1])
+            self.pending = []
+
+
+@contextmanager
+def training_only(model, parameters: list[nn.Parameter], checkpointing: bool) -> Iterator[None]:
+    """Within the block, ``model`` in training mode with gradients for ``parameters`` alone (and
+    activation checkpointing with ``checkpointing``); after it, as before, without their gradients."""
+    trainable = {id(p) for p in parameters}
+    frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    for p in parameters:
+        p.requires_grad_(True)
+    if checkpointing:
+        set_activation_checkpointing(model, True)
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        for p in parameters:
+            p.grad = None
+        if checkpointing:
+            set_activation_checkpointing(model, False)
+        model.train(was_training)
+        for p in parameters:
+            p.requires_grad_(False)
+        for p in frozen:
+            p.requires_grad_(True)
+
+
 def train_language_model(
     model,
     parameters: list[nn.Parameter],
@@ -348,82 +439,33 @@ def train_language_model(
     """``healing.optimizer`` on ``parameters`` (everything else frozen) for ``cfg.max_steps`` steps,
     with the LM loss or (``targets``: ``loss=topk_kl``) the KL to the teacher's top-k distribution of
     each window. Returns a :class:`HealingResult`."""
-    device = model.get_input_embeddings().weight.device
-    trainable = {id(p) for p in parameters}
-    frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    for p in parameters:
-        p.requires_grad_(True)
-    checkpointing = bool(cfg.gradient_checkpointing)
-    if checkpointing:
-        set_activation_checkpointing(model, True)
-    masters = MasterWeights(parameters, enabled=cfg.master_weights == "float32")
-    optimizer, scheduler = make_optimizer(masters.optimised, cfg)
-    max_grad_norm = cfg.max_grad_norm
-    steps, accumulate, log_every = int(cfg.max_steps), int(cfg.gradient_accumulation_steps), int(cfg.log_every)
-    batches = _micro_batches(windows, int(cfg.seed))
-    curve, window_losses, tokens, epoch = [], [], 0, 0
-    seen_sequences = 0
-    was_training = model.training
-    model.train()
-    started = time.perf_counter()
-    try:
-        with progress_counter(steps, desc=f"healing ({mode})", unit="step") as counter:
-            for step in range(1, steps + 1):
-                optimizer.zero_grad(set_to_none=True)
-                step_loss = 0.0
-                for _ in range(accumulate):
-                    epoch, index, batch = next(batches)
-                    input_ids, attention_mask = batch.input_ids.to(device), batch.attention_mask.to(device)
-                    if targets is None:
-                        loss, n = _lm_loss(model, input_ids, attention_mask)
-                    else:
-                        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-                        loss = topk_kl_loss(logits, targets.probs[index], targets.indices[index], attention_mask)
-                        n = int(attention_mask.sum())
-                    if not torch.isfinite(loss):
-                        reason = f"the {cfg.loss} loss became {float(loss)} at step {step}"
-                        raise ConfigError("healing.lr", cfg.lr, reason)
-                    (loss / accumulate).backward()
-                    step_loss += float(loss.detach()) / accumulate
-                    tokens += n
-                    seen_sequences += batch.input_ids.shape[0]
-                masters.take_gradients()
-                if max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(masters.optimised, float(max_grad_norm))
-                optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
-                masters.write_back()
-                window_losses.append(step_loss)
-                if step % log_every == 0 or step == steps:
-                    curve.append([step, sum(window_losses) / len(window_losses)])
-                    log.info("healing step %d/%d: loss %.4f", step, steps, curve[-1][1])
-                    window_losses = []
-                counter.update(1)
-    finally:
-        optimizer.zero_grad(set_to_none=True)
-        for p in parameters:
-            p.grad = None
-        if checkpointing:
-            set_activation_checkpointing(model, False)
-        model.train(was_training)
-        for p in parameters:
-            p.requires_grad_(False)
-        for p in frozen:
-            p.requires_grad_(True)
-    seconds = time.perf_counter() - started
+    steps, tokens, sequences = int(cfg.max_steps), 0, 0
+    with training_only(model, parameters, bool(cfg.gradient_checkpointing)):
+        masters = MasterWeights(parameters, enabled=cfg.master_weights == "float32")
+        optimizer, scheduler = make_optimizer(masters.optimised, cfg)
+        batches, curve = _micro_batches(windows, int(cfg.seed)), LossCurve(int(cfg.log_every), steps)
+        started = time.perf_counter()
+        try:
+            with progress_counter(steps, desc=f"healing ({mode})", unit="step") as counter:
+                for step in range(1, steps + 1):
+                    optimizer.zero_grad(set_to_none=True)
+                    step_loss, n_tokens, n_sequences = accumulate_gradients(model, batches, cfg, step, targets)
+                    tokens, sequences = tokens + n_tokens, sequences + n_sequences
+                    optimizer_step(masters, optimizer, scheduler, cfg.max_grad_norm)
+                    curve.add(step, step_loss)
+                    counter.update(1)
+        finally:
+            optimizer.zero_grad(set_to_none=True)
     return HealingResult(
         mode=mode,
         steps=steps,
-        epochs=seen_sequences / max(windows.n_sequences, 1),
+        epochs=sequences / max(windows.n_sequences, 1),
         tokens=tokens,
         trainable_params=sum(p.numel() for p in parameters),
-        seconds=seconds,
-        loss_first=curve[0][1],
-        loss_last=curve[-1][1],
-        loss_curve=curve,
+        seconds=time.perf_counter() - started,
+        loss_first=curve.points[0][1],
+        loss_last=curve.points[-1][1],
+        loss_curve=curve.points,
     )
 
 

@@ -105,6 +105,34 @@ def check_jsonl(file: Path, key: str = "calibration.path") -> None:
         pass
 
 
+def chat_messages(turns: Any, chat_field: str) -> list[dict]:
+    """``turns`` (a record's ``chat_field``: ``{role, content}`` or ShareGPT ``{from, value}`` turns) as
+    ``{role, content}`` messages with the chat template's role names; anything else is a ConfigError."""
+    if not isinstance(turns, list):
+        reason = f"must hold a list of turns, not {type(turns).__name__}: {turns!r:.80}"
+        raise ConfigError("calibration.chat_field", chat_field, reason)
+    messages = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            raise ConfigError("calibration.chat_field", chat_field, f"a turn is not a mapping: {turn!r:.80}")
+        role = turn.get("role", turn.get("from"))
+        content = turn.get("content", turn.get("value"))
+        if role is None or content is None:
+            raise ConfigError("calibration.chat_field", chat_field, f"a turn without role/content: {turn}")
+        if role not in _ROLE_ALIASES:
+            reason = f"unknown role {role!r}; known: {sorted(_ROLE_ALIASES)}"
+            raise ConfigError("calibration.chat_field", chat_field, reason)
+        messages.append({"role": _ROLE_ALIASES[role], "content": content})
+    return messages
+
+
+def render_chat(messages: list[dict], tokenizer) -> str:
+    """``messages`` in the tokenizer's chat template, or as "role: content" paragraphs without one."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
 def render_record(
     record: dict[str, Any],
     text_field: str | None,
@@ -138,28 +166,8 @@ def render_record(
                 "calibration.text_template", text_template, f"cannot fill it ({err!r}); record keys: {sorted(record)}"
             ) from err
     if chat_field and record.get(chat_field):
-        messages = []
-        turns = record[chat_field]
-        if not isinstance(turns, list):
-            reason = f"must hold a list of turns, not {type(turns).__name__}: {turns!r:.80}"
-            raise ConfigError("calibration.chat_field", chat_field, reason)
-        for turn in turns:
-            if not isinstance(turn, dict):
-                raise ConfigError("calibration.chat_field", chat_field, f"a turn is not a mapping: {turn!r:.80}")
-            role = turn.get("role", turn.get("from"))
-            content = turn.get("content", turn.get("value"))
-            if role is None or content is None:
-                raise ConfigError("calibration.chat_field", chat_field, f"a turn without role/content: {turn}")
-            if role not in _ROLE_ALIASES:
-                raise ConfigError(
-                    "calibration.chat_field", chat_field, f"unknown role {role!r}; known: {sorted(_ROLE_ALIASES)}"
-                )
-            messages.append({"role": _ROLE_ALIASES[role], "content": content})
-        if chat_turns == "first_pair":
-            messages = first_pair(messages)
-        if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(messages, tokenize=False)
-        return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        messages = chat_messages(record[chat_field], chat_field)
+        return render_chat(first_pair(messages) if chat_turns == "first_pair" else messages, tokenizer)
     if text_field and record.get(text_field) is not None:
         return str(record[text_field])
     raise ConfigError(

@@ -77,6 +77,12 @@ STRUCTURES = ("generic", "diagonal", "rank1", "lower_triangular")
 # squared L2 norm of the prediction M T over a batch.
 ELASTICNET_L1, ELASTICNET_L2 = 0.09, 0.045
 SOLVERS = ("adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg")
+# SciPy's method and options (besides maxiter) of the solvers that ``minimize`` runs.
+SCIPY_METHODS = {
+    "nlcg": ("CG", {}),
+    "newton_cg": ("Newton-CG", {"xtol": 1e-10}),
+    "trust_ncg": ("trust-ncg", {"gtol": 1e-8, "initial_trust_radius": 1.0}),
+}
 SCHEDULES = ("full_batch", "minibatch")
 PRECISIONS = ("float64", "float32")
 # Strong-Wolfe line search of a mini-batch L-BFGS step: at most this many trial points (torchmin's
@@ -296,30 +302,33 @@ class NumericalEstimator(Estimator):
             structure, start, device, official_start=init_transform is None, dtype=dtype
         )
         weight = self.penalty_weight(alpha, store.n_tokens)
+        curve, steps, batches, evaluations = self._minimise(
+            store, param, as_matrix, penalised, weight, regularizer, seed
+        )
+        return as_matrix(param.detach().double()).cpu(), self._summary(curve, steps, batches, evaluations)
+
+    def _minimise(
+        self, store, param, as_matrix, penalised, weight, regularizer, seed
+    ) -> tuple[list[float], int, int, int]:
+        """Run the solver from ``param`` (updated in place) by its schedule. Returns (the loss curve,
+        steps, batches, evaluations) as :meth:`fit` reports them."""
         if self.solver == "adam":
             curve, steps, batches = self._adam(store, param, as_matrix, penalised, weight, regularizer, seed)
-            evaluations = steps
-        elif self.schedule == "minibatch":
-            curve, steps, batches, evaluations = self._minibatch(
-                store, param, as_matrix, penalised, weight, regularizer, seed
-            )
-        else:
-            objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, weight, self.chunk_tokens, penalised)
-            (curve, steps, evaluations), batches = self._solve(objective, param, self.max_iter, track=True), 1
+            return curve, steps, batches, steps
+        if self.schedule == "minibatch":
+            return self._minibatch(store, param, as_matrix, penalised, weight, regularizer, seed)
+        objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, weight, self.chunk_tokens, penalised)
+        curve, steps, evaluations = self._solve(objective, param, self.max_iter, track=True)
+        return curve, steps, 1, evaluations
+
+    def _summary(self, curve: list[float], steps: int, batches: int, evaluations: int) -> dict:
+        """The info dict of :meth:`fit`, logged; a loss that became NaN or inf raises :class:`ConfigError`."""
         if not all(torch.isfinite(torch.tensor(curve))):
             raise ConfigError("objective.lr", self.lr, "the loss became NaN or inf; lower the learning rate")
-        log.info(
-            "%s/%s (%s): loss %.5f -> %.5f in %d steps on %d batches",
-            self.name,
-            self.solver,
-            self.schedule,
-            curve[0],
-            curve[-1],
-            steps,
-            batches,
-        )
+        run = f"{self.name}/{self.solver} ({self.schedule})"
+        log.info("%s: loss %.5f -> %.5f in %d steps on %d batches", run, curve[0], curve[-1], steps, batches)
         log.info("loss curve: %s", " ".join(f"{v:.5f}" for v in curve))
-        info = {
+        return {
             "loss_curve": curve,
             "final_loss": curve[-1],
             "schedule": self.schedule,
@@ -328,7 +337,6 @@ class NumericalEstimator(Estimator):
             "batches": batches,
             "evaluations": evaluations,
         }
-        return as_matrix(param.detach().double()).cpu(), info
 
     def _adam(self, store, param, as_matrix, penalised, weight, regularizer, seed) -> tuple[list[float], int, int]:
         """Mini-batches of ``batch_tokens`` drawn by a seeded permutation (rows are gathered from
@@ -413,86 +421,89 @@ class NumericalEstimator(Estimator):
         desc = f"{self.name}/{self.solver} (full batch, at most {max_iter} iterations)"
         mode = None if track else "off"
         with progress_counter(max_iter, desc, unit="iteration", mode=mode) as counter:
-            return self._solve_with(objective, param, max_iter, track, max_eval, counter)
+            if self.solver == "lbfgs":
+                return self._lbfgs(objective, param, max_iter, track, max_eval, counter)
+            return self._scipy(objective, param, max_iter, track, counter)
 
-    def _solve_with(self, objective, param, max_iter: int, track: bool, max_eval: int | None, counter):
-        if self.solver == "lbfgs":
-            # A new optimiser: no history from an earlier call. Its first iteration is a
-            # steepest-descent step of initial length min(1, 1/|g|_1) with a strong-Wolfe search.
-            optimiser = torch.optim.LBFGS(
-                [param],
-                lr=1.0,
-                max_iter=max_iter,
-                max_eval=max_eval,
-                history_size=20,
-                line_search_fn="strong_wolfe",
-                tolerance_grad=1e-9,
-                tolerance_change=1e-12,
-            )
-            curve: list[float] = []
+    def _lbfgs(self, objective, param, max_iter: int, track: bool, max_eval: int | None, counter):
+        """:meth:`_solve` with PyTorch's L-BFGS (strong-Wolfe line search); returns (curve, iterations,
+        evaluations)."""
+        # A new optimiser: no history from an earlier call. Its first iteration is a
+        # steepest-descent step of initial length min(1, 1/|g|_1) with a strong-Wolfe search.
+        optimiser = torch.optim.LBFGS(
+            [param],
+            lr=1.0,
+            max_iter=max_iter,
+            max_eval=max_eval,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+            tolerance_grad=1e-9,
+            tolerance_change=1e-12,
+        )
+        curve: list[float] = []
 
-            def closure():
-                value, grad = objective.value_and_grad(param.detach())
-                param.grad = grad
-                if track or not curve:
-                    curve.append(value)
-                # Iterations completed so far: the optimiser counts the one it is in.
-                counter.update(max(0, int(optimiser.state[param].get("n_iter", 0)) - 1) - counter.count)
-                return torch.tensor(value, dtype=param.dtype)  # the line search reads the value in T's precision
+        def closure():
+            value, grad = objective.value_and_grad(param.detach())
+            param.grad = grad
+            if track or not curve:
+                curve.append(value)
+            # Iterations completed so far: the optimiser counts the one it is in.
+            counter.update(max(0, int(optimiser.state[param].get("n_iter", 0)) - 1) - counter.count)
+            return torch.tensor(value, dtype=param.dtype)  # the line search reads the value in T's precision
 
-            optimiser.step(closure)
-            state = optimiser.state[param]
-            counter.update(int(state.get("n_iter", 0)) - counter.count)
-            return curve, int(state.get("n_iter", 0)), int(state.get("func_evals", 0))
+        optimiser.step(closure)
+        state = optimiser.state[param]
+        counter.update(int(state.get("n_iter", 0)) - counter.count)
+        return curve, int(state.get("n_iter", 0)), int(state.get("func_evals", 0))
+
+    def _scipy(self, objective, param, max_iter: int, track: bool, counter):
+        """:meth:`_solve` with SciPy's ``minimize`` (:data:`SCIPY_METHODS`); returns (curve, iterations,
+        evaluations)."""
         from scipy.optimize import minimize
 
-        shape, device = param.shape, param.device
-        cache: dict[bytes, tuple[float, np.ndarray]] = {}  # a few recent points: no pass is repeated
-        evaluations = [0]
-
-        def to_torch(x):
-            return torch.from_numpy(np.asarray(x, dtype=np.float64)).to(device=device, dtype=param.dtype).view(shape)
-
-        def fun(x):
-            key = x.tobytes()
-            if key not in cache:
-                value, grad = objective.value_and_grad(to_torch(x))
-                evaluations[0] += 1
-                if len(cache) >= 4:
-                    cache.pop(next(iter(cache)))
-                cache[key] = (value, grad.double().cpu().numpy().ravel())
-            value, grad = cache[key]
-            return value, grad.copy()
-
-        def hessp(x, v):
-            return objective.hvp(to_torch(x), to_torch(v)).double().cpu().numpy().ravel()
-
+        flat = FlatObjective(objective, param)
         x0 = param.detach().double().cpu().numpy().ravel()
-        curve = [fun(x0)[0]]
+        curve = [flat.fun(x0)[0]]
 
         def callback(x):
-            curve.append(fun(np.asarray(x))[0])
+            curve.append(flat.fun(np.asarray(x))[0])
             counter.update(1)
 
-        callback = callback if track else None
-        if self.solver == "nlcg":
-            result = minimize(fun, x0, jac=True, method="CG", callback=callback, options={"maxiter": max_iter})
-        elif self.solver == "newton_cg":
-            options = {"maxiter": max_iter, "xtol": 1e-10}
-            result = minimize(fun, x0, jac=True, hessp=hessp, method="Newton-CG", callback=callback, options=options)
-        else:
-            result = minimize(
-                fun,
-                x0,
-                jac=True,
-                hessp=hessp,
-                method="trust-ncg",
-                callback=callback,
-                options={"maxiter": max_iter, "gtol": 1e-8, "initial_trust_radius": 1.0},
-            )
+        method, options = SCIPY_METHODS[self.solver]
+        hessp = None if method == "CG" else flat.hessp
+        options, callback = {"maxiter": max_iter, **options}, callback if track else None
+        result = minimize(flat.fun, x0, jac=True, hessp=hessp, method=method, callback=callback, options=options)
         with torch.no_grad():
-            param.copy_(to_torch(result.x))
-        return curve, int(result.nit), evaluations[0]
+            param.copy_(flat.to_torch(result.x))
+        return curve, int(result.nit), flat.evaluations
+
+
+class FlatObjective:
+    """``objective`` at flat float64 NumPy vectors (``param``'s shape, dtype and device inside), for
+    SciPy: :meth:`fun` (value, gradient; the last four points cached: no pass is repeated) and :meth:`hessp`."""
+
+    def __init__(self, objective, param: torch.Tensor):
+        self.objective, self.shape, self.device, self.dtype = objective, param.shape, param.device, param.dtype
+        self.cache: dict[bytes, tuple[float, np.ndarray]] = {}
+        self.evaluations = 0
+
+    def to_torch(self, x) -> torch.Tensor:
+        x = torch.from_numpy(np.asarray(x, dtype=np.float64))
+        return x.to(device=self.device, dtype=self.dtype).view(self.shape)
+
+    def fun(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        key = x.tobytes()
+        if key not in self.cache:
+            value, grad = self.objective.value_and_grad(self.to_torch(x))
+            self.evaluations += 1
+            if len(self.cache) >= 4:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = (value, grad.double().cpu().numpy().ravel())
+        value, grad = self.cache[key]
+        return value, grad.copy()
+
+    def hessp(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return self.objective.hvp(self.to_torch(x), self.to_torch(v)).double().cpu().numpy().ravel()
 
 
 class StoreBatch:

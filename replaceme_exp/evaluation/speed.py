@@ -43,8 +43,9 @@ import json
 import logging
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -296,6 +297,12 @@ class ModelSpeed:
     seconds: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in METRICS})
     peak_work_bytes: int | None = None
 
+    def add_round(self, one: RunTimes, batch: RunTimes) -> None:
+        """Record a timed round's visit: the batch run's prefill and both runs' decode loops."""
+        self.seconds["prefill"].append(batch.prefill_s)
+        self.seconds["decode_b1"].append(one.decode_s)
+        self.seconds["decode_batch"].append(batch.decode_s)
+
     def median_s(self, metric: str) -> float:
         return statistics.median(self.seconds[metric])
 
@@ -398,6 +405,47 @@ def _check(models: dict[str, nn.Module], settings: SpeedConfig) -> tuple[torch.d
     return _device(next(iter(models.values()))), vocabs.pop()
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What a visit runs every model on: the random token ids ``one`` (1, prompt_len) and ``batch``
+    (batch, prompt_len), each followed by ``gen_len`` greedy steps, timed by ``clock``."""
+
+    one: torch.Tensor
+    batch: torch.Tensor
+    gen_len: int
+    clock: Callable[[], float]
+
+    @classmethod
+    def draw(cls, settings: SpeedConfig, vocab: int, seed: int, clock: Callable[[], float]) -> Workload:
+        """The ids drawn once from a ``torch.Generator`` seeded with ``seed``, batch 1 first."""
+        generator = torch.Generator().manual_seed(seed)
+        one = torch.randint(0, vocab, (1, settings.prompt_len), generator=generator)
+        batch = torch.randint(0, vocab, (settings.batch, settings.prompt_len), generator=generator)
+        return cls(one, batch, settings.gen_len, clock)
+
+    def visit(self, model: nn.Module) -> tuple[RunTimes, RunTimes]:
+        """The batch-1 run of ``model``, then its batch run (:func:`timed_run`)."""
+        one = timed_run(model, self.one, self.gen_len, self.clock)
+        return one, timed_run(model, self.batch, self.gen_len, self.clock)
+
+    def peak_work_bytes(self, model: nn.Module) -> tuple[int | None, str]:
+        """:func:`peak_working_bytes` of one batch run of ``model``."""
+        return peak_working_bytes(lambda: timed_run(model, self.batch, self.gen_len, self.clock), _devices(model))
+
+
+@contextmanager
+def in_eval_mode(models: Iterable[nn.Module]) -> Iterator[None]:
+    """Within the block, ``models`` in eval mode; after it, each in the mode it had."""
+    modes = [(model, model.training) for model in models]
+    try:
+        for model, _ in modes:
+            model.eval()
+        yield
+    finally:
+        for model, training in modes:
+            model.train(training)
+
+
 def compare_speed(
     models: dict[str, nn.Module],
     settings: SpeedConfig,
@@ -412,10 +460,7 @@ def compare_speed(
     Inputs: batch-1 ids (1, prompt_len) and batch ids (batch, prompt_len) drawn once from a
     ``torch.Generator`` seeded with ``seed``. ``clock`` reads seconds (``time.perf_counter``)."""
     device, vocab = _check(models, settings)
-    names = list(models)
-    generator = torch.Generator().manual_seed(seed)
-    ids_one = torch.randint(0, vocab, (1, settings.prompt_len), generator=generator)
-    ids_batch = torch.randint(0, vocab, (settings.batch, settings.prompt_len), generator=generator)
+    names, workload = list(models), Workload.draw(settings, vocab, seed, clock)
     tokens = {
         "prefill": settings.batch * settings.prompt_len,
         "decode_b1": settings.gen_len,
@@ -425,39 +470,19 @@ def compare_speed(
         name: ModelSpeed(parameter_count(m), checkpoint_bytes(m), resident_bytes(m), dict(tokens))
         for name, m in models.items()
     }
-    modes = {name: m.training for name, m in models.items()}
-    orders: list[list[str]] = []
+    orders = [round_order(names, r) for r in range(settings.rounds)]
     total = (settings.warmup + settings.rounds + 1) * len(names)
-    try:
-        for m in models.values():
-            m.eval()
-        with torch.inference_mode(), progress_counter(total, "speed", "run") as counter:
-            for _ in range(settings.warmup):
-                for name in names:
-                    timed_run(models[name], ids_one, settings.gen_len, clock)
-                    timed_run(models[name], ids_batch, settings.gen_len, clock)
-                    counter.update()
-            for r in range(settings.rounds):
-                orders.append(round_order(names, r))
-                for name in orders[-1]:
-                    one = timed_run(models[name], ids_one, settings.gen_len, clock)
-                    batch = timed_run(models[name], ids_batch, settings.gen_len, clock)
-                    seconds = results[name].seconds
-                    seconds["prefill"].append(batch.prefill_s)
-                    seconds["decode_b1"].append(one.decode_s)
-                    seconds["decode_batch"].append(batch.decode_s)
-                    counter.update()
-            method = "unmeasured"
-            for name in names:
-                model = models[name]
-                peak, method = peak_working_bytes(
-                    lambda model=model: timed_run(model, ids_batch, settings.gen_len, clock), _devices(model)
-                )
-                results[name].peak_work_bytes = peak
-                counter.update()
-    finally:
-        for name, m in models.items():
-            m.train(modes[name])
+    with in_eval_mode(models.values()), torch.inference_mode(), progress_counter(total, "speed", "run") as counter:
+        for name in names * settings.warmup:  # the untimed rounds
+            workload.visit(models[name])
+            counter.update()
+        for name in (name for order in orders for name in order):
+            results[name].add_round(*workload.visit(models[name]))
+            counter.update()
+        method = "unmeasured"
+        for name in names:
+            results[name].peak_work_bytes, method = workload.peak_work_bytes(models[name])
+            counter.update()
     dtype = next(next(iter(models.values())).parameters()).dtype
     comparison = SpeedComparison(setting_columns(settings, device, dtype, method), results, orders)
     for name in names[1:]:

@@ -203,6 +203,41 @@ def nf4_config():
     )
 
 
+def pretrained_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, nf4: bool = False):
+    """The causal LM of a hub or local checkpoint (``from_pretrained``; a 4-bit NF4 copy with ``nf4``),
+    on ``model.device_map``; a checkpoint that cannot be loaded is a one-line :class:`ConfigError`."""
+    from transformers import AutoModelForCausalLM
+
+    if cfg.source == "local" and not Path(cfg.pretrained).is_dir():
+        raise ConfigError("model.pretrained", cfg.pretrained, "no such local checkpoint directory")
+    extra = {"quantization_config": nf4_config(), "device_map": cfg.device_map or str(device)} if nf4 else {}
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            cfg.pretrained, revision=cfg.revision, dtype=dtype, **({"device_map": cfg.device_map} | extra)
+        )
+    except Exception as err:
+        if cfg.source == "local":  # a folder here: unreadable or truncated files, not the network
+            reason = f"is a broken checkpoint: {first_line(err)}"
+            raise ConfigError("model.pretrained", cfg.pretrained, reason) from err
+        if not isinstance(err, OSError):
+            raise
+        # not cached offline, no such repository, gated without a login
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = "not in the local cache and HF_HUB_OFFLINE=1" if offline else "not found or not accessible"
+        raise ConfigError("model.pretrained", cfg.pretrained, f"cannot be loaded: {hint} ({err})") from err
+
+
+def random_model(cfg: ModelConfig, dtype: torch.dtype):
+    """A causal LM with random weights from ``model.config``, drawn with ``model.init_seed`` (the global
+    random state left as it was)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**dict(cfg.config))
+    with torch.random.fork_rng():
+        torch.manual_seed(int(cfg.init_seed))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
 def load_model(
     cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache", weights: dict | None = None, nf4: bool = False
 ) -> LoadedModel:
@@ -213,46 +248,23 @@ def load_model(
     models, the resolved commit. ``nf4``: load a 4-bit NF4 copy (``model.capture_4bit``) whose
     activations feed the capture, as the official code's ``use_4bit``.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if weights is None:
         weights = weights_fingerprint(cfg, cache_dir)
-    dtype = resolve_dtype(cfg.dtype)
-    device_map = cfg.device_map
-    device = resolve_device(cfg.device)
-    source = cfg.source
+    dtype, device, source = resolve_dtype(cfg.dtype), resolve_device(cfg.device), cfg.source
     if is_vision_config(cfg):
         return load_vision_model(cfg, cache_dir, weights)
     if source == "embedded":
         path = embedded_checkpoint(cache_dir, embedded_of(cfg))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     elif source in ("hub", "local"):
-        if source == "local" and not Path(cfg.pretrained).is_dir():
-            raise ConfigError("model.pretrained", cfg.pretrained, "no such local checkpoint directory")
-        extra = {"quantization_config": nf4_config(), "device_map": device_map or str(device)} if nf4 else {}
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                cfg.pretrained, revision=cfg.revision, dtype=dtype, **({"device_map": device_map} | extra)
-            )
-        except Exception as err:
-            if source == "local":  # a folder here: unreadable or truncated files, not the network
-                reason = f"is a broken checkpoint: {first_line(err)}"
-                raise ConfigError("model.pretrained", cfg.pretrained, reason) from err
-            if not isinstance(err, OSError):
-                raise
-            # not cached offline, no such repository, gated without a login
-            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-            hint = "not in the local cache and HF_HUB_OFFLINE=1" if offline else "not found or not accessible"
-            raise ConfigError("model.pretrained", cfg.pretrained, f"cannot be loaded: {hint} ({err})") from err
+        model = pretrained_model(cfg, dtype, device, nf4)
     elif source == "random":
-        config_kwargs = dict(cfg.config)
-        config = AutoConfig.for_model(**config_kwargs)
-        with torch.random.fork_rng():
-            torch.manual_seed(int(cfg.init_seed))
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = random_model(cfg, dtype)
     else:
         raise ConfigError("model.source", source, "choose embedded, hub, local or random")
-    if device_map is None and not nf4:
+    if cfg.device_map is None and not nf4:
         model.to(device)
     model.eval()
     model.requires_grad_(False)

@@ -278,6 +278,37 @@ def _order(values: list, numeric: bool) -> list:
     return sorted(unique, key=key)
 
 
+def _point(group: pd.DataFrame) -> dict:
+    """One point of a panel (a row of :attr:`Panel.points`) from the runs of one x and series."""
+    n = len(group)
+    if n > 1:  # replicates (seeds): the standard error of their mean
+        yerr, error = float(group["y"].std(ddof=1) / math.sqrt(n)), "between runs"
+    else:
+        yerr, error = float(group["se"].iloc[0]), "recorded"
+    series = group["series"].iloc[0]
+    return {
+        "x": group["x"].iloc[0],
+        "series": series if isinstance(series, str) else None,
+        "y": float(group["y"].mean()),
+        "yerr": yerr,
+        "n": n,
+        "error": error if math.isfinite(yerr) else None,
+    }
+
+
+def _baseline(rows: pd.DataFrame) -> pd.DataFrame:
+    """The unpruned model's value in a panel of ``rows`` (:attr:`Panel.baseline`)."""
+    base = rows.dropna(subset=["base"])
+    if base.empty:
+        return pd.DataFrame(columns=["x", "y", "yerr"])
+    if base["base"].round(12).nunique() == 1:
+        first = base.iloc[0]
+        return pd.DataFrame([{"x": None, "y": float(first["base"]), "yerr": float(first["base_se"])}])
+    # the unpruned model's value moves with the x setting (e.g. eval.max_windows)
+    firsts = base.groupby(base["x"].map(_key), sort=False).first()
+    return pd.DataFrame({"x": list(firsts["x"]), "y": list(firsts["base"]), "yerr": list(firsts["base_se"])})
+
+
 def metric_panels(
     frame: pd.DataFrame, metric: str, axes: list[str], title: str | None = None, split: bool = True
 ) -> list[Panel]:
@@ -306,35 +337,8 @@ def metric_panels(
     all_series = _order([s for s in data["series"] if isinstance(s, str)], False)
     out = []
     for _, rows in data.groupby(data["panel"].map(_key), sort=True):
-        points = []
-        for _, group in rows.groupby([rows["x"].map(_key), rows["series"].map(_key)], sort=False):
-            n = len(group)
-            if n > 1:  # replicates (seeds): the standard error of their mean
-                yerr, error = float(group["y"].std(ddof=1) / math.sqrt(n)), "between runs"
-            else:
-                yerr, error = float(group["se"].iloc[0]), "recorded"
-            points.append(
-                {
-                    "x": group["x"].iloc[0],
-                    "series": group["series"].iloc[0] if isinstance(group["series"].iloc[0], str) else None,
-                    "y": float(group["y"].mean()),
-                    "yerr": yerr,
-                    "n": n,
-                    "error": error if math.isfinite(yerr) else None,
-                }
-            )
-        points = pd.DataFrame(points)
-        base = rows.dropna(subset=["base"])
-        if base.empty:
-            baseline = pd.DataFrame(columns=["x", "y", "yerr"])
-        elif base["base"].round(12).nunique() == 1:
-            first = base.iloc[0]
-            baseline = pd.DataFrame([{"x": None, "y": float(first["base"]), "yerr": float(first["base_se"])}])
-        else:  # the unpruned model's value moves with the x setting (e.g. eval.max_windows)
-            firsts = base.groupby(base["x"].map(_key), sort=False).first()
-            baseline = pd.DataFrame(
-                {"x": list(firsts["x"]), "y": list(firsts["base"]), "yerr": list(firsts["base_se"])}
-            )
+        groups = rows.groupby([rows["x"].map(_key), rows["series"].map(_key)], sort=False)
+        points = pd.DataFrame([_point(group) for _, group in groups])
         name = rows["panel"].iloc[0] if isinstance(rows["panel"].iloc[0], str) else None
         out.append(
             Panel(
@@ -345,7 +349,7 @@ def metric_panels(
                 x_order=_order(list(points["x"]), numeric_x),
                 series_label=", ".join(axis_label(a) for a in series_axes) or None,
                 points=points,
-                baseline=baseline,
+                baseline=_baseline(rows),
                 series_order=all_series,
                 metric=metric,
             )

@@ -69,8 +69,47 @@ def _rows(columns: list[str]) -> list[str]:
     return [f"| `{c}` | {meaning(c) or UNDESCRIBED} |" for c in columns]
 
 
+def _table(rows: list[str]) -> list[str]:
+    """A markdown table of columns and their meanings, ``rows`` its body."""
+    return ["| column | meaning |", "|---|---|", *rows]
+
+
+def _declared_sections(declared: dict[str, list[str]]) -> list[str]:
+    """The page's sections of the columns the code declares (:func:`declared_columns`), markdown lines."""
+    return [
+        "## Identity and provenance",
+        "",
+        "Every row starts with these (a configuration refused before it ran has the ones it can know).",
+        "",
+        *_table(_rows(declared["identity"])),
+        "",
+        "## Settings",
+        "",
+        "Each setting as it acts: None where it cannot act (selection with explicit `cuts`, masking keys",
+        "without masking, solver settings of a closed form, ...); the config hash is taken over the same",
+        "effective settings.",
+        "",
+        *_table(_rows(declared["pruning settings"])),
+        "",
+        "An evaluate job (`job=evaluate`) has the same setting columns, None where a pruning setting",
+        "cannot act, and these:",
+        "",
+        *_table(_rows(declared["evaluate settings"])),
+        "",
+        "## A skipped job's row",
+        "",
+        "A job whose configuration already has a finished row is skipped (unless `force=true`): it runs",
+        "nothing and writes this small row, `results_dir/skips/<config_hash>/<run_id>.parquet`, so that",
+        "its sweep's report lists it with the run that finished it. It is no run: `ResultsStore.load()`",
+        "and every table read `runs/` only; `ResultsStore.load_skips()` reads these.",
+        "",
+        *_table(_rows(declared["skipped job"])),
+        "",
+    ]
+
+
 def render() -> str:
-    declared = declared_columns()
+    """The row-column reference, markdown: the declared columns, the measured ones, each method's own."""
     out = [
         "# Row columns",
         "",
@@ -81,51 +120,14 @@ def render() -> str:
         "(`replaceme_exp.results.row.decode_cell` reads them back). A number a run did not record is",
         "missing (None), never filled in.",
         "",
-        "## Identity and provenance",
-        "",
-        "Every row starts with these (a configuration refused before it ran has the ones it can know).",
-        "",
-        "| column | meaning |",
-        "|---|---|",
-        *_rows(declared["identity"]),
-        "",
-        "## Settings",
-        "",
-        "Each setting as it acts: None where it cannot act (selection with explicit `cuts`, masking keys",
-        "without masking, solver settings of a closed form, ...); the config hash is taken over the same",
-        "effective settings.",
-        "",
-        "| column | meaning |",
-        "|---|---|",
-        *_rows(declared["pruning settings"]),
-        "",
-        "An evaluate job (`job=evaluate`) has the same setting columns, None where a pruning setting",
-        "cannot act, and these:",
-        "",
-        "| column | meaning |",
-        "|---|---|",
-        *_rows(declared["evaluate settings"]),
-        "",
-        "## A skipped job's row",
-        "",
-        "A job whose configuration already has a finished row is skipped (unless `force=true`): it runs",
-        "nothing and writes this small row, `results_dir/skips/<config_hash>/<run_id>.parquet`, so that",
-        "its sweep's report lists it with the run that finished it. It is no run: `ResultsStore.load()`",
-        "and every table read `runs/` only; `ResultsStore.load_skips()` reads these.",
-        "",
-        "| column | meaning |",
-        "|---|---|",
-        *_rows(declared["skipped job"]),
-        "",
+        *_declared_sections(declared_columns()),
         "## Measured columns",
         "",
         "What the stages add (`<...>` stands for a task, stage, benchmark or one of the alternatives",
         "listed). Which of them a row has depends on the job: an lm-eval suite adds task scores, CLIP",
         "benchmark scores, healing its `healing_*` columns.",
         "",
-        "| column | meaning |",
-        "|---|---|",
-        *[f"| `{name}` | {text} |" for name, text in MEASURED_COLUMNS.items()],
+        *_table([f"| `{name}` | {text} |" for name, text in MEASURED_COLUMNS.items()]),
         "",
         "## Each method's own columns",
         "",
@@ -141,9 +143,7 @@ def _method_rows(method) -> list[str]:
         "",
         f"### {method.title} (`{method.name}`)",
         "",
-        "| column | meaning |",
-        "|---|---|",
-        *[f"| `{n}` | {t} |" for n, t in method.column_docs.items()],
+        *_table([f"| `{n}` | {t} |" for n, t in method.column_docs.items()]),
     ]
 
 

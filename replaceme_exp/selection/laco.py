@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -103,67 +104,74 @@ def mean_cosine(reference: list[torch.Tensor], hidden: list[torch.Tensor]) -> fl
     return float(torch.stack(sims).mean())
 
 
-def laco_search(context: SearchContext) -> SearchResult:
-    """LaCo's layer collapse on the unpruned model behind ``context.adapter`` (left as found):
-    the removed blocks, the merged weights of the blocks they collapsed into, and every merge tried."""
-    adapter = context.adapter
-    num_layers, blocks = adapter.num_layers, adapter.layers
-    plan = LacoPlan.of(context.settings, num_layers)
-    sequences = calibration_sequences(context.calibration, plan.samples)
-    reference = final_hidden_states(adapter, sequences)
+@dataclass
+class LayerCollapse:
+    """The search's model as collapsed so far: the blocks it keeps (``current``, original indices), the
+    merged weights of its merged blocks (``states``) and the original blocks collapsed into each
+    (``members``); every merge tried (``tries``), the blocks gone (``removed``) and the similarity
+    after the last merge kept."""
 
-    current = list(range(num_layers))  # the current model's blocks by original index
-    states: dict[int, BlockState] = {}  # merged weights of the current model's merged blocks
-    members: dict[int, list[int]] = {}  # block -> the original blocks collapsed into it
-    tries: list[dict] = []
-    similarity = None
-    target, removed = context.n_blocks, 0
+    adapter: Any
+    sequences: list[TokenBatch]
+    reference: list[torch.Tensor]  # the unpruned model's final hidden states
+    current: list[int]
+    states: dict[int, BlockState] = field(default_factory=dict)
+    members: dict[int, list[int]] = field(default_factory=dict)
+    tries: list[dict] = field(default_factory=list)
+    removed: int = 0
+    similarity: float | None = None
 
-    def state_of(block: int) -> BlockState:
-        return states[block] if block in states else mergeable_state(blocks[block], adapter.merged_modules)
+    def state_of(self, block: int) -> BlockState:
+        """The weights of ``block`` in the collapsed model: merged, or the unpruned model's."""
+        if block in self.states:
+            return self.states[block]
+        return mergeable_state(self.adapter.layers[block], self.adapter.merged_modules)
 
-    lay = plan.highest - plan.merge_layers
-    while lay >= plan.lowest and removed < target:
-        size = min(plan.merge_layers - 1, len(current) - lay - 1, target - removed)
-        if size < 1:
-            lay -= 1
-            continue
-        base, later = current[lay], current[lay + 1 : lay + 1 + size]
-        merged = merge_states(plan.merge, state_of(base), [state_of(b) for b in later])
-        gone = sorted(set(range(num_layers)) - set(current) | set(later))
-        with parameters_set(blocks, {**states, base: merged}), adapter.without_blocks(gone):
-            value = mean_cosine(reference, final_hidden_states(adapter, sequences))
+    def try_merge(self, plan: LacoPlan, lay: int, size: int) -> bool:
+        """Merge the ``size`` blocks above position ``lay`` into its block and keep the merge when the
+        similarity to the unpruned model exceeds the threshold; returns whether it was kept."""
+        base, later = self.current[lay], self.current[lay + 1 : lay + 1 + size]
+        merged = merge_states(plan.merge, self.state_of(base), [self.state_of(b) for b in later])
+        gone = sorted(set(range(self.adapter.num_layers)) - set(self.current) | set(later))
+        with parameters_set(self.adapter.layers, {**self.states, base: merged}), self.adapter.without_blocks(gone):
+            value = mean_cosine(self.reference, final_hidden_states(self.adapter, self.sequences))
         accepted = value > plan.threshold
-        tries.append({"start": base, "merged": later, "similarity": value, "accepted": accepted})
+        self.tries.append({"start": base, "merged": later, "similarity": value, "accepted": accepted})
         verdict = "kept" if accepted else "not kept"
         log.info("LaCo: merge %s into block %d: similarity %.4f, %s", later, base, value, verdict)
         if accepted:
-            states[base] = merged
-            members[base] = members.get(base, []) + [m for b in later for m in (b, *members.pop(b, []))]
+            self.states[base] = merged
+            self.members[base] = self.members.get(base, []) + [m for b in later for m in (b, *self.members.pop(b, []))]
             for b in later:
-                states.pop(b, None)
-            current = current[: lay + 1] + current[lay + 1 + size :]
-            removed += size
-            similarity = value
-            lay -= plan.interval
-        else:
-            lay -= 1
+                self.states.pop(b, None)
+            self.current = self.current[: lay + 1] + self.current[lay + 1 + size :]
+            self.removed += size
+            self.similarity = value
+        return accepted
 
-    if removed == 0:
-        best = max((t["similarity"] for t in tries), default=None)
+
+def check_removed(plan: LacoPlan, collapse: LayerCollapse, target: int) -> None:
+    """Fail when no merge was kept; warn when fewer than ``target`` blocks went."""
+    if collapse.removed == 0:
+        best = max((t["similarity"] for t in collapse.tries), default=None)
         span = f"blocks {plan.lowest}..{plan.highest}"
         reason = f"no merge in {span} kept the similarity above it (best {best}): nothing to prune"
         raise ConfigError("selection.threshold", plan.threshold, reason)
-    if removed < target:
+    if collapse.removed < target:
         log.warning(
             "LaCo removed %d of the %d blocks asked for: no further merge between blocks %d and %d kept cosine > %s",
-            removed,
+            collapse.removed,
             target,
             plan.lowest,
             plan.highest,
             plan.threshold,
         )
-    columns = {
+
+
+def laco_columns(plan: LacoPlan, collapse: LayerCollapse, target: int) -> dict:
+    """The row's ``laco_*`` columns: the settings, the calibration sequences, the merges and the shortfall."""
+    members, sequences = collapse.members, collapse.sequences
+    return {
         "laco_merge_layers": plan.merge_layers,
         "laco_interval": plan.interval,
         "laco_threshold": plan.threshold,
@@ -172,12 +180,31 @@ def laco_search(context: SearchContext) -> SearchResult:
         "laco_merge": plan.merge,
         "laco_samples": len(sequences),
         "laco_sample_tokens": sum(s.n_tokens for s in sequences),
-        "laco_tries": tries,
+        "laco_tries": collapse.tries,
         "laco_merges": [{"into": base, "blocks": sorted(members[base])} for base in sorted(members)],
-        "laco_similarity": similarity,
+        "laco_similarity": collapse.similarity,
         "laco_target_blocks": target,
-        "laco_removed_blocks": removed,
-        "laco_shortfall": target - removed,
+        "laco_removed_blocks": collapse.removed,
+        "laco_shortfall": target - collapse.removed,
     }
-    removed_blocks = sorted(set(range(num_layers)) - set(current))
-    return SearchResult(removed_blocks, {b: states[b] for b in sorted(states)}, columns)
+
+
+def laco_search(context: SearchContext) -> SearchResult:
+    """LaCo's layer collapse on the unpruned model behind ``context.adapter`` (left as found):
+    the removed blocks, the merged weights of the blocks they collapsed into, and every merge tried."""
+    adapter, target = context.adapter, context.n_blocks
+    plan = LacoPlan.of(context.settings, adapter.num_layers)
+    sequences = calibration_sequences(context.calibration, plan.samples)
+    reference = final_hidden_states(adapter, sequences)
+    collapse = LayerCollapse(adapter, sequences, reference, list(range(adapter.num_layers)))
+    lay = plan.highest - plan.merge_layers
+    while lay >= plan.lowest and collapse.removed < target:
+        size = min(plan.merge_layers - 1, len(collapse.current) - lay - 1, target - collapse.removed)
+        if size >= 1 and collapse.try_merge(plan, lay, size):
+            lay -= plan.interval
+        else:
+            lay -= 1
+    check_removed(plan, collapse, target)
+    removed_blocks = sorted(set(range(adapter.num_layers)) - set(collapse.current))
+    states = {b: collapse.states[b] for b in sorted(collapse.states)}
+    return SearchResult(removed_blocks, states, laco_columns(plan, collapse, target))

@@ -91,6 +91,72 @@ class Selection:
         return "separate" if cut in self.composed else placement
 
 
+def distance_criterion(request: SelectionRequest) -> str:
+    """The cache key of a selection's distances: the metric over its tokens, and what else moves them
+    (an ``ls_residual`` selection's ridge, placement and token rule; the precision of products)."""
+    metric, precision = request.metric, request.precision
+    criterion = metric.column_name(request.tokens)
+    if metric.uses_statistics:
+        criterion += f"/alpha={float(request.alpha)}/{request.placement}/tokens={request.rule.key()}"
+    criterion += metric.criterion
+    if metric.takes_products and precision != "float64":
+        criterion += f"/{precision}"
+    return criterion
+
+
+def distance_accumulators(
+    request: SelectionRequest, adapter, candidates: list[Cut]
+) -> tuple[CutDistances | None, SimilarityStatistics | None]:
+    """What the selection pass gathers for the metric (None: nothing of that kind): the distances of
+    each candidate (``distance`` and ``sequence`` metrics), or the moments of a ``similarity`` one."""
+    metric, hidden = request.metric, adapter.hidden_size
+    if metric.kind == "distance":
+        return CutDistances(candidates, metric.token_distance, request.tokens), None
+    if metric.kind == "sequence":
+        return CutDistances(candidates, sequence_distance=metric.sequence_distance), None
+    if metric.kind != "similarity":
+        return None, None
+    similarity = SimilarityStatistics(candidates, hidden, input_device(adapter), request.precision)
+    matrices = len(similarity.grams) + len(candidates)
+    log.info("%s selection: %d d x d float64 moments (%s)", metric.name, matrices, gib(matrices * hidden**2 * 8))
+    return None, similarity
+
+
+def statistics_groups(request: SelectionRequest, hidden: int, candidates: list[Cut], needs_stats: bool) -> list:
+    """The candidates whose LS statistics the selection passes gather, a group per pass: an ``ls_residual``
+    selection's (:func:`candidate_groups`), else all in one pass if needed and within budget, or none."""
+    if request.metric.uses_statistics:
+        return candidate_groups(request, hidden, candidates)
+    fit = needs_stats and all_candidates_fit(request, hidden, len(candidates))
+    return [candidates] if fit else []
+
+
+def selection_passes(
+    request: SelectionRequest, adapter, calibration: TokenBatches, groups: list[list[Cut]], riders: list
+) -> tuple[dict[Cut, float], dict[Cut, LinearStats]]:
+    """One capture pass per group of candidates, gathering their LS statistics (one pass without any
+    for no group), ``riders`` in the first. Returns the distances an ``ls_residual`` metric computes
+    from the statistics and, when one pass gathered every candidate's, those statistics."""
+    metric, rule, precision = request.metric, request.rule, request.precision
+    hidden, device = adapter.hidden_size, input_device(adapter)
+    stats, distances = {}, {}
+    for i, group in enumerate(groups or [[]]):
+        linear = LinearStatistics(group, hidden, device, request.placement, rule, precision) if group else None
+        accumulators = (riders if i == 0 else []) + ([linear] if linear is not None else [])
+        label = "capture (selection)" if len(groups) < 2 else f"capture (selection, {i + 1}/{len(groups)})"
+        with stage("capture", label):
+            run_capture(adapter, calibration, accumulators, desc=label)
+        group_stats = linear.result() if linear is not None else {}
+        if empty := [list(cut) for cut, s in group_stats.items() if s.n_tokens == 0]:
+            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
+        if metric.uses_statistics:
+            with stage("estimate", f"selection ({metric.name})"):
+                distances.update(metric.from_statistics(group_stats, float(request.alpha)))
+        if len(groups) == 1:  # kept for the chosen cuts only when one pass gathered every candidate
+            stats = group_stats
+    return distances, stats
+
+
 def selection_distances(
     request: SelectionRequest,
     adapter,
@@ -103,54 +169,18 @@ def selection_distances(
     """Distance of every candidate cut under the request's metric (cached), and, when one pass
     gathered them, the LS statistics of every candidate. ``extra_statistics`` ride along when a
     pass runs. Returns (distances, {cut: stats})."""
-    metric, rule, precision = request.metric, request.rule, request.precision
-    device = input_device(adapter)
     length = candidates[0][1] - candidates[0][0]
-    criterion = metric.column_name(request.tokens)
-    if metric.uses_statistics:
-        criterion += f"/alpha={float(request.alpha)}/{request.placement}/tokens={rule.key()}"
-    criterion += metric.criterion
-    if metric.takes_products and precision != "float64":
-        criterion += f"/{precision}"
+    criterion = distance_criterion(request)
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
-    cut_distances = None
-    if metric.kind == "distance":
-        cut_distances = CutDistances(candidates, metric.token_distance, request.tokens)
-    elif metric.kind == "sequence":
-        cut_distances = CutDistances(candidates, sequence_distance=metric.sequence_distance)
-    similarity = None
-    if metric.kind == "similarity":
-        similarity = SimilarityStatistics(candidates, adapter.hidden_size, device, precision)
-        matrices = len(similarity.grams) + len(candidates)
-        size = gib(matrices * adapter.hidden_size**2 * 8)
-        log.info("%s selection: %d d x d float64 moments (%s)", metric.name, matrices, size)
-    if metric.uses_statistics:
-        groups = candidate_groups(request, adapter.hidden_size, candidates)
-    else:
-        fit = needs_stats and all_candidates_fit(request, adapter.hidden_size, len(candidates))
-        groups = [candidates] if fit else []
-    stats, distances = {}, {}
-    for i, group in enumerate(groups or [[]]):
-        linear = (
-            LinearStatistics(group, adapter.hidden_size, device, request.placement, rule, precision) if group else None
-        )
-        first = [s for s in (cut_distances, similarity) if s is not None] + list(extra_statistics) if i == 0 else []
-        label = "capture (selection)" if len(groups) < 2 else f"capture (selection, {i + 1}/{len(groups)})"
-        with stage("capture", label):
-            run_capture(adapter, calibration, first + ([linear] if linear is not None else []), desc=label)
-        group_stats = linear.result() if linear is not None else {}
-        if empty := [list(cut) for cut, s in group_stats.items() if s.n_tokens == 0]:
-            raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
-        if metric.uses_statistics:
-            with stage("estimate", f"selection ({metric.name})"):
-                distances.update(metric.from_statistics(group_stats, float(request.alpha)))
-        if len(groups) == 1:  # kept for the chosen cuts only when one pass gathered every candidate
-            stats = group_stats
+    cut_distances, similarity = distance_accumulators(request, adapter, candidates)
+    riders = [s for s in (cut_distances, similarity) if s is not None] + list(extra_statistics)
+    groups = statistics_groups(request, adapter.hidden_size, candidates, needs_stats)
+    distances, stats = selection_passes(request, adapter, calibration, groups, riders)
     if similarity is not None:
-        with stage("estimate", f"selection ({metric.name})"):
-            distances = {cut: 1.0 - value for cut, value in metric.similarity(similarity).items()}
+        with stage("estimate", f"selection ({request.metric.name})"):
+            distances = {cut: 1.0 - value for cut, value in request.metric.similarity(similarity).items()}
     elif cut_distances is not None:
         distances = cut_distances.result()
     cache.put_distances(length, criterion, distances)
