@@ -126,7 +126,6 @@ class PruningJob:
             nf4 = bool(c.model.capture_4bit)
             self.captured = load_model(model_cfg, self.paths.cache_dir, self.spec.weights, nf4=nf4)
             self.capture_adapter = self.adapted(self.captured)
-        self.capture_adapter.execution = self.execution
         # OLMo 2, Gemma 2/3, before any capture: a fused T, or an LS residual that ranks cuts by one
         # (its Y = L - M would be wrong where a norm follows the MLP)
         fused_ls = self.spec.requirements.fits_transform or self.spec.effective.selects_by_ls
@@ -172,9 +171,8 @@ class PruningJob:
         layer_matrix = self.cache.get_layer_distances() if c.record_layer_distances else None
         wanted = c.record_layer_distances and layer_matrix is None
         layer_distances = LayerDistances(adapter.num_layers) if wanted else None
-        stats_bytes = self.execution.stats_bytes if self.execution is not None else None
         self.selection: Selection = select_and_capture(
-            self.spec.selection_request(stats_bytes),
+            self.spec.selection_request(self.execution),
             adapter,
             self.calibration.batches,
             self.cache,
@@ -200,14 +198,17 @@ class PruningJob:
         if layer_distances is not None:
             if layer_distances.n_tokens == 0:  # no selection pass ran to carry it
                 with stage("analysis"):
-                    run_capture(adapter, self.calibration.batches, [layer_distances], desc="layer distances")
+                    batches, desc = self.calibration.batches, "layer distances"
+                    run_capture(adapter, batches, [layer_distances], desc=desc, execution=self.execution)
             layer_matrix = layer_distances.result()
             self.cache.put_layer_distances(layer_matrix)
         self.record({"layer_distances": layer_matrix})
         if c.record_calibration_similarity:
             with stage("analysis", "calibration similarity"):
                 precision = self.spec.effective.capture_precision
-                columns = calibration_similarity_columns(adapter, self.calibration.batches, self.cache, cuts, precision)
+                columns = calibration_similarity_columns(
+                    adapter, self.calibration.batches, self.cache, cuts, precision, self.execution
+                )
             self.record(columns)
         for cut, s in self.selection.stats.items():
             check_finite("capture", f"the statistics of cut {list(cut)} are", [s.mtm, s.mtr, s.r_sq])
@@ -228,7 +229,7 @@ class PruningJob:
                 self.estimator,
                 self.selection.cuts,
                 self.selection.stats,
-                dataclasses.replace(self.spec.fit_request(), composed=self.selection.composed),
+                dataclasses.replace(self.spec.fit_request(self.execution), composed=self.selection.composed),
                 cache=self.stats_cache,
             )
             self.record(self.fit.columns())
@@ -242,7 +243,13 @@ class PruningJob:
         (cut,) = self.selection.cuts
         store = self.config.store
         replacement = self.estimator.replace(
-            self.capture_adapter, self.calibration.batches, cut, int(self.config.seed), store.location, store.directory
+            self.capture_adapter,
+            self.calibration.batches,
+            cut,
+            int(self.config.seed),
+            store.location,
+            store.directory,
+            self.execution,
         )
         self.selection = dataclasses.replace(
             self.selection, cuts=replacement.cuts, block_states=replacement.block_states
@@ -264,7 +271,9 @@ class PruningJob:
                 self.adapter = self.adapted(self.loaded)
         else:
             self.loaded, self.adapter = self.captured, self.capture_adapter
-        self.device = input_device(self.adapter)
+        # captures on the evaluated model run as planned when it is the captured one
+        self.evaluated_execution = None if self.captures_on_copy else self.execution
+        self.device = input_device(self.adapter, self.evaluated_execution)
         self.record(
             {
                 "num_layers": self.adapter.num_layers,
@@ -278,7 +287,8 @@ class PruningJob:
         """Held-out data and the unpruned model's scores (cached per model and evaluation)."""
         self.heldout = self.modality.heldout(self.loaded, self.adapter)
         self.baselines = BaselineCache(self.paths.baselines, refresh=bool(self.config.force))
-        self.record(self.modality.evaluate_unpruned(self.loaded, self.adapter, self.heldout, self.baselines))
+        unpruned = self.modality.evaluate_unpruned(self.loaded, self.adapter, self.heldout, self.baselines, self.device)
+        self.record(unpruned)
 
     def prune(self) -> None:
         """Each transform checked on held-out data, then the blocks removed and the transforms fused."""
@@ -307,6 +317,7 @@ class PruningJob:
                         key,
                         placement if self.selection.composed else c.lt_placement,
                         self.spec.token_rule.massive_threshold,
+                        self.evaluated_execution,
                     )
                 self.record(distances.columns())
             with stage("surgery"):
@@ -333,7 +344,7 @@ class PruningJob:
         """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
         earlier cuts are already applied (fused and removed), checked on held-out data in the same
         context, then applied itself."""
-        c, adapter, request = self.config, self.adapter, self.spec.fit_request()
+        c, adapter, request = self.config, self.adapter, self.spec.fit_request(self.evaluated_execution)
         checks, removed = [], 0
         for cut in self.selection.cuts:
             shifted = (cut[0] - removed, cut[1] - removed)
@@ -350,7 +361,7 @@ class PruningJob:
             transform = fit.transforms[shifted]
             with stage("eval", "held-out distances"):
                 check = TransformDistances({shifted: transform}, c.lt_placement, request.rule.massive_threshold)
-                run_capture(adapter, self.heldout, [check], desc="held-out distances")
+                run_capture(adapter, self.heldout, [check], desc="held-out distances", execution=request.execution)
             checks.append(check)
             with stage("surgery"):
                 prune(adapter, [shifted], {shifted: transform}, c.lt_placement)
@@ -360,18 +371,21 @@ class PruningJob:
         self.kept = kept_blocks(self.row["num_layers"], self.selection.cuts)
 
     def stage_statistics(self, shifted, cut) -> dict:
-        request = self.spec.fit_request()
+        request = self.spec.fit_request(self.evaluated_execution)
         accumulator = linear_statistics(
             [shifted],
             self.adapter.hidden_size,
-            input_device(self.adapter),
+            input_device(self.adapter, request.execution),
             request.placement,
             request.rule,
             request.precision,
             self.spec.requirements.statistic_folds,
         )
         with stage("capture", f"capture (stage {list(cut)})"):
-            run_capture(self.adapter, self.calibration.estimation, [accumulator], desc=f"capture (stage {list(cut)})")
+            desc = f"capture (stage {list(cut)})"
+            run_capture(
+                self.adapter, self.calibration.estimation, [accumulator], desc=desc, execution=request.execution
+            )
         return accumulator.result()
 
     def take_teacher_targets(self) -> None:
@@ -411,7 +425,7 @@ class PruningJob:
         self.record(self.modality.quality(self.loaded, self.heldout, healed=True))
 
     def evaluate_pruned(self) -> None:
-        self.record(self.modality.evaluate_pruned(self.loaded, self.adapter, self.heldout))
+        self.record(self.modality.evaluate_pruned(self.loaded, self.adapter, self.heldout, self.device))
 
     def measure_speed(self) -> None:
         """What pruning buys (``eval.speed``): the pruned model against a fresh copy of the unpruned one,

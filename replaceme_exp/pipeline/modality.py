@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.models.loading import LoadedModel
@@ -64,17 +66,19 @@ class Modality:
         """Held-out batches for the transforms' distances (None: no held-out check)."""
         raise NotImplementedError
 
-    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
-        """The unpruned model's scores (cached in ``baselines``) and the evaluation's settings, as
-        row columns."""
+    def evaluate_unpruned(
+        self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device: torch.device
+    ) -> dict:
+        """The unpruned model's scores (cached in ``baselines``; inputs on ``device``) and the
+        evaluation's settings, as row columns."""
         raise NotImplementedError
 
     def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
         """The held-out quality of the pruned model (``healed``: after healing), as columns."""
         return {}
 
-    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
-        """The pruned (and healed) model's scores, as row columns."""
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout, device: torch.device) -> dict:
+        """The pruned (and healed) model's scores (inputs on ``device``), as row columns."""
         raise NotImplementedError
 
     def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:

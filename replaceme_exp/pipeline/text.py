@@ -48,7 +48,7 @@ class TextModality(Modality):
     def heldout(self, loaded: LoadedModel, adapter):
         return heldout_windows(self.config.eval, loaded.tokenizer)
 
-    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
+    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device) -> dict:
         c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
         key = {"model": loaded.identity_hash, "windows": heldout.content_hash(), "metric": "ppl_heldout"}
         with stage("eval", "baseline perplexity"):
@@ -85,7 +85,7 @@ class TextModality(Modality):
         """The lm-eval suite's score columns of ``loaded`` (:func:`run_harness`)."""
         return run_harness(loaded.model, loaded.tokenizer, self.config.eval.harness, self.paths.job_dir)
 
-    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout, device) -> dict:
         c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
         columns = {}
         if c.eval.harness is not None:
