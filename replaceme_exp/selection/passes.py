@@ -92,6 +92,20 @@ class Selection:
         return "separate" if cut in self.composed else placement
 
 
+def selection_criterion(request: SelectionRequest) -> str:
+    """What cached selection distances depend on besides the model, the data and the cut length:
+    the metric and its tokens, an LS metric's alpha, placement and token rule, the products'
+    precision."""
+    metric, precision = request.metric, request.precision
+    criterion = metric.column_name(request.tokens)
+    if metric.uses_statistics:
+        criterion += f"/alpha={float(request.alpha)}/{request.placement}/tokens={request.rule.key()}"
+    criterion += metric.criterion
+    if metric.takes_products and precision != "float64":
+        criterion += f"/{precision}"
+    return criterion
+
+
 def selection_distances(
     request: SelectionRequest,
     adapter,
@@ -106,13 +120,7 @@ def selection_distances(
     pass runs. Returns (distances, {cut: stats})."""
     metric, rule, precision = request.metric, request.rule, request.precision
     device = input_device(adapter, request.execution)
-    length = candidates[0][1] - candidates[0][0]
-    criterion = metric.column_name(request.tokens)
-    if metric.uses_statistics:
-        criterion += f"/alpha={float(request.alpha)}/{request.placement}/tokens={rule.key()}"
-    criterion += metric.criterion
-    if metric.takes_products and precision != "float64":
-        criterion += f"/{precision}"
+    length, criterion = candidates[0][1] - candidates[0][0], selection_criterion(request)
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
