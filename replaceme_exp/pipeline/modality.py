@@ -50,6 +50,16 @@ class Calibration:
     columns: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UnprunedScores:
+    """The unpruned model measured: its score columns and the evaluation's settings (``columns``,
+    what the row records), and its greedy ``answers`` to the generation samples' prompts (None
+    without ``eval.samples``), which the pruned model's are shown beside."""
+
+    columns: dict
+    answers: list[str] | None = None
+
+
 class Modality:
     """Data and evaluation of one kind of model."""
 
@@ -68,17 +78,20 @@ class Modality:
 
     def evaluate_unpruned(
         self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device: torch.device
-    ) -> dict:
+    ) -> UnprunedScores:
         """The unpruned model's scores (cached in ``baselines``; inputs on ``device``) and the
-        evaluation's settings, as row columns."""
+        evaluation's settings."""
         raise NotImplementedError
 
     def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
         """The held-out quality of the pruned model (``healed``: after healing), as columns."""
         return {}
 
-    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout, device: torch.device) -> dict:
-        """The pruned (and healed) model's scores (inputs on ``device``), as row columns."""
+    def evaluate_pruned(
+        self, loaded: LoadedModel, adapter, heldout, unpruned: UnprunedScores, device: torch.device
+    ) -> dict:
+        """The pruned (and healed) model's scores (inputs on ``device``; beside the ``unpruned``
+        model's where a column compares them), as row columns."""
         raise NotImplementedError
 
     def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:
@@ -87,8 +100,9 @@ class Modality:
         evaluation's settings."""
         raise NotImplementedError
 
-    def pruned_columns(self, row: dict) -> dict:
-        """Columns derived from the row once the blocks are removed."""
+    def pruned_columns(self, removed: int, num_layers: int) -> dict:
+        """Columns of the pruned model's depth: ``removed`` of the unpruned model's ``num_layers``
+        blocks."""
         return {}
 
 

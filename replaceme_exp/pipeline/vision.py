@@ -16,7 +16,7 @@ from replaceme_exp.data.images import build_image_calibration
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, evaluate_benchmark
 from replaceme_exp.models.loading import LoadedModel
-from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality
+from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality, UnprunedScores
 from replaceme_exp.results.row import library_versions
 from replaceme_exp.stages import stage
 
@@ -87,7 +87,9 @@ class VisionModality(Modality):
         columns.update({f"{package}_version": v for package, v in library_versions(LIBRARIES).items()})
         return columns
 
-    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device) -> dict:
+    def evaluate_unpruned(
+        self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device
+    ) -> UnprunedScores:
         settings = self.settings()
         columns = self.settings_columns()
         for name in self.config.eval.benchmarks:
@@ -101,12 +103,12 @@ class VisionModality(Modality):
             with stage("eval", f"baseline {name}"):
                 baseline = baselines.get_or_compute(key, lambda name=name: self.scores(loaded, adapter, name, device))
             columns.update({f"baseline_{c}": v for c, v in benchmark_columns(name, baseline).items()})
-        return columns
+        return UnprunedScores(columns)
 
-    def pruned_columns(self, row: dict) -> dict:
-        return {"vision_compression_ratio": row["n_prune"] / row["num_layers"]}  # the paper's 13% / 25%: blocks
+    def pruned_columns(self, removed: int, num_layers: int) -> dict:
+        return {"vision_compression_ratio": removed / num_layers}  # the paper's 13% / 25%: blocks
 
-    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout, device) -> dict:
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout, unpruned: UnprunedScores, device) -> dict:
         return self.benchmark_scores(loaded, adapter, device, "pruned ")
 
     def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:
