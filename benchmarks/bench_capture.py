@@ -413,10 +413,10 @@ def main(overrides):
     print(f"plain forward: {forward_s:.2f} s", flush=True)
     fixed = fixed_cost(overrides, forward_s)
 
-    def one_pass():
+    def one_pass(execution=None):
         dist = CutDistances(candidates)
         stats = LinearStatistics(candidates, adapter.hidden_size, device)
-        run_capture(adapter, batches, [dist, stats])
+        run_capture(adapter, batches, [dist, stats], execution=execution)
         return select_cuts(dist.result(), cfg.num_lts, True)
 
     def two_passes():
@@ -434,7 +434,7 @@ def main(overrides):
     memory = model_memory(cfg.model, cache_dir)
     seq_len = cfg.calibration.seq_len
     plan = plan_execution(cfg.capture, cfg.model, cfg.calibration.batch_size, seq_len, memory, cache_dir=cache_dir)
-    auto_one = all_candidates_fit(spec.selection_request(plan.stats_bytes), adapter.hidden_size, len(candidates))
+    auto_one = all_candidates_fit(spec.selection_request(plan), adapter.hidden_size, len(candidates))
     whole_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
     stats_bytes = len(candidates) * cut_stats_bytes(adapter.hidden_size)
     act_bytes = memory.forward_activations(int(cfg.calibration.batch_size), int(cfg.calibration.seq_len))
@@ -451,10 +451,9 @@ def main(overrides):
 
     # Layer-wise: the model in host memory, blocks one at a time on the compute device.
     loaded.model.to("cpu")
-    adapter.execution = CaptureExecution(mode="layerwise", device=device)
-    layerwise_s, cuts_layerwise = timed(one_pass)
-    layerwise_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
-    adapter.execution = None
+    layerwise = CaptureExecution(mode="layerwise", device=device)
+    layerwise_s, cuts_layerwise = timed(lambda: one_pass(layerwise))
+    layerwise_peak = peak_live_bytes(lambda: one_pass(layerwise), device) if device.type == "cuda" else None
     loaded.model.to(device)
     assert cuts_layerwise == cuts
     print(f"layer-wise capture, one pass: {layerwise_s:.2f} s", flush=True)

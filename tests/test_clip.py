@@ -120,9 +120,9 @@ def test_layerwise_capture_of_clip_equals_the_whole_model_capture(location):
     adapter, batches = adapter_for(tiny_clip(seed=4)), image_batches(images(7, 5), 3)
     whole = LinearStatistics(CUTS, 32, torch.device("cpu"))
     run_capture(adapter, batches, [whole])
-    adapter.execution = CaptureExecution(mode="layerwise", device=torch.device("cpu"), store=location)
+    execution = CaptureExecution(mode="layerwise", device=torch.device("cpu"), store=location)
     layerwise = LinearStatistics(CUTS, 32, torch.device("cpu"))
-    run_capture(adapter, batches, [layerwise])
+    run_capture(adapter, batches, [layerwise], execution=execution)
     for cut in CUTS:
         assert torch.equal(whole.result()[cut].mtm, layerwise.result()[cut].mtm)
         assert torch.equal(whole.result()[cut].mtr, layerwise.result()[cut].mtr)

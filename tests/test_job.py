@@ -418,9 +418,9 @@ def test_an_ls_start_for_a_numerical_objective_costs_no_extra_pass(tmp_path, mon
     for module in (fitting, planning):
         original = module.run_capture
 
-        def counted(adapter, batches, statistics, desc="capture", _original=original):
+        def counted(adapter, batches, statistics, desc="capture", execution=None, _original=original):
             passes.append(desc)
-            return _original(adapter, batches, statistics, desc=desc)
+            return _original(adapter, batches, statistics, desc=desc, execution=execution)
 
         monkeypatch.setattr(module, "run_capture", counted)
     row = run_recorded(
@@ -446,9 +446,9 @@ def test_layer_distances_ride_on_the_selection_pass_and_are_cached(tmp_path, mon
     for module in (job, planning):
         original = module.run_capture
 
-        def counted(adapter, batches, statistics, desc="capture", _original=original):
+        def counted(adapter, batches, statistics, desc="capture", execution=None, _original=original):
             passes.append(desc)
-            return _original(adapter, batches, statistics, desc=desc)
+            return _original(adapter, batches, statistics, desc=desc, execution=execution)
 
         monkeypatch.setattr(module, "run_capture", counted)
 

@@ -48,9 +48,10 @@ def plan(overrides: list[str], **kwargs) -> CaptureExecution:
     return plan_execution(c.capture, c.model, c.calibration.batch_size, c.calibration.seq_len, **kwargs)
 
 
-def capture_everything(adapter, batches, placement: str):
-    """Every kind of statistic at once: LS statistics, distances, CKA/CCA moments, the layer
-    distance matrix, held-out transform checks and a token store."""
+def capture_everything(adapter, batches, placement: str, execution: CaptureExecution | None = None):
+    """Every kind of statistic at once, captured as ``execution`` says (None: whole-model): LS
+    statistics, distances, CKA/CCA moments, the layer distance matrix, held-out transform checks and
+    a token store."""
     linear = LinearStatistics(CUTS, adapter.hidden_size, CPU, placement)
     distances = CutDistances(CUTS, cosine_distance)
     similarity = SimilarityStatistics(CUTS, adapter.hidden_size, CPU)
@@ -61,7 +62,7 @@ def capture_everything(adapter, batches, placement: str):
     check = TransformDistances({(2, 5): transform}, placement)
     store = TokenStore(("M", "R", "Y"), batches.n_tokens, adapter.hidden_size, CPU, location="cpu", dtype=torch.float32)
     collector = TokenCollector((2, 5), store, placement)
-    run_capture(adapter, batches, [linear, distances, similarity, layers, check, collector])
+    run_capture(adapter, batches, [linear, distances, similarity, layers, check, collector], execution=execution)
     return {
         "stats": linear.result(),
         "distances": distances.result(),
@@ -94,8 +95,7 @@ def test_layerwise_capture_equals_the_whole_model_capture_for_every_family(famil
     batches = batches_of(random_sequences(10, 5, 20, seed=1), 4, side="left")
     placement = "separate" if adapter.unfusable_reason else "fused"
     whole = capture_everything(adapter, batches, placement)
-    adapter.execution = layerwise()
-    assert_same_capture(whole, capture_everything(adapter, batches, placement))
+    assert_same_capture(whole, capture_everything(adapter, batches, placement, layerwise()))
 
 
 @pytest.mark.integration
@@ -104,8 +104,9 @@ def test_every_store_location_and_chunking_gives_the_same_statistics(location, c
     adapter = adapter_for(tiny_model("llama", num_layers=8))
     batches = batches_of(random_sequences(10, 5, 20, seed=2), 3)
     whole = capture_everything(adapter, batches, "fused")
-    adapter.execution = layerwise(store=location, chunk_batches=chunk)
-    assert_same_capture(whole, capture_everything(adapter, batches, "fused"))
+    assert_same_capture(
+        whole, capture_everything(adapter, batches, "fused", layerwise(store=location, chunk_batches=chunk))
+    )
 
 
 @pytest.mark.integration
@@ -116,8 +117,7 @@ def test_separate_transforms_attached_to_blocks_act_in_a_layerwise_capture():
     attach_separate_transforms(adapter, {2: torch.eye(32) + 0.1 * torch.randn(32, 32, generator=generator)})
     batches = batches_of(random_sequences(6, 5, 16, seed=3), 3)
     whole = capture_everything(adapter, batches, "fused")
-    adapter.execution = layerwise()
-    assert_same_capture(whole, capture_everything(adapter, batches, "fused"))
+    assert_same_capture(whole, capture_everything(adapter, batches, "fused", layerwise()))
 
 
 @pytest.mark.integration

@@ -8,6 +8,7 @@ import logging
 
 import torch
 
+from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.statistics import ActKey, BatchTokens
 from replaceme_exp.data.batching import TokenBatch, position_ids_for
 from replaceme_exp.models.adapters import DecoderAdapter
@@ -24,11 +25,12 @@ def embedding_device(adapter: DecoderAdapter) -> torch.device:
     return adapter.embeddings.weight.device
 
 
-def input_device(adapter: DecoderAdapter) -> torch.device:
-    """Where captured activations are consumed and statistics accumulate: the embeddings' device,
-    or the compute device of a layer-wise capture."""
-    if adapter.execution is not None and adapter.execution.mode == "layerwise":
-        return adapter.execution.device
+def input_device(adapter: DecoderAdapter, execution: CaptureExecution | None = None) -> torch.device:
+    """Where captured activations are consumed and statistics accumulate under the capture plan
+    ``execution`` (None: whole-model): the embeddings' device, or the compute device of a layer-wise
+    capture."""
+    if execution is not None and execution.mode == "layerwise":
+        return execution.device
     return embedding_device(adapter)
 
 
@@ -153,5 +155,3 @@ def register_capture_hooks(adapter: DecoderAdapter, plan: CaptureRequests, curre
     for index in sorted({k for _, k in plan.needed} | {plan.last_block}):
         handles.append(adapter.layers[index].register_forward_hook(block_hook(index)))
     return handles
-
-

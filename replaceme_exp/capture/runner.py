@@ -2,7 +2,7 @@
 
 - whole-model (the default): each batch runs through the model as it is placed (one device, or
   spread by ``device_map``);
-- layer-wise (``adapter.execution.mode == "layerwise"``, :mod:`replaceme_exp.capture.layerwise`):
+- layer-wise (a capture plan of ``mode == "layerwise"``, :mod:`replaceme_exp.capture.layerwise`):
   the model stays in host memory, one block at a time runs on the compute device over every batch.
 
 Either way the same hooks (:mod:`replaceme_exp.capture.hooks`) fire on the same block outputs and
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import (
     BatchCapture,
     CaptureRequests,
@@ -35,9 +36,15 @@ def plain_forward(adapter: DecoderAdapter, batches: TokenBatches) -> None:
 
 
 @torch.inference_mode()
-def run_capture(adapter: DecoderAdapter, batches: TokenBatches, statistics: list, desc: str = "capture") -> int:
+def run_capture(
+    adapter: DecoderAdapter,
+    batches: TokenBatches,
+    statistics: list,
+    desc: str = "capture",
+    execution: CaptureExecution | None = None,
+) -> int:
     """Stream ``batches`` through the model, feeding every statistic's requests, whole-model or
-    layer-wise as ``adapter.execution`` says.
+    layer-wise as the capture plan ``execution`` says (None: whole-model).
 
     Returns the number of blocks each batch ran through (the pass stops after the last block
     whose output or MLP output some statistic needs).
@@ -45,7 +52,6 @@ def run_capture(adapter: DecoderAdapter, batches: TokenBatches, statistics: list
     plan = CaptureRequests(statistics, adapter.num_layers)
     if not plan.requests:
         return 0
-    execution = adapter.execution
     if execution is not None and execution.mode == "layerwise":
         run_layerwise(adapter, batches, plan, execution, desc)
         return plan.last_block + 1

@@ -9,6 +9,7 @@ import torch
 
 from replaceme_exp.capture import LinearStatistics, run_capture
 from replaceme_exp.capture.channel_scales import ChannelScales, ChannelScaleStatistics
+from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.statistics import LinearStats, TokenCollector
 from replaceme_exp.capture.token_rules import TokenRule
@@ -27,8 +28,9 @@ Cut = tuple[int, int]
 class FitRequest:
     """How a job fits its transforms: ``alpha`` with the ``regularizer`` that acts, the
     ``structure`` of T, the ``seed`` of the solvers' batches, the statistics' ``placement``, token
-    ``rule`` and ``precision``, where token stores live (``store``) and whose they are (``owner``:
-    the config hash, so a killed run's stores can be found and removed)."""
+    ``rule`` and ``precision``, where token stores live (``store``), whose they are (``owner``:
+    the config hash, so a killed run's stores can be found and removed) and how the captures run
+    (``execution``, the capture plan; None: whole-model)."""
 
     alpha: float
     regularizer: str
@@ -40,6 +42,7 @@ class FitRequest:
     store: StoreConfig
     owner: str = ""
     composed: frozenset = frozenset()  # cuts whose T maps the whole block output (touching_cuts=compose)
+    execution: CaptureExecution | None = None
 
     def placement_of(self, cut: Cut) -> str:
         """Where ``cut``'s statistics and tokens come from: ``separate`` for a composed cut."""
@@ -139,7 +142,7 @@ def fit_from_tokens(
     """Numerical objectives: one capture pass fills a token store per cut (the non-padding tokens
     that the token rule keeps, bfloat16) and, for ``init=ls``, the statistics not already in
     ``stats``; then each T is fitted on its store."""
-    device = input_device(adapter)
+    device = input_device(adapter, request.execution)
     rule = request.rule
     stores = {
         cut: TokenStore(
@@ -166,7 +169,8 @@ def fit_from_tokens(
     fit = Fit({})
     try:
         with stage("capture", "capture (tokens)"):
-            run_capture(adapter, batches, list(collectors.values()) + extra, desc="capture (tokens)")
+            statistics = list(collectors.values()) + extra
+            run_capture(adapter, batches, statistics, desc="capture (tokens)", execution=request.execution)
         for cut, collector in collectors.items():
             if collector.offset == 0:
                 raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cut {list(cut)}")
@@ -191,19 +195,20 @@ def fit_from_tokens(
 
 
 def channel_scales(
-    adapter, batches: TokenBatches, cuts: list[Cut], rotate: bool, cache=None
+    adapter, batches: TokenBatches, cuts: list[Cut], rotate: bool, cache=None, execution: CaptureExecution | None = None
 ) -> dict[Cut, ChannelScales]:
     """The :class:`ChannelScales` of ``cuts`` over ``batches``: from ``cache`` (a
     :class:`~replaceme_exp.capture.cache.StatisticsCache` of the model and batches; None: none) where
-    present, the rest in one capture pass (stored in the cache)."""
+    present, the rest in one capture pass (stored in the cache) run as the capture plan ``execution``
+    says (None: whole-model)."""
     found = {}
     for cut in cuts:
         if cache is not None and (cached := cache.get_channel_scales(cut, rotate)) is not None:
             found[cut] = cached
     if missing := [cut for cut in cuts if cut not in found]:
-        accumulator = ChannelScaleStatistics(missing, adapter.hidden_size, input_device(adapter), rotate)
+        accumulator = ChannelScaleStatistics(missing, adapter.hidden_size, input_device(adapter, execution), rotate)
         with stage("capture", "capture (channel scales)"):
-            run_capture(adapter, batches, [accumulator], desc="capture (channel scales)")
+            run_capture(adapter, batches, [accumulator], desc="capture (channel scales)", execution=execution)
         for cut, scales in accumulator.result().items():
             if scales.n_sequences == 0:
                 reason = f"leaves no calibration sequence for cut {list(cut)}"
@@ -214,9 +219,13 @@ def channel_scales(
     return found
 
 
-def fit_from_channel_scales(adapter, batches: TokenBatches, estimator: Estimator, cuts: list[Cut], cache=None) -> Fit:
-    """LinearPatch: each cut's patch from its channel scales (:func:`channel_scales`)."""
-    scales = channel_scales(adapter, batches, cuts, bool(getattr(estimator, "rotate", True)), cache)
+def fit_from_channel_scales(
+    adapter, batches: TokenBatches, estimator: Estimator, cuts: list[Cut], cache=None, execution=None
+) -> Fit:
+    """LinearPatch: each cut's patch from its channel scales (:func:`channel_scales`, captured as the
+    capture plan ``execution`` says)."""
+    rotate = bool(getattr(estimator, "rotate", True))
+    scales = channel_scales(adapter, batches, cuts, rotate, cache, execution)
     fit = Fit({})
     with stage("estimate"):
         for cut in cuts:
@@ -240,7 +249,7 @@ def fit_transforms(
     channel scales (``cache``: where those are kept for the model and ``batches``; None: not kept);
     a non-finite T fails the stage naming its cut."""
     if estimator.needs_channel_scales:
-        fit = fit_from_channel_scales(adapter, batches, estimator, cuts, cache)
+        fit = fit_from_channel_scales(adapter, batches, estimator, cuts, cache, request.execution)
     elif estimator.needs_tokens:
         fit = fit_from_tokens(adapter, batches, estimator, cuts, stats, request)
     else:

@@ -29,6 +29,7 @@ from types import SimpleNamespace
 
 import torch
 
+from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import backbone_forward, input_device
 from replaceme_exp.data.batching import TokenBatches, position_ids_for
 from replaceme_exp.estimation.estimators import Estimator, Requirements
@@ -302,12 +303,20 @@ class StreamlineEstimator(Estimator):
         return None
 
     def replace(
-        self, adapter, batches: TokenBatches, cut: Cut, seed: int, store_location: str = "cpu", directory=None
+        self,
+        adapter,
+        batches: TokenBatches,
+        cut: Cut,
+        seed: int,
+        store_location: str = "cpu",
+        directory=None,
+        execution: CaptureExecution | None = None,
     ) -> Replacement:
         """Train the network replacing ``cut`` (original indices of the unpruned model behind
-        ``adapter``, left as it was) on ``batches``."""
+        ``adapter``, left as it was) on ``batches``, on the device the capture plan ``execution``
+        computes on (None: the model's)."""
         start, end = cut
-        device, hidden, s = input_device(adapter), adapter.hidden_size, self.settings
+        device, hidden, s = input_device(adapter, execution), adapter.hidden_size, self.settings
         store = SequenceStore(store_location, directory)
         try:
             with stage("capture", "capture (cut states)"):

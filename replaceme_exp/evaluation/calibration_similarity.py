@@ -14,6 +14,7 @@ import logging
 
 from replaceme_exp.capture import SimilarityStatistics, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
+from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import (
     CCA_RIDGE,
@@ -35,16 +36,22 @@ def similarity_criterion(precision: str) -> str:
 
 
 def calibration_similarities(
-    adapter, batches: TokenBatches, cache: StatisticsCache, cuts: list[Cut], precision: str = "float64"
+    adapter,
+    batches: TokenBatches,
+    cache: StatisticsCache,
+    cuts: list[Cut],
+    precision: str = "float64",
+    execution: CaptureExecution | None = None,
 ) -> dict[Cut, Similarities]:
     """Linear CKA, mean CCA and PWCCA of every cut over all non-padding tokens of ``batches``:
-    from the cache, else from one pass for the cuts it lacks (products in ``precision``)."""
+    from the cache, else from one pass for the cuts it lacks (products in ``precision``), run as the
+    capture plan ``execution`` says (None: whole-model)."""
     criterion = similarity_criterion(precision)
     found = {cut: cache.get_similarities(cut, criterion) for cut in cuts}
     missing = [cut for cut, value in found.items() if value is None]
     if missing:
-        statistics = SimilarityStatistics(missing, adapter.hidden_size, input_device(adapter), precision)
-        run_capture(adapter, batches, [statistics], desc="calibration similarity")
+        statistics = SimilarityStatistics(missing, adapter.hidden_size, input_device(adapter, execution), precision)
+        run_capture(adapter, batches, [statistics], desc="calibration similarity", execution=execution)
         for cut, value in similarities_per_cut(statistics).items():
             cache.put_similarities(cut, criterion, value)
             found[cut] = value
@@ -52,11 +59,17 @@ def calibration_similarities(
 
 
 def calibration_similarity_columns(
-    adapter, batches: TokenBatches, cache: StatisticsCache, cuts: list[Cut], precision: str = "float64"
+    adapter,
+    batches: TokenBatches,
+    cache: StatisticsCache,
+    cuts: list[Cut],
+    precision: str = "float64",
+    execution: CaptureExecution | None = None,
 ) -> dict:
     """The row's ``*_calibration`` similarity columns of ``cuts`` (means over the cuts; see
-    :func:`~replaceme_exp.capture.similarity.similarity_columns`); a warning when the tokens are few."""
-    found = calibration_similarities(adapter, batches, cache, cuts, precision)
+    :func:`~replaceme_exp.capture.similarity.similarity_columns`; the pass run as the capture plan
+    ``execution`` says); a warning when the tokens are few."""
+    found = calibration_similarities(adapter, batches, cache, cuts, precision, execution)
     columns = similarity_columns(found, "calibration", adapter.hidden_size)
     n_tokens = columns["similarity_tokens_calibration"]
     if undersampled(n_tokens, adapter.hidden_size):

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from replaceme_exp.capture import TransformDistances, run_capture
+from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import (
     CCA_RIDGE,
@@ -47,12 +48,18 @@ class HeldoutDistances:
 
 
 def heldout_pass(
-    adapter, windows: TokenBatches, transforms: dict, placement: str, sink_threshold: float
+    adapter,
+    windows: TokenBatches,
+    transforms: dict,
+    placement: str,
+    sink_threshold: float,
+    execution: CaptureExecution | None = None,
 ) -> HeldoutDistances:
-    """One pass over the held-out windows with every transform applied to its cut's input."""
+    """One pass over the held-out windows with every transform applied to its cut's input, run as
+    the capture plan ``execution`` says (None: whole-model)."""
     check = TransformDistances(transforms, placement, sink_threshold)
-    similarity = SimilarityStatistics(list(transforms), adapter.hidden_size, input_device(adapter))
-    run_capture(adapter, windows, [check, similarity], desc="held-out distances")
+    similarity = SimilarityStatistics(list(transforms), adapter.hidden_size, input_device(adapter, execution))
+    run_capture(adapter, windows, [check, similarity], desc="held-out distances", execution=execution)
     columns = check.split_result()
     columns.update(similarity_columns(similarities_per_cut(similarity), "before", adapter.hidden_size))
     if undersampled(similarity.n_tokens, adapter.hidden_size):
@@ -69,20 +76,22 @@ def heldout_distances(
     key: dict,
     placement: str = "fused",
     sink_threshold: float = 20.0,
+    execution: CaptureExecution | None = None,
 ) -> HeldoutDistances:
-    """:func:`heldout_pass`, with what does not depend on T cached: the distances without T depend
-    only on model, text, cuts and the sink threshold, so jobs without any transform need no pass."""
+    """:func:`heldout_pass` (run as the capture plan ``execution`` says), with what does not depend on
+    T cached: the distances without T depend only on model, text, cuts and the sink threshold, so
+    jobs without any transform need no pass."""
     key = {**key, "metric": "dist_before", "sink_threshold": float(sink_threshold), "sink_median": "sequence"}
     key["similarity"] = ["linear_cka", f"mean_cca/ridge={CCA_RIDGE}", f"pwcca/ridge={CCA_RIDGE}", "tokens"]
     if all(t is None for t in transforms.values()):
 
         def compute() -> list:
-            found = heldout_pass(adapter, windows, transforms, "fused", sink_threshold)
+            found = heldout_pass(adapter, windows, transforms, "fused", sink_threshold, execution)
             return [found.before, found.l2_before, found.splits]
 
         before, l2, splits = baselines.get_or_compute(key, compute)
         return HeldoutDistances(before, before, l2, splits)
-    found = heldout_pass(adapter, windows, transforms, placement, sink_threshold)
+    found = heldout_pass(adapter, windows, transforms, placement, sink_threshold, execution)
     unchanged = {k: v for k, v in found.splits.items() if "_after_" not in k}
     after_is_before = {k.replace("_before_", "_after_"): v for k, v in unchanged.items() if "_before_" in k}
     baselines.put(key, [found.before, found.l2_before, {**unchanged, **after_is_before}])

@@ -45,8 +45,6 @@ class DecoderAdapter:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        # How captures run on this model (a capture.execution.CaptureExecution; None: whole-model).
-        self.execution = None
 
     @property
     def config(self):

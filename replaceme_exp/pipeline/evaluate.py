@@ -10,51 +10,53 @@ measures a pruning job's models, under the pruned model's column names (``ppl_he
 
 from __future__ import annotations
 
+import torch
+
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.models import count_parameters, load_model
-from replaceme_exp.pipeline.job import PruningJob, device_name
+from replaceme_exp.pipeline.job import PruningJob
 from replaceme_exp.pipeline.modality import MODALITIES, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.pipeline.stage_results import Loaded, device_name
 from replaceme_exp.stages import stage
 from replaceme_exp.surgery import attach_saved_transforms, replacement_parameters
 
 
 class EvaluationJob:
-    """An evaluate job of ``spec``, writing into ``row`` as it goes; :meth:`run` returns the row."""
+    """An evaluate job of ``spec``; :meth:`run` fills its row."""
 
-    def __init__(self, spec: JobSpec, paths: JobPaths, row: dict):
-        self.spec, self.config, self.paths, self.row = spec, spec.config, paths, row
+    def __init__(self, spec: JobSpec, paths: JobPaths):
+        self.spec, self.config, self.paths = spec, spec.config, paths
         self.modality = MODALITIES.get(spec.modality)(spec, paths)
 
-    def record(self, columns: dict) -> None:
-        self.row.update(columns)
+    def run(self, row: dict) -> torch.device:
+        """The model loaded, then measured; the columns of each go into ``row`` as they arrive.
+        Returns the device the model's inputs go to (where the job's peak memory is read)."""
+        model = self.load()
+        device = input_device(model.adapter)
+        row.update(self.model_columns(model, device))
+        row.update(self.modality.evaluate_model(model.loaded, model.adapter))
+        return device
 
-    def run(self) -> dict:
-        self.load()
-        self.evaluate()
-        return self.row
-
-    def load(self) -> None:
-        """The model (a checkpoint's separate transforms or replacement FFN re-attached), checked finite; its depth,
-        its parameters and, for a checkpoint this project saved, the cuts that made it."""
+    def load(self) -> Loaded:
+        """The model (a checkpoint's separate transforms or replacement FFN re-attached), checked finite."""
         c = self.config
         with stage("load"):
-            self.loaded = load_model(c.model, self.paths.cache_dir, self.spec.weights)
+            loaded = load_model(c.model, self.paths.cache_dir, self.spec.weights)
             if c.evaluate.checkpoint is not None:
-                attach_saved_transforms(self.loaded.model, c.model.pretrained)
-            self.adapter = PruningJob.adapted(self.loaded)
-        self.device = input_device(self.adapter)
-        metadata = self.spec.checkpoint_metadata or {}
-        self.record(
-            {
-                "model_revision": self.loaded.identity.get("commit"),
-                "num_layers": self.adapter.num_layers,
-                "params": count_parameters(self.loaded.model) + replacement_parameters(self.loaded.model),
-                "device": device_name(self.device),
-                "cuts": metadata.get("cuts"),
-                "kept_blocks": metadata.get("kept_blocks"),
-            }
-        )
+                attach_saved_transforms(loaded.model, c.model.pretrained)
+            return Loaded(loaded, PruningJob.adapted(loaded), None)
 
-    def evaluate(self) -> None:
-        self.record(self.modality.evaluate_model(self.loaded, self.adapter))
+    def model_columns(self, model: Loaded, device: torch.device) -> dict:
+        """The model's revision, depth, parameters and device and, for a checkpoint this project
+        saved, the cuts that made it."""
+        metadata = self.spec.checkpoint_metadata or {}
+        loaded = model.loaded
+        return {
+            "model_revision": loaded.identity.get("commit"),
+            "num_layers": model.adapter.num_layers,
+            "params": count_parameters(loaded.model) + replacement_parameters(loaded.model),
+            "device": device_name(device),
+            "cuts": metadata.get("cuts"),
+            "kept_blocks": metadata.get("kept_blocks"),
+        }

@@ -1,9 +1,11 @@
 """One job, stage by stage: plan -> load -> calibrate -> select -> estimate -> evaluate the unpruned
 model -> prune -> heal -> evaluate the pruned model -> save.
 
-:class:`PruningJob` is a recipe: one method per stage, each calling the stage's own code with typed
-arguments and recording the columns of what it returns in the job's row (so a failure keeps what
-was measured). What differs between a language model and a vision encoder is the job's
+:class:`PruningJob` is a recipe: one method per stage, each calling the stage's own code with the
+results of earlier stages as arguments and returning its own
+(:mod:`~replaceme_exp.pipeline.stage_results`); :meth:`PruningJob.run` hands them on and adds the
+columns of each to the job's row as it arrives (so a failure keeps what was measured). What differs
+between a language model and a vision encoder is the job's
 :class:`~replaceme_exp.pipeline.modality.Modality`.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import platform
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,19 +23,35 @@ from safetensors.torch import save_file
 
 from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.execution import CaptureExecution, plan_execution
+from replaceme_exp.capture.execution import plan_execution
 from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
+from replaceme_exp.estimation.estimators import Estimator
 from replaceme_exp.estimation.fitting import Fit, fit_transforms, label
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.calibration_similarity import calibration_similarity_columns
-from replaceme_exp.evaluation.heldout import heldout_distances, sequential_checks
+from replaceme_exp.evaluation.heldout import HeldoutDistances, heldout_distances, sequential_checks
 from replaceme_exp.evaluation.speed import compare_speed, resident_bytes, room_for_a_copy
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows, teacher_targets
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.loading import LoadedModel, resolve_dtype
-from replaceme_exp.pipeline.modality import MODALITIES, Calibration, JobPaths
+from replaceme_exp.pipeline.modality import MODALITIES, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.pipeline.stage_results import (
+    Baselines,
+    Calibrated,
+    CapturePlan,
+    Distillation,
+    Estimated,
+    Evaluated,
+    HealingData,
+    Loaded,
+    Pruned,
+    SavedFile,
+    Selected,
+    removed_blocks,
+)
 from replaceme_exp.selection.passes import Selection, linear_statistics, select_and_capture
 from replaceme_exp.selection.search_steps import SearchSteps
 from replaceme_exp.stages import stage
@@ -63,76 +81,87 @@ CACHED_STAGE_NAMES = {
     "similarity": "calibration_similarity",
     "channel_scales": "channel_scales",
 }
+# The pruned model's held-out quality columns, kept under ``ppl_heldout_before_healing*`` once it heals.
+QUALITY_SUFFIXES = ("", "_ci_low", "_ci_high", "_window_nll")
 
 
 class PruningJob:
-    """A job of ``spec``, writing into ``row`` as it goes; :meth:`run` returns the row."""
+    """A job of ``spec``; :meth:`run` fills its row."""
 
-    def __init__(self, spec: JobSpec, paths: JobPaths, row: dict):
-        self.spec, self.config, self.paths, self.row = spec, spec.config, paths, row
+    def __init__(self, spec: JobSpec, paths: JobPaths):
+        self.spec, self.config, self.paths = spec, spec.config, paths
         self.modality = MODALITIES.get(spec.modality)(spec, paths)
-        self.sequential = False
         # activations from another copy of the model than the one pruned: 4-bit, or another dtype
         self.captures_on_copy = bool(spec.config.model.capture_4bit) or (
             spec.effective.capture_dtype != spec.config.model.dtype
         )
 
-    def record(self, columns: dict) -> None:
-        self.row.update(columns)
-
-    def run(self) -> dict:
+    def run(self, row: dict) -> torch.device:
+        """Every stage in turn, each given the results it needs; the columns of each result go into
+        ``row`` as it arrives. Returns the device the evaluated model's inputs go to (where the job's
+        peak memory is read)."""
         torch.manual_seed(int(self.config.seed))
-        if warning := self.row.get("regularizer_warning"):
+        if warning := row.get("regularizer_warning"):
             log.warning("%s", warning)
-        self.plan()
-        self.load()
-        self.calibrate()
-        self.select()
-        self.estimate()
-        self.load_evaluated_model()
-        self.evaluate_unpruned()
-        self.prune()
-        self.heal()
-        self.evaluate_pruned()
-        self.measure_speed()
-        self.save()
-        return self.row
+        plan = recorded(row, self.plan())
+        captured = recorded(row, self.load(plan))
+        calibrated = recorded(row, self.calibrate(captured))
+        selected = recorded(row, self.select(captured, calibrated))
+        row.update(self.layer_distances(captured, calibrated, selected))
+        row.update(self.calibration_similarity(captured, calibrated, selected))
+        estimated = recorded(row, self.estimate(captured, calibrated, selected))
+        reused = None if self.captures_on_copy else captured
+        del captured  # a copy's memory is freed before the model in model.dtype loads
+        evaluated = recorded(row, self.load_evaluated_model(reused))
+        baselines = recorded(row, self.evaluate_unpruned(evaluated))
+        distillation = recorded(row, self.take_teacher_targets(evaluated))
+        row.update(self.check_transforms(evaluated, selected, estimated, baselines))
+        pruned = recorded(row, self.prune(evaluated, calibrated, selected, estimated, baselines))
+        row.update(self.modality.quality(evaluated.loaded, baselines.heldout))
+        if self.config.healing.name != "none":
+            for suffix in QUALITY_SUFFIXES:
+                row[f"ppl_heldout_before_healing{suffix}"] = row.pop(f"ppl_heldout{suffix}")
+            healing = recorded(row, self.healing_data(evaluated, distillation))
+            row.update(self.heal(evaluated, pruned, healing))
+            row.update(self.modality.quality(evaluated.loaded, baselines.heldout, healed=True))
+        row.update(self.evaluate_pruned(evaluated, baselines))
+        row.update(self.measure_speed(evaluated))
+        row["saved_model"] = self.spec.model_save
+        for saved in self.save(evaluated, selected, estimated, pruned, checkpoint_metadata(row)):
+            recorded(row, saved)
+        return evaluated.device
 
-    def plan(self) -> None:
+    def plan(self) -> CapturePlan:
         """How the captures run (whole-model or layer-wise), from the model's size and free memory."""
         c = self.config
         if torch.cuda.is_available():
             for i in range(torch.cuda.device_count()):
                 torch.cuda.reset_peak_memory_stats(i)
-        self.execution: CaptureExecution | None = None
         if c.model.capture_4bit:
-            self.record({"capture_mode": "whole", "capture_plan": "whole-model capture: model.capture_4bit"})
-            return
+            return CapturePlan(None, "whole", "whole-model capture: model.capture_4bit")
         seq_len = getattr(c.calibration, "seq_len", None)
-        self.execution = plan_execution(
+        execution = plan_execution(
             c.capture, c.model, c.calibration.batch_size, seq_len, cache_dir=str(self.paths.cache_dir)
         )
-        log.info("capture plan: %s", self.execution.reason)
-        self.record({"capture_mode": self.execution.mode, "capture_plan": self.execution.reason})
+        log.info("capture plan: %s", execution.reason)
+        return CapturePlan(execution, execution.mode, execution.reason)
 
-    def load(self) -> None:
+    def load(self, plan: CapturePlan) -> Loaded:
         """The model the captures run on (a 4-bit copy with ``model.capture_4bit``, a copy in
-        ``model.capture_dtype``)."""
-        c = self.config
+        ``model.capture_dtype``), under the capture ``plan``."""
+        c, execution = self.config, plan.execution
         model_cfg = dataclasses.replace(c.model, dtype=self.spec.effective.capture_dtype)
-        if self.execution is not None and self.execution.mode == "layerwise":  # the weights wait in host memory
+        if execution is not None and execution.mode == "layerwise":  # the weights wait in host memory
             model_cfg = dataclasses.replace(model_cfg, device="cpu", device_map=None)
         with stage("load"):
-            nf4 = bool(c.model.capture_4bit)
-            self.captured = load_model(model_cfg, self.paths.cache_dir, self.spec.weights, nf4=nf4)
-            self.capture_adapter = self.adapted(self.captured)
-        self.capture_adapter.execution = self.execution
+            loaded = load_model(model_cfg, self.paths.cache_dir, self.spec.weights, nf4=bool(c.model.capture_4bit))
+            adapter = self.adapted(loaded)
         # OLMo 2, Gemma 2/3, before any capture: a fused T, or an LS residual that ranks cuts by one
         # (its Y = L - M would be wrong where a norm follows the MLP)
         fused_ls = self.spec.requirements.fits_transform or self.spec.effective.selects_by_ls
         if fused_ls and self.spec.effective.lt_placement == "fused":
-            self.capture_adapter.require_fusable()
-        self.record({"model_revision": self.captured.identity.get("commit")})
+            adapter.require_fusable()
+        return Loaded(loaded, adapter, execution)
 
     @staticmethod
     def adapted(loaded: LoadedModel):
@@ -145,357 +174,386 @@ class PruningJob:
             raise ConfigError("model", loaded.name, reason) from err
         return adapter_for(loaded.model)
 
-    def calibrate(self) -> None:
+    def calibrate(self, captured: Loaded) -> Calibrated:
         """The calibration batches and the statistics caches keyed by them."""
         c = self.config
-        self.calibration: Calibration = self.modality.calibration(self.captured, self.capture_adapter)
-        self.record(self.calibration.columns)
-        root, model = c.capture.cache_dir, self.captured.identity_hash
+        calibration = self.modality.calibration(captured.loaded, captured.adapter)
+        root, model = c.capture.cache_dir, captured.loaded.identity_hash
         enabled, refresh = bool(c.capture.cache), bool(c.force)
-        tokens = self.calibration.batches.content_hash()
-        self.cache = StatisticsCache(root, model, tokens, enabled, refresh)
-        self.search_steps = SearchSteps(
-            Path(root) / "search_steps", model, tokens, bool(c.capture.search_steps), refresh
-        )
-        self.stats_cache = self.cache
+        tokens = calibration.batches.content_hash()
+        cache = StatisticsCache(root, model, tokens, enabled, refresh)
+        search_steps = SearchSteps(Path(root) / "search_steps", model, tokens, bool(c.capture.search_steps), refresh)
+        stats_cache = cache
         if self.spec.effective.padded_positions:  # padded positions' statistics depend on the batching
-            content = self.calibration.estimation.layout_hash()
-            self.stats_cache = StatisticsCache(root, model, content, enabled, refresh)
-        elif self.calibration.estimation is not self.calibration.batches:
-            content = self.calibration.estimation.content_hash()
-            self.stats_cache = StatisticsCache(root, model, content, enabled, refresh)
+            content = calibration.estimation.layout_hash()
+            stats_cache = StatisticsCache(root, model, content, enabled, refresh)
+        elif calibration.estimation is not calibration.batches:
+            content = calibration.estimation.content_hash()
+            stats_cache = StatisticsCache(root, model, content, enabled, refresh)
+        batches, estimation = calibration.batches, calibration.estimation
+        return Calibrated(batches, estimation, cache, stats_cache, search_steps, calibration.columns)
 
-    def select(self) -> None:
-        """The cuts (selected, or as given), every candidate's distance and the chosen cuts' statistics;
-        with ``record_calibration_similarity``, the cuts' CKA / CCA / PWCCA over the calibration tokens."""
-        c, adapter = self.config, self.capture_adapter
-        layer_matrix = self.cache.get_layer_distances() if c.record_layer_distances else None
+    def select(self, captured: Loaded, calibrated: Calibrated) -> Selected:
+        """The cuts (selected, or as given), every candidate's distance and the chosen cuts'
+        statistics; with ``record_layer_distances``, the layer distance matrix from the cache, else
+        riding the selection pass when one runs."""
+        c, adapter = self.config, captured.adapter
+        layer_matrix = calibrated.cache.get_layer_distances() if c.record_layer_distances else None
         wanted = c.record_layer_distances and layer_matrix is None
-        layer_distances = LayerDistances(adapter.num_layers) if wanted else None
-        stats_bytes = self.execution.stats_bytes if self.execution is not None else None
-        self.selection: Selection = select_and_capture(
-            self.spec.selection_request(stats_bytes),
+        riding = LayerDistances(adapter.num_layers) if wanted else None
+        selection = select_and_capture(
+            self.spec.selection_request(captured.execution),
             adapter,
-            self.calibration.batches,
-            self.cache,
+            calibrated.batches,
+            calibrated.cache,
             self.spec.requirements.statistics,
             compute_missing=not self.spec.requirements.tokens,
-            extra_statistics=[layer_distances] if layer_distances else [],
-            stats_batches=self.calibration.estimation,
-            stats_cache=self.stats_cache,
-            search_steps=self.search_steps,
+            extra_statistics=[riding] if riding else [],
+            stats_batches=calibrated.estimation,
+            stats_cache=calibrated.stats_cache,
+            search_steps=calibrated.search_steps,
         )
-        cuts, distances = self.selection.cuts, self.selection.distances
-        self.record({"cuts": [list(cut) for cut in cuts], "num_lts": len(cuts), "n_prune": sum(e - s for s, e in cuts)})
-        self.record(self.selection.columns)
-        if distances is not None:
-            check_finite("selection", "the candidate distances are", distances.values())
-            chosen = [distances[cut] for cut in cuts if cut in distances]
-            self.record(
-                {
-                    "candidate_distances": [[s, e, distances[(s, e)]] for s, e in sorted(distances)],
-                    "selection_distance": float(min(chosen)) if chosen else None,
-                }
-            )
-        if layer_distances is not None:
-            if layer_distances.n_tokens == 0:  # no selection pass ran to carry it
-                with stage("analysis"):
-                    run_capture(adapter, self.calibration.batches, [layer_distances], desc="layer distances")
-            layer_matrix = layer_distances.result()
-            self.cache.put_layer_distances(layer_matrix)
-        self.record({"layer_distances": layer_matrix})
-        if c.record_calibration_similarity:
-            with stage("analysis", "calibration similarity"):
-                precision = self.spec.effective.capture_precision
-                columns = calibration_similarity_columns(adapter, self.calibration.batches, self.cache, cuts, precision)
-            self.record(columns)
-        for cut, s in self.selection.stats.items():
-            check_finite("capture", f"the statistics of cut {list(cut)} are", [s.mtm, s.mtr, s.r_sq])
-        self.sequential = c.multi_lt == "sequential" and len(cuts) > 1
+        if selection.distances is not None:
+            check_finite("selection", "the candidate distances are", selection.distances.values())
+        if riding is not None and riding.n_tokens > 0:
+            layer_matrix = riding.result()
+            calibrated.cache.put_layer_distances(layer_matrix)
+        return Selected(selection, c.multi_lt == "sequential" and len(selection.cuts) > 1, layer_matrix)
 
-    def estimate(self) -> None:
+    def layer_distances(self, captured: Loaded, calibrated: Calibrated, selected: Selected) -> dict:
+        """``layer_distances``: with ``record_layer_distances``, the mean cosine distance between every
+        two blocks' outputs, (num_layers, num_layers), as :meth:`select` found them, else from a pass
+        of its own; None otherwise."""
+        matrix = selected.layer_distances
+        if self.config.record_layer_distances and matrix is None:  # no selection pass ran to carry it
+            distances = LayerDistances(captured.adapter.num_layers)
+            with stage("analysis"):
+                batches, execution = calibrated.batches, captured.execution
+                run_capture(captured.adapter, batches, [distances], desc="layer distances", execution=execution)
+            matrix = distances.result()
+            calibrated.cache.put_layer_distances(matrix)
+        return {"layer_distances": matrix}
+
+    def calibration_similarity(self, captured: Loaded, calibrated: Calibrated, selected: Selected) -> dict:
+        """With ``record_calibration_similarity``, the selected cuts' CKA / CCA / PWCCA columns over
+        the calibration tokens."""
+        if not self.config.record_calibration_similarity:
+            return {}
+        with stage("analysis", "calibration similarity"):
+            return calibration_similarity_columns(
+                captured.adapter,
+                calibrated.batches,
+                calibrated.cache,
+                selected.selection.cuts,
+                self.spec.effective.capture_precision,
+                captured.execution,
+            )
+
+    def estimate(self, captured: Loaded, calibrated: Calibrated, selected: Selected) -> Estimated:
         """Every transform from the unpruned model's activations (sequential cuts: in :meth:`prune`);
         a trained network that replaces the cut instead (:meth:`replace_cut`)."""
-        self.estimator = self.spec.estimator()
-        self.fit = Fit({})
-        self.networks = {}
+        selection = selected.selection
+        for cut, s in selection.stats.items():
+            check_finite("capture", f"the statistics of cut {list(cut)} are", [s.mtm, s.mtr, s.r_sq])
+        estimator = self.spec.estimator()
         if self.spec.requirements.replacement is not None:
-            self.replace_cut()
-        elif not self.sequential:
-            self.fit = fit_transforms(
-                self.capture_adapter,
-                self.calibration.estimation,
-                self.estimator,
-                self.selection.cuts,
-                self.selection.stats,
-                dataclasses.replace(self.spec.fit_request(), composed=self.selection.composed),
-                cache=self.stats_cache,
-            )
-            self.record(self.fit.columns())
+            return self.replace_cut(estimator, captured, calibrated, selection)
+        if selected.sequential:
+            return Estimated(estimator, Fit({}), selection)
+        request = dataclasses.replace(self.spec.fit_request(captured.execution), composed=selection.composed)
+        adapter, batches, cache = captured.adapter, calibrated.estimation, calibrated.stats_cache
+        fit = fit_transforms(adapter, batches, estimator, selection.cuts, selection.stats, request, cache=cache)
+        return Estimated(estimator, fit, selection, columns=fit.columns())
 
-    def replace_cut(self) -> None:
+    def replace_cut(
+        self, estimator: Estimator, captured: Loaded, calibrated: Calibrated, selection: Selection
+    ) -> Estimated:
         """Train the network that replaces the selected cut (an estimator that declares a
-        ``replacement``), then hand the surgery
-        what it removes and adds: the adjusted cuts (the layer variant keeps the cut's first block),
-        the retrained block's weights (``block_states``) and the FFN (``networks``, by the original
-        index of the block it follows)."""
-        (cut,) = self.selection.cuts
+        ``replacement``), then hand the surgery what it removes and adds: the adjusted cuts (the layer
+        variant keeps the cut's first block), the retrained block's weights (``block_states``) and the
+        FFN (``networks``, by the original index of the block it follows)."""
+        (cut,) = selection.cuts
         store = self.config.store
-        replacement = self.estimator.replace(
-            self.capture_adapter, self.calibration.batches, cut, int(self.config.seed), store.location, store.directory
+        replacement = estimator.replace(
+            captured.adapter,
+            calibrated.batches,
+            cut,
+            int(self.config.seed),
+            store.location,
+            store.directory,
+            captured.execution,
         )
-        self.selection = dataclasses.replace(
-            self.selection, cuts=replacement.cuts, block_states=replacement.block_states
-        )
-        self.networks = replacement.networks
-        cuts = self.selection.cuts
-        self.record({"cuts": [list(c) for c in cuts], "n_prune": sum(e - s for s, e in cuts)})
-        self.record(replacement.columns)
+        selection = dataclasses.replace(selection, cuts=replacement.cuts, block_states=replacement.block_states)
+        cuts = selection.cuts
+        columns = {"cuts": [list(c) for c in cuts], "n_prune": removed_blocks(cuts), **replacement.columns}
+        return Estimated(estimator, Fit({}), selection, replacement.networks, columns)
 
-    def load_evaluated_model(self) -> None:
-        """The model that is evaluated and pruned: the captured one, or (``model.capture_4bit``,
-        ``model.capture_dtype``) the model in ``model.dtype``, loaded once the copy is freed."""
-        if self.captures_on_copy:
-            del self.capture_adapter, self.captured
+    def load_evaluated_model(self, captured: Loaded | None) -> Evaluated:
+        """The model that is evaluated and pruned: ``captured``, or (None: it was a copy in 4 bits or
+        ``model.capture_dtype``, now freed) the model in ``model.dtype``."""
+        if captured is None:
             gc.collect()
             torch.cuda.empty_cache()
             with stage("load"):
-                self.loaded = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
-                self.adapter = self.adapted(self.loaded)
-        else:
-            self.loaded, self.adapter = self.captured, self.capture_adapter
-        self.device = input_device(self.adapter)
-        self.record(
-            {
-                "num_layers": self.adapter.num_layers,
-                "device": device_name(self.device),
-                "params_before": count_parameters(self.loaded.model),
-            }
+                loaded = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
+                captured = Loaded(loaded, self.adapted(loaded), None)
+        loaded, adapter, execution = captured.loaded, captured.adapter, captured.execution
+        return Evaluated(
+            loaded,
+            adapter,
+            execution,
+            input_device(adapter, execution),
+            adapter.num_layers,
+            count_parameters(loaded.model),
+            resident_bytes(loaded.model),
         )
-        self.unpruned_bytes = resident_bytes(self.loaded.model)
 
-    def evaluate_unpruned(self) -> None:
+    def evaluate_unpruned(self, evaluated: Evaluated) -> Baselines:
         """Held-out data and the unpruned model's scores (cached per model and evaluation)."""
-        self.heldout = self.modality.heldout(self.loaded, self.adapter)
-        self.baselines = BaselineCache(self.paths.baselines, refresh=bool(self.config.force))
-        self.record(self.modality.evaluate_unpruned(self.loaded, self.adapter, self.heldout, self.baselines))
+        loaded, adapter = evaluated.loaded, evaluated.adapter
+        heldout = self.modality.heldout(loaded, adapter)
+        cache = BaselineCache(self.paths.baselines, refresh=bool(self.config.force))
+        unpruned = self.modality.evaluate_unpruned(loaded, adapter, heldout, cache, evaluated.device)
+        return Baselines(heldout, cache, unpruned)
 
-    def prune(self) -> None:
-        """Each transform checked on held-out data, then the blocks removed and the transforms fused."""
+    def take_teacher_targets(self, evaluated: Evaluated) -> Distillation:
+        """``healing.loss=topk_kl``: the healing windows and the unpruned model's top-k next-token
+        distribution on them, before surgery removes the blocks (the distillation's offline data)."""
         c = self.config
-        self.take_teacher_targets()
+        if c.healing.name == "none" or c.healing.loss != "topk_kl":
+            return Distillation()
+        with stage("data", "healing data"):
+            windows = healing_windows(c.healing, evaluated.loaded.tokenizer)
+        with stage("heal", "teacher top-k targets"):
+            targets = teacher_targets(evaluated.loaded.model, windows, int(c.healing.kl_topk))
+        return Distillation(windows, targets)
+
+    def check_transforms(
+        self, evaluated: Evaluated, selected: Selected, estimated: Estimated, baselines: Baselines
+    ) -> dict:
+        """Each transform checked on held-out data before surgery (not sequential cuts: checked as
+        they are pruned, nor a cut not replaced linearly); the held-out distance columns."""
+        if selected.sequential or baselines.heldout is None or not estimated.replaces_linearly:
+            return {}
+        c, selection = self.config, estimated.selection
+        with stage("eval", "held-out distances"):
+            key = {
+                "model": evaluated.loaded.identity_hash,
+                "windows": baselines.heldout.content_hash(),
+                "cuts": [list(cut) for cut in selection.cuts],
+            }
+            placement = {cut: selection.placement_of(cut, c.lt_placement) for cut in selection.cuts}
+            distances = heldout_distances(
+                evaluated.adapter,
+                baselines.heldout,
+                estimated.fit.transforms,
+                baselines.cache,
+                key,
+                placement if selection.composed else c.lt_placement,
+                self.spec.token_rule.massive_threshold,
+                evaluated.execution,
+            )
+        return distances.columns()
+
+    def prune(
+        self,
+        evaluated: Evaluated,
+        calibrated: Calibrated,
+        selected: Selected,
+        estimated: Estimated,
+        baselines: Baselines,
+    ) -> Pruned:
+        """The blocks removed and the transforms fused (sequential cuts: each estimated, checked and
+        applied in turn, :meth:`prune_sequentially`)."""
+        c, adapter, selection = self.config, evaluated.adapter, estimated.selection
         # lt_only trains T itself, against the fusion targets' unfused weights (copied before surgery)
-        self.unfused = {}
+        unfused = {}
         if c.healing.name == "lt_only" and c.lt_placement == "fused":
-            self.unfused = fusion_weights(self.adapter, self.selection.cuts)
-        if self.sequential:
-            self.prune_sequentially()
+            unfused = fusion_weights(adapter, selection.cuts)
+        fit, checks = estimated.fit, None
+        if selected.sequential:
+            fit, checks = self.prune_sequentially(evaluated, calibrated, estimated, baselines.heldout)
+            kept = kept_blocks(evaluated.num_layers, selection.cuts)
         else:
-            if self.heldout is not None and self.replaces_linearly:
-                with stage("eval", "held-out distances"):
-                    key = {
-                        "model": self.loaded.identity_hash,
-                        "windows": self.heldout.content_hash(),
-                        "cuts": [list(cut) for cut in self.selection.cuts],
-                    }
-                    placement = {cut: self.selection.placement_of(cut, c.lt_placement) for cut in self.selection.cuts}
-                    distances = heldout_distances(
-                        self.adapter,
-                        self.heldout,
-                        self.fit.transforms,
-                        self.baselines,
-                        key,
-                        placement if self.selection.composed else c.lt_placement,
-                        self.spec.token_rule.massive_threshold,
-                    )
-                self.record(distances.columns())
             with stage("surgery"):
-                cuts, transforms, states = self.selection.cuts, self.fit.transforms, self.selection.block_states
-                self.kept = prune(self.adapter, cuts, transforms, c.lt_placement, states, self.networks)
-        caches = (self.cache, self.stats_cache, self.baselines)
-        self.record({"cached_stages": sorted({CACHED_STAGE_NAMES.get(k, k) for cache in caches for k in cache.hits})})
-        params_after = count_parameters(self.loaded.model) + replacement_parameters(self.loaded.model)
-        self.record({"params_after": params_after, "kept_blocks": self.kept})
-        self.record({"compression_ratio": 1.0 - params_after / self.row["params_before"]})
-        self.record(self.modality.pruned_columns(self.row))
-        self.record(self.modality.quality(self.loaded, self.heldout))
+                placement, states, networks = c.lt_placement, selection.block_states, estimated.networks
+                kept = prune(adapter, selection.cuts, fit.transforms, placement, states, networks)
+        caches = (calibrated.cache, calibrated.stats_cache, baselines.cache)
+        cached = sorted({CACHED_STAGE_NAMES.get(k, k) for cache in caches for k in cache.hits})
+        model = evaluated.loaded.model
+        params_after = count_parameters(model) + replacement_parameters(model)
+        modality_columns = self.modality.pruned_columns(removed_blocks(selection.cuts), evaluated.num_layers)
+        return Pruned(kept, fit, unfused, checks, cached, params_after, evaluated.params_before, modality_columns)
 
-    @property
-    def replaces_linearly(self) -> bool:
-        """Whether each cut is replaced by its T alone (or nothing), the blocks before it unchanged,
-        so the held-out distances between ``L_{start-1}`` and ``L_{end-1}`` describe the pruned model:
-        not after a search that merged weights into kept blocks, nor for a cut from block 0 (no
-        ``L_{-1}`` is captured), nor where a trained network replaces the cut."""
-        linear = not self.selection.block_states and not self.networks
-        return linear and all(start >= 1 for start, _ in self.selection.cuts)
-
-    def prune_sequentially(self) -> None:
+    def prune_sequentially(
+        self, evaluated: Evaluated, calibrated: Calibrated, estimated: Estimated, heldout: TokenBatches
+    ) -> tuple[Fit, HeldoutDistances]:
         """``multi_lt=sequential``: cuts in ascending order, each estimated on the model in which the
         earlier cuts are already applied (fused and removed), checked on held-out data in the same
-        context, then applied itself."""
-        c, adapter, request = self.config, self.adapter, self.spec.fit_request()
-        checks, removed = [], 0
-        for cut in self.selection.cuts:
+        context, then applied itself. Returns the fit of every cut and their held-out checks."""
+        c, adapter, request = self.config, evaluated.adapter, self.spec.fit_request(evaluated.execution)
+        estimator, selection = estimated.estimator, estimated.selection
+        fit, checks, removed = estimated.fit, [], 0
+        for cut in selection.cuts:
             shifted = (cut[0] - removed, cut[1] - removed)
             stats = {}
             # the official code reloads the saved pruned model without a dtype: captures in float32
-            with weights_in(self.loaded.model, self.spec.effective.capture_dtype):
-                if self.estimator.needs_statistics and not self.estimator.needs_tokens:
-                    if removed == 0 and cut in self.selection.stats:
-                        stats = {shifted: self.selection.stats[cut]}
+            with weights_in(evaluated.loaded.model, self.spec.effective.capture_dtype):
+                if estimator.needs_statistics and not estimator.needs_tokens:
+                    if removed == 0 and cut in selection.stats:
+                        stats = {shifted: selection.stats[cut]}
                     else:
-                        stats = self.stage_statistics(shifted, cut)
-                fit = fit_transforms(adapter, self.calibration.estimation, self.estimator, [shifted], stats, request)
-            self.fit = self.fit.merged(fit.relabelled(shifted, cut))
-            transform = fit.transforms[shifted]
+                        stats = self.stage_statistics(evaluated, calibrated, shifted, cut)
+                found = fit_transforms(adapter, calibrated.estimation, estimator, [shifted], stats, request)
+            fit = fit.merged(found.relabelled(shifted, cut))
+            transform = found.transforms[shifted]
             with stage("eval", "held-out distances"):
                 check = TransformDistances({shifted: transform}, c.lt_placement, request.rule.massive_threshold)
-                run_capture(adapter, self.heldout, [check], desc="held-out distances")
+                run_capture(adapter, heldout, [check], desc="held-out distances", execution=request.execution)
             checks.append(check)
             with stage("surgery"):
                 prune(adapter, [shifted], {shifted: transform}, c.lt_placement)
             removed += cut[1] - cut[0]
-        self.record(self.fit.columns())
-        self.record(sequential_checks(checks).columns())
-        self.kept = kept_blocks(self.row["num_layers"], self.selection.cuts)
+        return fit, sequential_checks(checks)
 
-    def stage_statistics(self, shifted, cut) -> dict:
-        request = self.spec.fit_request()
+    def stage_statistics(self, evaluated: Evaluated, calibrated: Calibrated, shifted, cut) -> dict:
+        """The LS statistics of ``shifted`` (``cut`` of the unpruned model, shifted by the blocks
+        already removed) on the partly pruned model."""
+        request, adapter = self.spec.fit_request(evaluated.execution), evaluated.adapter
         accumulator = linear_statistics(
             [shifted],
-            self.adapter.hidden_size,
-            input_device(self.adapter),
+            adapter.hidden_size,
+            input_device(adapter, request.execution),
             request.placement,
             request.rule,
             request.precision,
             self.spec.requirements.statistic_folds,
         )
-        with stage("capture", f"capture (stage {list(cut)})"):
-            run_capture(self.adapter, self.calibration.estimation, [accumulator], desc=f"capture (stage {list(cut)})")
+        desc = f"capture (stage {list(cut)})"
+        with stage("capture", desc):
+            run_capture(adapter, calibrated.estimation, [accumulator], desc=desc, execution=request.execution)
         return accumulator.result()
 
-    def take_teacher_targets(self) -> None:
-        """``healing.loss=topk_kl``: the healing windows and the unpruned model's top-k next-token
-        distribution on them, before surgery removes the blocks (the distillation's offline data)."""
-        c = self.config
-        self.healing_windows, self.targets = None, None
-        if c.healing.name == "none" or c.healing.loss != "topk_kl":
-            return
-        with stage("data", "healing data"):
-            self.healing_windows = healing_windows(c.healing, self.loaded.tokenizer)
-        with stage("heal", "teacher top-k targets"):
-            self.targets = teacher_targets(self.loaded.model, self.healing_windows, int(c.healing.kl_topk))
-        self.record({"healing_teacher_gb": self.targets.nbytes / 2**30})
-
-    def heal(self) -> None:
-        """Fine-tune the pruned model (``healing``) and measure it again."""
-        c = self.config
-        if c.healing.name == "none":
-            return
-        for suffix in ("", "_ci_low", "_ci_high", "_window_nll"):
-            self.row[f"ppl_heldout_before_healing{suffix}"] = self.row.pop(f"ppl_heldout{suffix}")
-        windows = self.healing_windows
+    def healing_data(self, evaluated: Evaluated, distillation: Distillation) -> HealingData:
+        """The healing windows (those the teacher's targets were taken on, with ``loss=topk_kl``)."""
+        windows = distillation.windows
         if windows is None:
             with stage("data", "healing data"):
-                windows = healing_windows(c.healing, self.loaded.tokenizer)
-        self.record({"healing_windows": windows.n_sequences})
+                windows = healing_windows(self.config.healing, evaluated.loaded.tokenizer)
+        return HealingData(windows, distillation.targets)
+
+    def heal(self, evaluated: Evaluated, pruned: Pruned, data: HealingData) -> dict:
+        """Fine-tune the pruned model (``healing``); the healing run's columns."""
+        c = self.config
         trainable = None
         if c.healing.name == "lt_only":
             float32 = c.healing.master_weights == "float32"
             trainable = attach_trainable_transforms(
-                self.adapter, self.fit.transforms, self.kept, self.unfused, c.lt_placement, float32
+                evaluated.adapter, pruned.fit.transforms, pruned.kept, pruned.unfused, c.lt_placement, float32
             )
         with stage("heal", f"healing ({c.healing.name})"):
-            result = heal(self.adapter, windows, c.healing, trainable, self.targets)
-        self.record(result.columns())
-        self.record(self.modality.quality(self.loaded, self.heldout, healed=True))
+            result = heal(evaluated.adapter, data.windows, c.healing, trainable, data.targets)
+        return result.columns()
 
-    def evaluate_pruned(self) -> None:
-        self.record(self.modality.evaluate_pruned(self.loaded, self.adapter, self.heldout))
+    def evaluate_pruned(self, evaluated: Evaluated, baselines: Baselines) -> dict:
+        """The pruned (and healed) model's scores, as row columns."""
+        loaded, adapter = evaluated.loaded, evaluated.adapter
+        return self.modality.evaluate_pruned(loaded, adapter, baselines.heldout, baselines.unpruned, evaluated.device)
 
-    def measure_speed(self) -> None:
+    def measure_speed(self, evaluated: Evaluated) -> dict:
         """What pruning buys (``eval.speed``): the pruned model against a fresh copy of the unpruned one,
         loaded beside it on the job's device and measured alternately
         (:func:`~replaceme_exp.evaluation.speed.compare_speed`); not measured, and said in the row
-        (``speed_skipped``), when that copy does not fit."""
+        (``speed_skipped``), when that copy does not fit. Returns the row's speed columns."""
         settings = self.config.eval.speed
         if not settings.enabled:
-            return
+            return {}
+        model = evaluated.loaded.model
         with stage("speed"):
-            if (problem := room_for_a_copy(self.loaded.model, self.unpruned_bytes)) is not None:
+            if (problem := room_for_a_copy(model, evaluated.unpruned_bytes)) is not None:
                 log.warning("speed not measured: %s", problem)
-                self.record({"speed_skipped": problem})
-                return
+                return {"speed_skipped": problem}
             unpruned = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
             try:
-                comparison = compare_speed({"unpruned": unpruned.model, "pruned": self.loaded.model}, settings)
+                comparison = compare_speed({"unpruned": unpruned.model, "pruned": model}, settings)
             finally:
                 del unpruned
                 gc.collect()
                 torch.cuda.empty_cache()
-        self.record(comparison.row())
+        return comparison.row()
 
-    def save(self) -> None:
+    def save(
+        self, evaluated: Evaluated, selected: Selected, estimated: Estimated, pruned: Pruned, metadata: dict
+    ) -> Iterator[SavedFile]:
         """What ``save_model`` asks for (:attr:`JobSpec.model_save`): ``full``, the pruned model as a
         standard checkpoint under ``results_dir/models/<config_hash>``; ``transform``, each cut's T
         and the recipe that rebuilds that checkpoint from the base model (``make export``) under
-        ``results_dir/transforms/``. With ``save_transforms``, the transforms file in either case."""
+        ``results_dir/transforms/``. With ``save_transforms``, the transforms file in either case.
+        ``metadata``: what the checkpoint carries (:func:`checkpoint_metadata`). Yields each file
+        as it is written (so a later failure keeps it in the row)."""
         saved = self.spec.model_save
-        self.record({"saved_model": saved})
         if self.config.save_transforms or saved == "transform":
-            self.save_transforms()
+            yield self.save_transforms(estimated, pruned, metadata)
         if saved == "transform":
-            self.save_recipe()
+            self.save_recipe(selected, estimated, pruned, metadata)
         if saved != "full":
             return
         if self.config.save_model == "transform":
             log.info("healing moved the weights beyond the transforms: saving the full checkpoint")
         with stage("save"):
-            target = self.paths.model_dir(self.row["config_hash"])
-            loaded = self.loaded
-            save_checkpoint(loaded.model, loaded.tokenizer, target, self.checkpoint_metadata(), loaded.processor)
-        self.record({"pruned_model_path": str(target)})
+            target = self.paths.model_dir(metadata["config_hash"])
+            loaded = evaluated.loaded
+            save_checkpoint(loaded.model, loaded.tokenizer, target, metadata, loaded.processor)
+        yield SavedFile("pruned_model_path", target)
 
-    def checkpoint_metadata(self) -> dict:
-        """What a saved (or exported) checkpoint carries beside its weights (``replaceme.json``)."""
-        keys = ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")
-        return {k: self.row[k] for k in keys}
-
-    def save_transforms(self) -> None:
+    def save_transforms(self, estimated: Estimated, pruned: Pruned, metadata: dict) -> SavedFile:
         """One safetensors file: ``"<start>-<end>"`` (cuts of the unpruned model) -> T, float64,
         (hidden, hidden), as estimated (before any healing); cuts without a T (identity) are left out.
         New weights of kept blocks (a search's merges, a retrained block) go in as
         ``"block.<index>.<parameter>"``, a replacement FFN as ``"network.after_block.<index>.<parameter>"``
         (original indices), as computed."""
-        fitted = self.fit.transforms.items()
+        fitted = pruned.fit.transforms.items()
         transforms = {label(cut): t.detach().double().cpu().contiguous() for cut, t in fitted if t is not None}
-        transforms.update(block_state_tensors(self.selection.block_states))
-        transforms.update(network_tensors(self.networks, NETWORK_PREFIX))
-        target = self.paths.transforms_file(self.row["config_hash"])
+        transforms.update(block_state_tensors(estimated.selection.block_states))
+        transforms.update(network_tensors(estimated.networks, NETWORK_PREFIX))
+        target = self.paths.transforms_file(metadata["config_hash"])
         with stage("save", "save transforms"), atomic_path(target) as tmp:
-            save_file(transforms, str(tmp), metadata={"run_id": self.row["run_id"], "model": self.row["model"]})
-        self.record({"transforms_path": str(target)})
+            save_file(transforms, str(tmp), metadata={"run_id": metadata["run_id"], "model": metadata["model"]})
+        return SavedFile("transforms_path", target)
 
-    def save_recipe(self) -> None:
+    def save_recipe(self, selected: Selected, estimated: Estimated, pruned: Pruned, metadata: dict) -> None:
         """Beside the transforms file, what rebuilds the pruned checkpoint from the base model: the
         job's configuration, the base weights' fingerprint, the cuts, how they were applied and each
         T's dtype as fitted (the file holds float64: cast back, the fused or attached T is the job's
         bit for bit). A few kB."""
-        fitted = self.fit.transforms.items()
+        fitted, selection = pruned.fit.transforms.items(), estimated.selection
         recipe = {
-            "config_hash": self.row["config_hash"],
+            "config_hash": metadata["config_hash"],
             "config": dataclasses.asdict(self.config),
             "model_fingerprint": self.spec.weights,
-            "cuts": [list(cut) for cut in self.selection.cuts],
-            "sequential": self.sequential,
+            "cuts": [list(cut) for cut in selection.cuts],
+            "sequential": selected.sequential,
             "lt_placement": self.config.lt_placement,
-            "block_states": sorted(self.selection.block_states),
-            "networks": sorted(self.networks),
+            "block_states": sorted(selection.block_states),
+            "networks": sorted(estimated.networks),
             "dtypes": {label(cut): str(t.dtype).removeprefix("torch.") for cut, t in fitted if t is not None},
-            "metadata": self.checkpoint_metadata(),
+            "metadata": metadata,
         }
         with stage("save", "save recipe"):
-            write_recipe(self.paths.transforms_file(self.row["config_hash"]), recipe)
+            write_recipe(self.paths.transforms_file(metadata["config_hash"]), recipe)
+
+
+def recorded(row: dict, result):
+    """``result``, its columns added to ``row``."""
+    row.update(result.columns)
+    return result
+
+
+def checkpoint_metadata(row: dict) -> dict:
+    """What a saved (or exported) checkpoint carries beside its weights (``replaceme.json``): the
+    row's identity, cuts and kept blocks."""
+    keys = ("run_id", "config_hash", "model", "cuts", "objective", "alpha", "kept_blocks")
+    return {k: row[k] for k in keys}
 
 
 @contextmanager
@@ -530,9 +588,3 @@ def check_weights_finite(model) -> None:
                     raise NonFiniteError("load", f"the weight {name} is")
     finally:
         torch.set_num_threads(threads)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.models.loading import LoadedModel
@@ -48,6 +50,16 @@ class Calibration:
     columns: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UnprunedScores:
+    """The unpruned model measured: its score columns and the evaluation's settings (``columns``,
+    what the row records), and its greedy ``answers`` to the generation samples' prompts (None
+    without ``eval.samples``), which the pruned model's are shown beside."""
+
+    columns: dict
+    answers: list[str] | None = None
+
+
 class Modality:
     """Data and evaluation of one kind of model."""
 
@@ -64,17 +76,22 @@ class Modality:
         """Held-out batches for the transforms' distances (None: no held-out check)."""
         raise NotImplementedError
 
-    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
-        """The unpruned model's scores (cached in ``baselines``) and the evaluation's settings, as
-        row columns."""
+    def evaluate_unpruned(
+        self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device: torch.device
+    ) -> UnprunedScores:
+        """The unpruned model's scores (cached in ``baselines``; inputs on ``device``) and the
+        evaluation's settings."""
         raise NotImplementedError
 
     def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
         """The held-out quality of the pruned model (``healed``: after healing), as columns."""
         return {}
 
-    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
-        """The pruned (and healed) model's scores, as row columns."""
+    def evaluate_pruned(
+        self, loaded: LoadedModel, adapter, heldout, unpruned: UnprunedScores, device: torch.device
+    ) -> dict:
+        """The pruned (and healed) model's scores (inputs on ``device``; beside the ``unpruned``
+        model's where a column compares them), as row columns."""
         raise NotImplementedError
 
     def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:
@@ -83,8 +100,9 @@ class Modality:
         evaluation's settings."""
         raise NotImplementedError
 
-    def pruned_columns(self, row: dict) -> dict:
-        """Columns derived from the row once the blocks are removed."""
+    def pruned_columns(self, removed: int, num_layers: int) -> dict:
+        """Columns of the pruned model's depth: ``removed`` of the unpruned model's ``num_layers``
+        blocks."""
         return {}
 
 

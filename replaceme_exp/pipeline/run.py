@@ -36,11 +36,11 @@ def run_job(
         tracking_mode=tracking.tracking_mode,
     )
     clock = StageClock(emissions, on_stage)
-    job = (EvaluationJob if spec.job == "evaluate" else PruningJob)(spec, paths, row)
+    job = (EvaluationJob if spec.job == "evaluate" else PruningJob)(spec, paths)
     try:
         with observed_by(clock):
-            job.run()
-        row.update(clock.columns(job.device, healed=c.healing.name != "none"), status="finished")
+            device = job.run(row)
+        row.update(clock.columns(device, healed=c.healing.name != "none"), status="finished")
         return row
     except BaseException:
         row["failed_stage"] = clock.failed

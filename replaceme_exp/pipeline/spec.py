@@ -44,7 +44,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from replaceme_exp.capture.execution import compute_device, resolve_precision
+from replaceme_exp.capture.execution import CaptureExecution, compute_device, resolve_precision
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import settle
@@ -456,8 +456,9 @@ class JobSpec:
         e = self.effective
         return TokenRule(e.estimation_tokens, e.estimation_first or 1, e.massive_threshold, e.padded_positions)
 
-    def selection_request(self, stats_bytes: float | None = None) -> SelectionRequest:
-        """What the selection and statistics passes need (``stats_bytes``: the plan's budget)."""
+    def selection_request(self, execution: CaptureExecution | None = None) -> SelectionRequest:
+        """What the selection and statistics passes need (``execution``: the capture plan, None:
+        whole-model with the default statistics budget)."""
         c, e = self.config, self.effective
         return SelectionRequest(
             cuts=[tuple(cut) for cut in c.cuts] if c.cuts is not None else None,
@@ -472,7 +473,7 @@ class JobSpec:
             precision=e.capture_precision,
             passes=c.capture.passes,
             max_stats_gb=c.capture.max_stats_gb,
-            stats_bytes=stats_bytes,
+            execution=execution,
             touching_cuts=e.touching_cuts or "apart",
             sequential=e.multi_lt == "sequential",
             settings=c.selection,
@@ -481,8 +482,9 @@ class JobSpec:
             folds=self.requirements.statistic_folds,
         )
 
-    def fit_request(self) -> FitRequest:
-        """How the transforms are fitted."""
+    def fit_request(self, execution: CaptureExecution | None = None) -> FitRequest:
+        """How the transforms are fitted (``execution``: the capture plan of their captures, None:
+        whole-model)."""
         c, e = self.config, self.effective
         return FitRequest(
             alpha=float(c.alpha),
@@ -494,6 +496,7 @@ class JobSpec:
             precision=e.capture_precision,
             store=c.store,
             owner=self.config_hash,
+            execution=execution,
         )
 
     def estimator(self) -> Estimator:

@@ -14,7 +14,7 @@ from replaceme_exp.evaluation.harness import harness_settings, run_harness
 from replaceme_exp.evaluation.perplexity import WindowPerplexity, window_perplexity
 from replaceme_exp.evaluation.samples import answers_alone, greedy_answers, side_by_side
 from replaceme_exp.models.loading import LoadedModel
-from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality
+from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality, UnprunedScores
 from replaceme_exp.results.row import library_versions
 from replaceme_exp.stages import stage
 
@@ -48,7 +48,9 @@ class TextModality(Modality):
     def heldout(self, loaded: LoadedModel, adapter):
         return heldout_windows(self.config.eval, loaded.tokenizer)
 
-    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
+    def evaluate_unpruned(
+        self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device
+    ) -> UnprunedScores:
         c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
         key = {"model": loaded.identity_hash, "windows": heldout.content_hash(), "metric": "ppl_heldout"}
         with stage("eval", "baseline perplexity"):
@@ -68,12 +70,13 @@ class TextModality(Modality):
                 }
                 scores = baselines.get_or_compute(key, lambda: self.harness_scores(loaded))
                 check_finite("eval", "the unpruned model's avg_acc is", [scores["avg_acc"]])
-                self.baseline_avg_acc = columns["avg_acc_baseline"] = scores["avg_acc"]
+                columns["avg_acc_baseline"] = scores["avg_acc"]
                 columns.update({f"baseline_{name}": value for name, value in scores.items()})
+        answers = None
         if (samples := c.eval.samples) is not None:
             with stage("eval", "generation samples (unpruned)"):
-                self.unpruned_answers = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
-        return columns
+                answers = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
+        return UnprunedScores(columns, answers)
 
     def quality(self, loaded: LoadedModel, heldout, healed: bool = False) -> dict:
         which = "healed" if healed else "pruned"
@@ -85,18 +88,18 @@ class TextModality(Modality):
         """The lm-eval suite's score columns of ``loaded`` (:func:`run_harness`)."""
         return run_harness(loaded.model, loaded.tokenizer, self.config.eval.harness, self.paths.job_dir)
 
-    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout, unpruned: UnprunedScores, device) -> dict:
         c, model, tokenizer = self.config, loaded.model, loaded.tokenizer
         columns = {}
         if c.eval.harness is not None:
             with stage("eval", "pruned lm-eval"):
                 columns.update(self.harness_scores(loaded))
                 check_finite("eval", "the pruned model's avg_acc is", [columns["avg_acc"]])
-                columns["rp"] = columns["avg_acc"] / self.baseline_avg_acc
+                columns["rp"] = columns["avg_acc"] / unpruned.columns["avg_acc_baseline"]
         if (samples := c.eval.samples) is not None:
             with stage("eval", "generation samples (pruned)"):
                 pruned = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
-            columns["generation_samples"] = side_by_side(list(samples.prompts), self.unpruned_answers, pruned)
+            columns["generation_samples"] = side_by_side(list(samples.prompts), unpruned.answers, pruned)
         return columns
 
     def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:

@@ -8,13 +8,15 @@ model and benchmark settings)."""
 
 from __future__ import annotations
 
+import torch
+
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.config.validate import build_option
 from replaceme_exp.data.images import build_image_calibration
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, evaluate_benchmark
 from replaceme_exp.models.loading import LoadedModel
-from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality
+from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality, UnprunedScores
 from replaceme_exp.results.row import library_versions
 from replaceme_exp.stages import stage
 
@@ -64,7 +66,7 @@ class VisionModality(Modality):
         e = self.config.eval
         return {"batch_size": int(e.batch_size), "limit": e.limit, "amp": bool(e.amp)}
 
-    def scores(self, loaded: LoadedModel, adapter, name: str) -> dict[str, float]:
+    def scores(self, loaded: LoadedModel, adapter, name: str, device: torch.device) -> dict[str, float]:
         s = self.settings()
         return evaluate_benchmark(
             loaded.model,
@@ -73,7 +75,7 @@ class VisionModality(Modality):
             loaded.processor,
             name,
             s["batch_size"],
-            input_device(adapter),
+            device,
             s["limit"],
             s["amp"],
         )
@@ -85,7 +87,9 @@ class VisionModality(Modality):
         columns.update({f"{package}_version": v for package, v in library_versions(LIBRARIES).items()})
         return columns
 
-    def evaluate_unpruned(self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache) -> dict:
+    def evaluate_unpruned(
+        self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device
+    ) -> UnprunedScores:
         settings = self.settings()
         columns = self.settings_columns()
         for name in self.config.eval.benchmarks:
@@ -97,23 +101,23 @@ class VisionModality(Modality):
                 **settings,
             }
             with stage("eval", f"baseline {name}"):
-                baseline = baselines.get_or_compute(key, lambda name=name: self.scores(loaded, adapter, name))
+                baseline = baselines.get_or_compute(key, lambda name=name: self.scores(loaded, adapter, name, device))
             columns.update({f"baseline_{c}": v for c, v in benchmark_columns(name, baseline).items()})
-        return columns
+        return UnprunedScores(columns)
 
-    def pruned_columns(self, row: dict) -> dict:
-        return {"vision_compression_ratio": row["n_prune"] / row["num_layers"]}  # the paper's 13% / 25%: blocks
+    def pruned_columns(self, removed: int, num_layers: int) -> dict:
+        return {"vision_compression_ratio": removed / num_layers}  # the paper's 13% / 25%: blocks
 
-    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout) -> dict:
-        return self.benchmark_scores(loaded, adapter, "pruned ")
+    def evaluate_pruned(self, loaded: LoadedModel, adapter, heldout, unpruned: UnprunedScores, device) -> dict:
+        return self.benchmark_scores(loaded, adapter, device, "pruned ")
 
     def evaluate_model(self, loaded: LoadedModel, adapter) -> dict:
-        return {**self.settings_columns(), **self.benchmark_scores(loaded, adapter)}
+        return {**self.settings_columns(), **self.benchmark_scores(loaded, adapter, input_device(adapter))}
 
-    def benchmark_scores(self, loaded: LoadedModel, adapter, label: str = "") -> dict:
-        """Every benchmark's score columns of ``loaded`` (stages ``<label><benchmark>``)."""
+    def benchmark_scores(self, loaded: LoadedModel, adapter, device: torch.device, label: str = "") -> dict:
+        """Every benchmark's score columns of ``loaded``, inputs on ``device`` (stages ``<label><benchmark>``)."""
         columns = {}
         for name in self.config.eval.benchmarks:
             with stage("eval", f"{label}{name}"):
-                columns.update(benchmark_columns(name, self.scores(loaded, adapter, name)))
+                columns.update(benchmark_columns(name, self.scores(loaded, adapter, name, device)))
         return columns

@@ -11,7 +11,7 @@ from typing import Any
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, gib
+from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, CaptureExecution, gib
 from replaceme_exp.capture.folds import FoldedLinearStatistics
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import SimilarityStatistics
@@ -47,8 +47,9 @@ class SelectionRequest:
     (:class:`~replaceme_exp.capture.folds.FoldedStats`, a cache entry of their own); ``rule``,
     ``placement``, ``precision``: how the LS statistics are taken; ``alpha``: the ridge of an
     ``ls_residual`` selection; ``passes`` and ``max_stats_gb``: ``capture.passes`` and
-    ``capture.max_stats_gb``; ``stats_bytes``: the plan's statistics budget; ``settings`` and
-    ``seed``: the ``selection`` option's typed config and the job's seed (what a search reads)."""
+    ``capture.max_stats_gb``; ``execution``: the capture plan (how the passes run and the statistics
+    budget; None: whole-model, the default budget); ``settings`` and ``seed``: the ``selection``
+    option's typed config and the job's seed (what a search reads)."""
 
     cuts: list[Cut] | None
     n_prune: int | float
@@ -62,7 +63,7 @@ class SelectionRequest:
     precision: str
     passes: str = "auto"
     max_stats_gb: float | None = None
-    stats_bytes: float | None = None
+    execution: CaptureExecution | None = None
     touching_cuts: str = "apart"
     sequential: bool = False  # transforms estimated one after another on the partly pruned model
     settings: Any = None
@@ -116,7 +117,7 @@ def distance_accumulators(
         return CutDistances(candidates, sequence_distance=metric.sequence_distance), None
     if metric.kind != "similarity":
         return None, None
-    similarity = SimilarityStatistics(candidates, hidden, input_device(adapter), request.precision)
+    similarity = SimilarityStatistics(candidates, hidden, input_device(adapter, request.execution), request.precision)
     matrices = len(similarity.grams) + len(candidates)
     log.info("%s selection: %d d x d float64 moments (%s)", metric.name, matrices, gib(matrices * hidden**2 * 8))
     return None, similarity
@@ -138,14 +139,14 @@ def selection_passes(
     for no group), ``riders`` in the first. Returns the distances an ``ls_residual`` metric computes
     from the statistics and, when one pass gathered every candidate's, those statistics."""
     metric, rule, precision = request.metric, request.rule, request.precision
-    hidden, device = adapter.hidden_size, input_device(adapter)
+    hidden, device = adapter.hidden_size, input_device(adapter, request.execution)
     stats, distances = {}, {}
     for i, group in enumerate(groups or [[]]):
         linear = LinearStatistics(group, hidden, device, request.placement, rule, precision) if group else None
         accumulators = (riders if i == 0 else []) + ([linear] if linear is not None else [])
         label = "capture (selection)" if len(groups) < 2 else f"capture (selection, {i + 1}/{len(groups)})"
         with stage("capture", label):
-            run_capture(adapter, calibration, accumulators, desc=label)
+            run_capture(adapter, calibration, accumulators, desc=label, execution=request.execution)
         group_stats = linear.result() if linear is not None else {}
         if empty := [list(cut) for cut, s in group_stats.items() if s.n_tokens == 0]:
             raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cuts {empty}")
@@ -269,14 +270,15 @@ def capture_cut_statistics(
     """The LS statistics of ``cuts`` in one capture pass over ``batches``, by the placement each is
     fitted in (``{placement: {cut: statistics}}``, per fold with ``request.folds``)."""
     rule, precision, placement, folds = request.rule, request.precision, request.placement, request.folds
-    device = input_device(adapter)
+    device = input_device(adapter, request.execution)
     accumulators = {
         where: linear_statistics(group, adapter.hidden_size, device, where, rule, precision, folds)
         for where in ("fused", "separate")
         if (group := [cut for cut in cuts if selection.placement_of(cut, placement) == where])
     }
     with stage("capture", "capture (statistics)"):
-        run_capture(adapter, batches, list(accumulators.values()), desc="capture (statistics)")
+        statistics = list(accumulators.values())
+        run_capture(adapter, batches, statistics, desc="capture (statistics)", execution=request.execution)
     out = {}
     for where, accumulator in accumulators.items():
         if empty := [list(cut) for cut, s in accumulator.result().items() if s.n_tokens == 0]:
@@ -374,8 +376,8 @@ def stats_budget(request: SelectionRequest) -> float:
     plan's measured budget, else 8 GiB."""
     if request.max_stats_gb is not None:
         return float(request.max_stats_gb) * GIB
-    if request.stats_bytes is not None:
-        return float(request.stats_bytes)
+    if request.execution is not None:
+        return float(request.execution.stats_bytes)
     return DEFAULT_STATS_GB * GIB
 
 
