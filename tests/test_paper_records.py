@@ -53,6 +53,8 @@ def test_the_tags_and_refusals(tmp_path):
         paper_records(write(tmp_path, RECORDS.replace("tables:", "tabels:"), "misspelt.yaml"))
     with pytest.raises(ValueError, match=r"tables.t: unknown key\(s\) \['colums'\]"):
         table_spec({"name": "t", "caption": "c", "where": {}, "rows": [], "colums": []})
+    with pytest.raises(ValueError, match=r"tables.t row: unknown key\(s\) \['condtions'\]"):
+        table_spec({"name": "t", "caption": "c", "where": {}, "rows": [{"label": "r", "condtions": {"a": 1}}]})
 
 
 def test_every_table_reads_its_named_settings():

@@ -51,7 +51,7 @@ from replaceme_exp.reporting.cells import choose_setting, matches
 from replaceme_exp.reporting.compression_cost import compression_cost, uncached_runs
 from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
 from replaceme_exp.reporting.energy_marks import any_estimated, marked
-from replaceme_exp.reporting.paper_records import conditions, paper_records
+from replaceme_exp.reporting.paper_records import check_keys, conditions, paper_records
 from replaceme_exp.reporting.paper_settings import (
     DEFAULT_METHOD,
     LLAMA3_25,
@@ -90,6 +90,8 @@ class Series:
 def series_of(figure: str) -> list[Series]:
     """The series ``figure`` draws, in their order in paper.yaml."""
     where = f"paper.yaml figures.{figure}"
+    for s in paper_records()["figures"][figure]:
+        check_keys(s, ("label", "conditions", "style"), f"{where} series")
     return [
         Series(s["label"], conditions(s.get("conditions"), where), dict(s.get("style") or {}))
         for s in paper_records()["figures"][figure]

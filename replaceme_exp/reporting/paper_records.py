@@ -58,6 +58,14 @@ def setting(name: str, path: Path = PAPER_RECORDS) -> dict:
     return dict(settings[name])
 
 
+def check_keys(entry: dict, allowed: tuple[str, ...], where: str) -> None:
+    """Refuse, in one line naming them, the keys of a record's ``entry`` it does not know (a misspelt
+    ``conditions`` would otherwise leave a row matching every run)."""
+    unknown = sorted(set(entry) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; the keys are {list(allowed)}")
+
+
 def _resolve(written, settings: dict[str, dict], where: str) -> dict:
     parts = written if isinstance(written, list) else [written or {}]
     out: dict = {}

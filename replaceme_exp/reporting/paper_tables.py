@@ -48,7 +48,7 @@ from replaceme_exp.reporting.cells import (
 from replaceme_exp.reporting.compression_cost import with_compression_cost
 from replaceme_exp.reporting.energy_marks import NOTE as ESTIMATED_NOTE
 from replaceme_exp.reporting.energy_marks import any_estimated, is_energy_metric, marked
-from replaceme_exp.reporting.paper_records import conditions, paper_records
+from replaceme_exp.reporting.paper_records import check_keys, conditions, paper_records
 from replaceme_exp.reporting.paper_settings import (
     PAPER_HOME,
     Retargeting,
@@ -167,10 +167,12 @@ def _column(entry, where: str) -> list:
         return [Column(*entry)]
     if set(entry) == {"use"}:
         return [c for named in paper_records()["columns"][entry["use"]] for c in _column(named, where)]
+    check_keys(entry, ("header", "metric", "conditions"), f"{where} column")
     return [Column(entry["header"], entry["metric"], conditions(entry.get("conditions"), where))]
 
 
 def _row(entry: dict, where: str) -> Row:
+    check_keys(entry, ("label", "conditions", "kind", "text", "prefer", "run_of"), f"{where} row")
     return Row(
         entry["label"],
         conditions(entry.get("conditions"), where),
