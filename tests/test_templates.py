@@ -77,12 +77,17 @@ def _value(v) -> str:
         (
             "structured_lts_uidl_nc",
             "experiment=multi_lt_nc_ls",
-            {"objective.name": "ls", "num_lts": 2, "merge_consecutive": False, "structure.name": "generic"},
+            {"objective.name": "ls", "num_lts": 4, "merge_consecutive": False, "structure.name": "generic"},
         ),
         (
             "cosine_approximation_multi_a",
             "objective=cosine_exact",
-            {"objective.name": "cosine_exact", "num_lts": 2, "merge_consecutive": False, "n_prune": 8},
+            {"objective.name": "cosine_exact", "merge_consecutive": False, "n_prune": 8},
+        ),
+        (
+            "cosine_approximation_multi_a",
+            "num_lts=4",
+            {"num_lts": 4, "merge_consecutive": False, "n_prune": 8},
         ),
     ],
 )
@@ -131,7 +136,9 @@ def test_every_template_belongs_to_exactly_one_table_figure_or_study():
             "methods_equal_compression",
             "methods_equal_compression_deeper",
             "methods_quality_speed",
-        ]
+        ],
+        # its 4-transform cosine job is also the main table's 4-LT Multi_LT_NC (Cosine) row
+        "paper/cosine_approximation_multi_a": ["llama3_main", "cosine_approximation"],
     }, owners
     counts = {
         sweep.jobs for name in shared["methods/equal_compression"] for sweep in PAPER_ARTIFACTS.get(name).sweeps
@@ -155,9 +162,45 @@ ROWS_FILLED_BY_SWEEPS = {
     "structured_lts": {"paper/structured_lts": (3, [[]]), "paper/structured_lts_uidl_nc": (2, [[]])},
     "cosine_approximation": {
         "paper/cosine_approximation": (2, [[], QWEN]),
-        "paper/cosine_approximation_multi_a": (2, [[]]),
+        "paper/cosine_approximation_multi_a": (4, [[]]),
     },
 }
+
+
+@pytest.mark.unit
+def test_the_non_consecutive_structured_row_is_the_multi_lt_ablations_four_lt_job():
+    """The structured-LT table's "Generic, non-consecutive" numbers are the multi-LT ablation's 4-LT LS
+    row: its job is that one (one config hash, run once), not a 2-LT job."""
+    from replaceme_exp.pipeline.spec import JobSpec
+
+    def spec(*overrides):
+        return JobSpec.from_config(compose_config(list(overrides)))
+
+    non_consecutive = spec("+paper=structured_lts_uidl_nc", "experiment=multi_lt_nc_ls")
+    four_lts = spec("+paper=multi_lt_count", "model=llama3_8b_instruct", "num_lts=4")
+    assert non_consecutive.setting_columns()["num_lts"] == 4
+    assert non_consecutive.config_hash == four_lts.config_hash
+
+
+@pytest.mark.unit
+def test_the_cosine_multi_lt_nc_rows_run_two_and_four_transforms_and_say_why():
+    """The paper states no count for its cosine Multi_LT_NC and Multi_A rows: both tables show 2 and 4
+    transforms, the main table's 4-LT row filled by the Multi_A sweep's cosine job, and say so."""
+    import pandas as pd
+    from helpers.tables import SPECS
+
+    from replaceme_exp.pipeline.spec import JobSpec
+    from replaceme_exp.reporting.paper_settings import select_cell
+    from replaceme_exp.reporting.paper_tables import to_markdown
+
+    main = SPECS["llama3_main"]
+    assert "paper/cosine_approximation_multi_a" in {sweep.template for sweep in main.sweeps}
+    four = next(r for r in main.row_specs() if r.text.get("Linear transform", "").endswith("4 LTs"))
+    job = ["+paper=cosine_approximation_multi_a", "objective=cosine", "num_lts=4"]
+    written = pd.DataFrame([{"job": "4", **JobSpec.from_config(compose_config(job)).setting_columns()}])
+    assert len(select_cell(written, {**main.where, **four.conditions})) == 1
+    for name in ("llama3_main", "cosine_approximation"):
+        assert "both 2" in to_markdown(SPECS[name], pd.DataFrame({"Setting": []})), name
 
 
 @pytest.mark.unit

@@ -138,6 +138,7 @@ class TableSpec:
     # names the settings a retargeting replaced: the paper's (paper_settings.PAPER_HOME), or the table's own.
     home: dict = field(default_factory=lambda: dict(PAPER_HOME))
     reference: str = "paper"
+    note: str = ""  # what the table's rows rest on beyond its caption (rendered under the table)
 
     def preferences(self, row: Row) -> dict:
         """The settings a cell of ``row`` prefers when its runs hold several (see selection.py)."""
@@ -194,6 +195,8 @@ def table_spec(entry: dict) -> TableSpec:
         optional["columns"] = [c for written in entry["columns"] for c in _column(written, where)]
     if "home" in entry:
         optional["home"] = conditions(entry["home"], where)
+    if "note" in entry:
+        optional["note"] = " ".join(entry["note"].split())
     return TableSpec(
         entry["name"],
         " ".join(entry["caption"].split()),
@@ -513,6 +516,8 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
         f"errors, within [0, 1]; a speedup: over its timing rounds); {MISSING} = no finished run; "
         "Runs counts the runs shown."
     ]
+    if spec.note:
+        lines.append(spec.note)
     if table is not None and table.attrs.get("leaders"):
         lines.append(LEADERS_NOTE)
     lines += [f"{bullet}{failure}." for failure in (table.attrs.get("failures", []) if table is not None else [])]
