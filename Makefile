@@ -11,6 +11,8 @@
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 # make docs : the documentation site (mkdocs-material), built offline and strictly into site/
 # make offline-tasks : rebuild the offline lm-eval tasks' items from the installed sources
+# make lm-eval-0.4.8 : a separate environment (.venv-lm-eval-0.4.8) with the official code's lm-eval 0.4.8 and
+#   transformers 4.46.3, to score a saved checkpoint as protocol=official did (docs/guides/evaluating-a-checkpoint.md)
 
 # What a user may set (make paper-tables MODEL=x, make run ARGS="...") reaches the recipes only
 # through the environment, quoted there ("$$MODEL"), never pasted into a recipe: no value runs as
@@ -42,7 +44,7 @@ override OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELIS
 override WITH_ARGS := "$$PY" -c 'import os, shlex, sys; sys.excepthook = lambda kind, err, tb: print("ARGS=" + repr(os.environ.get("ARGS")) + ": " + str(err), file=sys.stderr); extra = shlex.split(os.environ.get("ARGS") or ""); sys.excepthook = sys.__excepthook__; os.execvp(sys.argv[1], sys.argv[1:] + extra)'
 override offline_with_args = @printf '%s ' $(1); printf '%s\n' "$$ARGS"; $(OFFLINE) $(WITH_ARGS) $(1)
 
-.PHONY: setup setup-gemma3 run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
+.PHONY: setup setup-gemma3 lm-eval-0.4.8 run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
 
 $(STAMP): pyproject.toml
 	"$$PYTHON" -m venv "$$VENV"
@@ -70,6 +72,15 @@ setup-gemma3: setup $(GEMMA3_STAMP)
 
 run: setup
 	$(call offline_with_args,"$$PY" run.py)
+
+# lm-eval 0.4.8 (the official setup.py's pin) needs transformers 4.x: it cannot share .venv (transformers 5).
+lm-eval-0.4.8: .venv-lm-eval-0.4.8/.installed
+
+.venv-lm-eval-0.4.8/.installed:
+	"$$PYTHON" -m venv .venv-lm-eval-0.4.8
+	.venv-lm-eval-0.4.8/bin/python -m pip install -q "$$TORCH"
+	.venv-lm-eval-0.4.8/bin/python -m pip install -q lm-eval==0.4.8 transformers==4.46.3
+	touch .venv-lm-eval-0.4.8/.installed
 
 test: setup setup-gemma3
 	$(call offline_with_args,"$$PY" -m pytest -q -n "$$TEST_WORKERS" --dist worksteal)

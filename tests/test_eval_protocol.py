@@ -285,3 +285,65 @@ def test_pack_windows_with_smollm2_start_with_its_bos(smollm2_tokenizer):
     windows = windows_of(pack_windows(docs, tok, 32, max_windows=4, batch_size=3))
     assert len(windows) == 4 and all(len(w) == 32 and w[0] == tok.bos_token_id for w in windows)
     assert [t for w in windows for t in w[1:]] == stream[: 4 * 31]
+
+
+@pytest.mark.unit
+def test_the_harness_batch_size_is_the_protocols_unless_chosen(tmp_path, monkeypatch, smollm2_tokenizer):
+    """protocol=official scores at lm-eval batch size 1 (eval_model's simple_evaluate default), the paper
+    protocol at 8; a typed batch size wins under either; lm-eval receives the settled value."""
+    import lm_eval
+
+    sizes = {
+        overrides: typed(["eval=paper", *overrides]).eval.harness.batch_size
+        for overrides in [(), ("protocol=official",), ("protocol=official", "eval.harness.batch_size=8")]
+    }
+    assert list(sizes.values()) == [8, 1, 8]
+    for suite in ("offline", "quick", "sciq", "leaderboard", "llama2_table"):
+        assert typed([f"eval={suite}", "protocol=official"]).eval.harness.batch_size == 1, suite
+    seen = []
+
+    def stop(**kwargs):
+        seen.append(kwargs["model"].batch_size)  # lm-eval's HFLM, built with the settled batch size
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", stop)
+    h = typed(["eval=offline", "protocol=official"]).eval.harness
+    model = tiny_model("llama", num_layers=2, vocab=len(smollm2_tokenizer), max_position_embeddings=1024)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_harness(model, smollm2_tokenizer, h, tmp_path)
+    assert seen == [1] and harness_settings(h)["eval_batch_size"] == 1
+
+
+@pytest.mark.unit
+def test_rows_record_the_protocols_lm_eval_version_and_whether_they_were_scored_with_it(monkeypatch):
+    from replaceme_exp.evaluation import harness
+
+    paper = harness.protocol_version_columns("paper")
+    assert paper == {"lm_eval_version_protocol": None, "lm_eval_off_protocol": False}
+    monkeypatch.setattr(harness, "lm_eval_version", lambda: "0.4.13")
+    assert harness.protocol_version_columns("official") == {
+        "lm_eval_version_protocol": "0.4.8",
+        "lm_eval_off_protocol": True,
+    }
+    monkeypatch.setattr(harness, "lm_eval_version", lambda: "0.4.8")
+    assert harness.protocol_version_columns("official")["lm_eval_off_protocol"] is False
+
+
+@pytest.mark.unit
+def test_tables_mark_rows_scored_with_another_lm_eval_than_their_protocols():
+    from helpers.tables import SPECS, frame, run
+
+    from replaceme_exp.reporting import version_marks
+    from replaceme_exp.reporting.paper_tables import build_table, to_markdown
+
+    ls = dict(objective="ls", selection_metric="cosine", solver=None, solver_schedule=None)
+    runs = frame(
+        run(1, **ls, avg_acc=0.62, ppl_lambada=21.2, rp=0.9, lm_eval_off_protocol=True, lm_eval_version="0.4.13"),
+        run(2, **ls, structure="diagonal", avg_acc=0.61, ppl_lambada=89.0, rp=0.88, lm_eval_off_protocol=False),
+    )
+    table = build_table(SPECS["structured_lts"], runs)
+    labels = list(table["Setting"])
+    assert labels[:2] == [f"Generic {version_marks.MARK}", "Diagonal"]
+    assert version_marks.NOTE in to_markdown(SPECS["structured_lts"], table)
+    unmarked = build_table(SPECS["structured_lts"], frame(run(2, **ls, avg_acc=0.61, ppl_lambada=89.0, rp=0.88)))
+    assert version_marks.NOTE not in to_markdown(SPECS["structured_lts"], unmarked)

@@ -87,6 +87,7 @@ LEFT_TO_PROTOCOL: dict[str, Any] = {
     "model.capture_dtype": "auto",  # null: the model's dtype, a choice
     "objective.precision": None,
     "multi_lt": None,
+    "eval.harness.batch_size": None,
 }
 
 _ABSENT = object()

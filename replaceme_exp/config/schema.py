@@ -454,7 +454,11 @@ class HarnessConfig:
     metrics: dict[str, str] = key(doc="task -> its metric (score column; accuracies average into avg_acc)")
     ppl_names: dict[str, str] = key({}, doc="perplexity task -> its ppl_<name> column")
     local_tasks: bool = key(False, doc="the project's own offline tasks")
-    batch_size: int = key(8, doc="lm-eval batch size (scores move with it)", check=positive_int)
+    batch_size: Optional[int] = key(
+        None,
+        doc="lm-eval batch size (scores move with it); null: the protocol's (paper: 8; official: 1, eval_model's)",
+        check=positive_int,
+    )
     add_bos_token: bool = key(False, doc="prepend BOS (recorded)")
     max_length: Optional[int] = key(None, doc="context length (null: the model's)", check=positive_int)
     limit: Optional[Any] = key(None, doc="documents per task, or a fraction", check=harness_limit)

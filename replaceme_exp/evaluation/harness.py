@@ -19,6 +19,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from replaceme_exp.config import schema
+from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.config.schema import HarnessConfig
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
@@ -226,6 +228,30 @@ def lm_eval_version() -> str | None:
         return version("lm_eval")
     except PackageNotFoundError:
         return None
+
+
+# What each protocol scores with: lm-eval's batch size, and the lm-eval version its numbers were made
+# with (official: eval_model's simple_evaluate at its default batch size 1, lm-eval pinned to 0.4.8 by
+# setup.py; paper: this project's batch size, no version named).
+PROTOCOL_BATCH_SIZE = {"paper": 8, "official": 1}
+PROTOCOL_LM_EVAL = {"official": "0.4.8"}
+
+
+@protocol_rule("eval.harness.batch_size")
+def batch_size_of_the_protocol(config: schema.JobConfig) -> dict:
+    """``eval.harness.batch_size`` left to the protocol: 8 (paper), 1 (official). Scores move in the third
+    decimal with the batch size (padding and batched kernels), the size of the paper's ±0.08 study."""
+    if not left_to_protocol(config, "eval.harness.batch_size"):
+        return {}
+    return {"eval.harness.batch_size": PROTOCOL_BATCH_SIZE[config.protocol]}
+
+
+def protocol_version_columns(protocol: str) -> dict[str, Any]:
+    """``lm_eval_version_protocol``: the lm-eval version ``protocol``'s scores were made with (None: it
+    names none); ``lm_eval_off_protocol``: the installed one differs from it (tables mark such rows)."""
+    expected, installed = PROTOCOL_LM_EVAL.get(protocol), lm_eval_version()
+    off = expected is not None and installed != expected
+    return {"lm_eval_version_protocol": expected, "lm_eval_off_protocol": off}
 
 
 def bootstrap_iters(cfg: HarnessConfig) -> int:

@@ -10,7 +10,7 @@ from replaceme_exp.data.batching import with_counted_positions
 from replaceme_exp.data.calibration import Answerer, build_calibration, heldout_windows
 from replaceme_exp.errors import check_finite
 from replaceme_exp.evaluation.baseline import BaselineCache
-from replaceme_exp.evaluation.harness import harness_settings, run_harness
+from replaceme_exp.evaluation.harness import harness_settings, protocol_version_columns, run_harness
 from replaceme_exp.evaluation.perplexity import WindowPerplexity, window_perplexity
 from replaceme_exp.evaluation.samples import answers_alone, greedy_answers, side_by_side
 from replaceme_exp.models.loading import LoadedModel
@@ -61,6 +61,7 @@ class TextModality(Modality):
             with stage("eval", "baseline lm-eval"):
                 settings = harness_settings(harness)
                 columns.update(settings)
+                columns.update(protocol_version_columns(c.protocol))
                 key = {
                     "model": loaded.identity_hash,
                     "metric": "harness",
@@ -111,6 +112,7 @@ class TextModality(Modality):
         if (harness := c.eval.harness) is not None:
             with stage("eval", "lm-eval"):
                 columns.update(harness_settings(harness))
+                columns.update(protocol_version_columns(c.protocol))
                 columns.update(self.harness_scores(loaded))
                 check_finite("eval", "the evaluated model's avg_acc is", [columns["avg_acc"]])
         if (samples := c.eval.samples) is not None:

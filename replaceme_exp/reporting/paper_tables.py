@@ -37,6 +37,7 @@ import pandas as pd
 import yaml
 
 from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, metric_column
+from replaceme_exp.reporting import version_marks
 from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import (
     DEFAULTS_FOR_MISSING_COLUMNS,  # noqa: F401  (kept importable here)
@@ -353,6 +354,7 @@ class _Rendering:
     notes: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     estimated: bool = False
+    off_version: bool = False
     ranked: dict[str, dict[int, Cell]] = field(default_factory=dict)  # header -> {id of the row's cells: cell}
     runs_of: dict[str, list[dict]] = field(default_factory=dict)
 
@@ -395,6 +397,8 @@ def build_table(
                 if (line := _failure_line(row.shown_label, failure)) is not None:
                     rendering.failures.append(line)
             _fill_measured_cells(cells, columns, shown, rendering)
+            if any(version_marks.any_off_protocol(frame) for frame in shown.values()):
+                cells["Setting"], rendering.off_version = f"{cells['Setting']} {version_marks.MARK}", True
         rendering.out.append(cells)
     led = _mark_leaders(rendering.out, columns, rendering.ranked)
     has_quoted = spec.quoted_at is not None and quoted and spec.name in quoted
@@ -408,7 +412,7 @@ def build_table(
     if retargeted and has_quoted:
         retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
     table.attrs.update(notes=rendering.notes, retargeted=retargeted, counts=tally.line(spec.name))
-    table.attrs.update(estimated=rendering.estimated, failures=rendering.failures)
+    table.attrs.update(estimated=rendering.estimated, failures=rendering.failures, off_version=rendering.off_version)
     table.attrs.update(harness_rows=bool(rendering.runs_of), leaders=led)
     return table
 
@@ -531,6 +535,8 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
         )
     if table is not None and table.attrs.get("estimated"):
         lines.append(ESTIMATED_NOTE)
+    if table is not None and table.attrs.get("off_version"):
+        lines.append(version_marks.NOTE)
     notes = table_notes(table) if table is not None else []
     if notes:
         lines.append(preference_rule({**PREFERRED_SETTINGS, **spec.prefer}))

@@ -191,6 +191,9 @@ MEASURED_COLUMNS: dict[str, str] = {
     "eval_<setting>": "Every setting that moves a score (batch size, BOS, max length, few-shot, limit, "
     "bootstrap iterations, metrics, task versions, CLIP's benchmarks and AMP).",
     "lm_eval_version": "The installed lm-eval version.",
+    "lm_eval_version_protocol": "The lm-eval version the job's protocol scored with (official: 0.4.8, the official "
+    "code's pin); None where the protocol names none.",
+    "lm_eval_off_protocol": "True when `lm_eval_version` differs from `lm_eval_version_protocol`: tables mark the row.",
     "eval_tasks_digest": "The project's offline task files (YAMLs and items) by content, for a suite of local tasks "
     "(the unpruned scores are cached under it); None for hub tasks.",
     "<package>_version": "The installed version of a library a kind of job depends on.",
