@@ -148,6 +148,25 @@ def test_the_main_tables_seeds_vary_only_the_solver_as_the_papers_significance_s
     assert {j.eval.harness.fewshot_seed for j in jobs} == {1234}  # lm-eval's few-shot draw, not the job's seed
 
 
+# The significance study's premise ("the analytical solution always leads to the same results"): with the
+# calibration sample and lm-eval's few-shot draw fixed, the job's seed moves only a trained or numerical
+# fit (Adam's batch order, LLM-Streamline's training); LS, UIDL and LaCo would repeat one result.
+SEEDED_MAIN_METHODS = ("replaceme_cosine", "multi_lt_nc_cosine", "llm_streamline")
+DETERMINISTIC_MAIN_METHODS = ("uidl_baseline", "replaceme_ls", "laco")
+
+
+@pytest.mark.unit
+def test_the_main_table_runs_the_deterministic_methods_once_and_the_seeded_ones_at_three_seeds():
+    runs: dict[str, list[int]] = {}
+    for sweep in PAPER_ARTIFACTS.get("llama3_main").sweeps:
+        for job in expand(sweep.template)[1]:
+            overrides = [template_override(sweep.template)] + [f"{k}={v}" for k, v in job.items()]
+            runs.setdefault(job["experiment"], []).append(compose_config(overrides).seed)
+    assert {m: runs[m] for m in DETERMINISTIC_MAIN_METHODS} == {m: [42] for m in DETERMINISTIC_MAIN_METHODS}
+    assert {m: sorted(runs[m]) for m in SEEDED_MAIN_METHODS} == {m: [42, 43, 44] for m in SEEDED_MAIN_METHODS}
+    assert sorted(runs) == sorted(DETERMINISTIC_MAIN_METHODS + SEEDED_MAIN_METHODS)
+
+
 # Tables whose every row a job of their sweeps fills, each job one row: per template, its job count
 # and the commands documented in it (the overrides added to each of its jobs; [] is the plain one).
 QWEN = ["model=qwen25_7b_instruct", "n_prune=7"]  # cosine_approximation.yaml's Qwen 2.5 7B rows
