@@ -127,6 +127,7 @@ def test_a_choice_typed_under_protocol_official_wins_even_when_it_is_the_papers(
         "calibration.chat_turns=all",
         "calibration.batch_order=by_length",
         "calibration.drop_last=false",
+        "calibration.empty_records=drop",
         "objective=cosine",
         "num_lts=2",
         "multi_lt=independent",

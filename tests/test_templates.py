@@ -3,6 +3,8 @@ declares (replaceme_exp/reporting/artifacts.py), and belongs to exactly one of t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from helpers.config import CONF, ROOT, compose_config
 from helpers.templates import TEMPLATES, compose_config_with_hydra, expand, template_override
@@ -153,6 +155,48 @@ def test_the_main_tables_seeds_vary_only_the_solver_as_the_papers_significance_s
     assert [j.seed for j in jobs] == [42, 43, 44]
     assert {j.calibration.seed for j in jobs} == {42}  # one calibration sample
     assert {j.eval.harness.fewshot_seed for j in jobs} == {1234}  # lm-eval's few-shot draw, not the job's seed
+
+
+# The significance study's premise ("the analytical solution always leads to the same results"): with the
+# calibration sample and lm-eval's few-shot draw fixed, the job's seed moves only a trained or numerical
+# fit (Adam's batch order, LLM-Streamline's training); LS, UIDL and LaCo would repeat one result.
+SEEDED_MAIN_METHODS = ("replaceme_cosine", "multi_lt_nc_cosine", "llm_streamline")
+DETERMINISTIC_MAIN_METHODS = ("uidl_baseline", "replaceme_ls", "laco")
+
+
+@pytest.mark.unit
+def test_the_main_table_runs_the_deterministic_methods_once_and_the_seeded_ones_at_three_seeds():
+    runs: dict[str, list[int]] = {}
+    for sweep in PAPER_ARTIFACTS.get("llama3_main").sweeps:
+        for job in expand(sweep.template)[1]:
+            overrides = [template_override(sweep.template)] + [f"{k}={v}" for k, v in job.items()]
+            runs.setdefault(job["experiment"], []).append(compose_config(overrides).seed)
+    assert {m: runs[m] for m in DETERMINISTIC_MAIN_METHODS} == {m: [42] for m in DETERMINISTIC_MAIN_METHODS}
+    assert {m: sorted(runs[m]) for m in SEEDED_MAIN_METHODS} == {m: [42, 43, 44] for m in SEEDED_MAIN_METHODS}
+    assert sorted(runs) == sorted(DETERMINISTIC_MAIN_METHODS + SEEDED_MAIN_METHODS)
+
+
+# The panels of the paper's figure "Comparison between our method and UIDL with different number of
+# pruned layers" (replaceme_paper.tex, its \nextgroupplot titles); its caption also names "Mistral 3 7B",
+# which has no panel.
+PAPER_PRUNED_LAYERS_PANELS = ("llama3_8b_instruct", "falcon2_11b", "qwen25_7b_instruct")
+
+
+@pytest.mark.unit
+def test_each_pruned_layers_panel_beyond_the_paper_is_named_as_such_in_its_template_and_figure():
+    from replaceme_exp.reporting.paper_figures import PRUNED_LAYERS_MODELS
+
+    beyond = []
+    for sweep in PAPER_ARTIFACTS.get("pruned_layers").sweeps:
+        cfg, jobs = expand(sweep.template)
+        text = (ROOT / "multirun_templates" / f"{sweep.template}.yaml").read_text().splitlines()
+        header = " ".join(line.lstrip("# ") for line in text if line.startswith("#"))
+        for model in sorted({job.get("model", cfg.model.name) for job in jobs} - set(PAPER_PRUNED_LAYERS_PANELS)):
+            beyond.append(model)
+            assert re.search(rf"{model}[^.]* beyond the paper", header), (sweep.template, model)
+    assert beyond == ["mistral_7b_instruct_v03"]
+    assert all("beyond the paper" in PRUNED_LAYERS_MODELS[m] for m in beyond)
+    assert not any("beyond the paper" in PRUNED_LAYERS_MODELS[m] for m in PAPER_PRUNED_LAYERS_PANELS)
 
 
 # Tables whose every row a job of their sweeps fills, each job one row: per template, its job count

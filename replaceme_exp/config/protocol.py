@@ -83,6 +83,8 @@ LEFT_TO_PROTOCOL: dict[str, Any] = {
     "calibration.chat_turns": None,
     "calibration.batch_order": None,
     "calibration.drop_last": None,
+    "calibration.empty_records": None,
+    "calibration.mix_order": None,
     "estimation.padded_positions": None,
     "model.capture_dtype": "auto",  # null: the model's dtype, a choice
     "objective.precision": None,

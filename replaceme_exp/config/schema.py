@@ -239,6 +239,11 @@ class DatasetCalibrationConfig(TextCalibrationConfig):
         None,
         doc="every turn, or the first user/assistant pair; null: the protocol's (paper: all; official: first_pair)",
     )
+    empty_records: Optional[Literal["drop", "keep"]] = key(
+        None,
+        doc="records of blank text (WikiText-2's empty lines): dropped, or kept (a BOS-only sequence; one "
+        "that tokenises to nothing is dropped); null: the protocol's (paper: drop; official: keep)",
+    )
 
 
 @Group
@@ -294,6 +299,11 @@ class MixCalibrationConfig(TextCalibrationConfig):
     """Fractions of several sources (``parts``: name -> a source's keys plus ``fraction``)."""
 
     parts: dict[str, Any] = key(doc="name -> {fraction, source, ...}")
+    mix_order: Optional[Literal["shuffled", "concatenated"]] = key(
+        None,
+        doc="the parts' documents shuffled together, or concatenated in the parts' order (each share "
+        "rounded down, the last part the rest); null: the protocol's (paper: shuffled; official: concatenated)",
+    )
 
 
 @Group
@@ -314,6 +324,7 @@ class MixPartConfig:
     streaming: bool = key(False, doc="stream the records")
     order: Literal["shuffled", "first"] = key("shuffled", doc="seeded draw, or the first records")
     chat_turns: Literal["all", "first_pair"] = key("all", doc="every turn, or the first pair")
+    empty_records: Literal["drop", "keep"] = key("drop", doc="records of blank text dropped or kept")
 
 
 @Group

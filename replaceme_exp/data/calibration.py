@@ -11,8 +11,10 @@ one YAML under ``conf/calibration``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Callable
 
 from replaceme_exp.config import schema
@@ -194,6 +196,7 @@ def dataset_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None
         text_template=getattr(cfg, "text_template", None),
         order=cfg.order,
         chat_turns=cfg.chat_turns,
+        keep_empty=cfg.empty_records == "keep",
         pair_fields=getattr(cfg, "pair_fields", None),
         n_records=n_samples,
         seed=seed,
@@ -219,15 +222,17 @@ def generated_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=No
 
 def mix_parts(cfg, n_samples: int) -> list[tuple[str, schema.MixPartConfig, int]]:
     """The parts of a ``mix`` as (name, options, share of ``n_samples``): the last part takes the
-    rest; a part without ``seq_len`` takes the mix's."""
+    rest, the others ``n_samples x fraction`` rounded (``mix_order=concatenated``: rounded down, as
+    the official ``_load_mixed_dataset``'s ``size // 2``); a part without ``seq_len`` takes the mix's."""
     out: list[tuple[str, schema.MixPartConfig, int]] = []
     parts = list(cfg.parts.items())
+    rounded = math.floor if getattr(cfg, "mix_order", None) == "concatenated" else round
     for i, (name, raw) in enumerate(parts):
         part = build(schema.MixPartConfig, raw, f"calibration.parts.{name}")
         if part.seq_len is None:
             part = dataclasses.replace(part, seq_len=cfg.seq_len)
         taken = sum(share for _, _, share in out)
-        share = round(n_samples * float(part.fraction)) if i < len(parts) - 1 else n_samples - taken
+        share = rounded(n_samples * Fraction(str(part.fraction))) if i < len(parts) - 1 else n_samples - taken
         out.append((name, part, share))
     return out
 
@@ -247,40 +252,66 @@ def mix_hub_datasets(cfg, key: str) -> list[HubDataset]:
 
 @calibration_source("mix", "text", schema.MixCalibrationConfig, check=check_mix, hub_datasets=mix_hub_datasets)
 def mixed_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
-    """Shares of ``n_samples`` from each of ``parts`` (the last part takes the rest), shuffled."""
+    """Shares of ``n_samples`` from each of ``parts`` (the last part takes the rest), shuffled
+    together, or with ``mix_order=concatenated`` one part after the other in their order."""
     documents: list[str] = []
     for i, (_, part, share) in enumerate(mix_parts(cfg, n_samples)):
         source = CALIBRATION_SOURCES.get(part.source)
         documents.extend(source.read(part, tokenizer, share, seed + i, answerer))
-    random.Random(seed).shuffle(documents)
+    if cfg.mix_order != "concatenated":
+        random.Random(seed).shuffle(documents)
     return documents
 
 
 # How each protocol reads and batches calibration records (the official code: utils.py takes the
-# first dataset_size records in order, _load_orca_dataset the first user/assistant pair of each, and
-# its DataLoader(shuffle=False, drop_last=True) batches them as read, an incomplete last batch dropped).
+# first dataset_size records in order, keeping empty ones (WikiText-2's blank lines), _load_orca_dataset
+# the first user/assistant pair of each, _load_mixed_dataset the SlimOrca half then the FineWeb half,
+# and its DataLoader(shuffle=False, drop_last=True) batches them as read, an incomplete last batch dropped).
 RECORDS_AS_READ_BY = {
-    "paper": {"order": "shuffled", "chat_turns": "all", "batch_order": "by_length", "drop_last": False},
-    "official": {"order": "first", "chat_turns": "first_pair", "batch_order": "as_read", "drop_last": True},
+    "paper": {
+        "order": "shuffled",
+        "chat_turns": "all",
+        "empty_records": "drop",
+        "mix_order": "shuffled",
+        "batch_order": "by_length",
+        "drop_last": False,
+    },
+    "official": {
+        "order": "first",
+        "chat_turns": "first_pair",
+        "empty_records": "keep",
+        "mix_order": "concatenated",
+        "batch_order": "as_read",
+        "drop_last": True,
+    },
 }
+# What each part of a mix reads as its protocol does, unless the part sets it.
+PART_SETTINGS = ("order", "chat_turns", "empty_records")
 
 
 def as_read_by(calibration: Any, protocol: str) -> Any:
     """The calibration option ``calibration`` with the keys it leaves to the protocol (null) settled
     as ``protocol`` reads and batches records; under ``protocol=official`` also each part of a
-    ``mix`` that does not set its own order or turns."""
+    ``mix`` that does not set its own order, turns or empty records."""
     settings = RECORDS_AS_READ_BY[protocol]
     found = {k: v for k, v in settings.items() if hasattr(calibration, k) and getattr(calibration, k) is None}
     parts = getattr(calibration, "parts", None)
     if protocol == "official" and isinstance(parts, dict):
         found["parts"] = {
-            name: {**part, **{k: settings[k] for k in ("order", "chat_turns") if part.get(k) is None}}
+            name: {**part, **{k: settings[k] for k in PART_SETTINGS if part.get(k) is None}}
             for name, part in parts.items()
         }
     return dataclasses.replace(calibration, **found) if found else calibration
 
 
-SETTLED_BY_THE_PROTOCOL = ("order", "chat_turns", "batch_order", "drop_last", "parts")
+SETTLED_BY_THE_PROTOCOL = ("order", "chat_turns", "empty_records", "mix_order", "batch_order", "drop_last", "parts")
+
+
+def empty_records_act(calibration: Any) -> bool:
+    """Whether ``calibration.empty_records`` can act: records read from a text field (a chat, a pair
+    of fields or a template always renders to text)."""
+    rendered = getattr(calibration, "text_template", None) or getattr(calibration, "pair_fields", None)
+    return calibration.source == "hf_dataset" and getattr(calibration, "text_field", None) is not None and not rendered
 
 
 @protocol_rule(*(f"calibration.{key}" for key in SETTLED_BY_THE_PROTOCOL))

@@ -252,8 +252,10 @@ def hf_dataset_documents(
     order: str = "shuffled",
     chat_turns: str = "all",
     pair_fields: Any = None,
+    keep_empty: bool = False,
 ) -> list[str]:
-    """Up to ``n_records`` rendered records (:func:`dataset_records`, :func:`render_record`)."""
+    """Up to ``n_records`` rendered records (:func:`dataset_records`, :func:`render_record`); those
+    of blank text dropped, or with ``keep_empty`` kept (as the official loader keeps them)."""
     records = dataset_records(
         path=path,
         name=name,
@@ -268,8 +270,9 @@ def hf_dataset_documents(
     documents = [
         render_record(r, text_field, chat_field, tokenizer, text_template, chat_turns, pair_fields) for r in records
     ]
-    documents = [d for d in documents if d.strip()]
-    if not documents:
+    if not keep_empty:
+        documents = [d for d in documents if d.strip()]
+    if not any(d.strip() for d in documents):
         raise ConfigError("calibration.path", data_files or path, "the dataset yielded no text")
     return documents
 

@@ -49,6 +49,7 @@ from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import settle
 from replaceme_exp.config.validate import typed_config
+from replaceme_exp.data.calibration import empty_records_act
 from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.healing import HEALING_LABELS
@@ -246,6 +247,12 @@ class JobSpec:
             data["calibration"].pop("batch_order")
         if data["calibration"].get("drop_last") is False:
             data["calibration"].pop("drop_last")
+        if "empty_records" in data["calibration"] and (
+            data["calibration"]["empty_records"] == "drop" or not empty_records_act(c.calibration)
+        ):
+            data["calibration"].pop("empty_records")
+        if data["calibration"].get("mix_order") == "shuffled":
+            data["calibration"].pop("mix_order")
         if not e.padded_positions:
             data["estimation"].pop("padded_positions")
         if e.multi_lt is None:
@@ -368,6 +375,8 @@ class JobSpec:
             "calibration_chat_turns": getattr(c.calibration, "chat_turns", None),
             "calibration_batch_order": getattr(c.calibration, "batch_order", None),
             "calibration_drop_last": getattr(c.calibration, "drop_last", None),
+            "calibration_empty_records": c.calibration.empty_records if empty_records_act(c.calibration) else None,
+            "calibration_mix_order": getattr(c.calibration, "mix_order", None),
             **self.file_columns("calibration", c.calibration),
             "protocol": c.protocol,
             "capture_dtype": e.capture_dtype,

@@ -47,6 +47,8 @@ SETTING_COLUMNS = (
     "calibration_chat_turns",
     "calibration_batch_order",
     "calibration_drop_last",
+    "calibration_empty_records",
+    "calibration_mix_order",
     "calibration_sha256",
     "protocol",
     "capture_4bit",

@@ -13,7 +13,8 @@ runs, a style): the paper's methods, LS and cosine ReplaceMe and its identity ba
 - ``calibration_size``: average accuracy and perplexity against the number of calibration
   samples (its series, the unpruned model dashed).
 - ``pruned_layers``: average accuracy against the number of pruned blocks (1-7; Falcon 1-15), the
-  paper's "ReplaceMe Adam" (the cosine objective) and the identity baseline, one panel per model.
+  paper's "ReplaceMe Adam" (the cosine objective) and the identity baseline, one panel per model
+  (the paper's three, and Mistral 7B beyond the paper: its panel's title says so).
 - ``time_emissions``: compression time and CO2 relative to the first series (LS), and RP, for
   its series, the baseline healed with LoRA (its healing counts as compression); uncached runs only (a
   run whose selection distances or LS statistics came from a cache did not pay for them; a run
@@ -98,9 +99,11 @@ def series_of(figure: str) -> list[Series]:
     ]
 
 
+# The pruned-layers figure's panels: the paper's (Llama 3 8B, Falcon 2 11B, Qwen 2.5 7B), and Mistral
+# 7B, which its caption names ("Mistral 3 7B") but it does not draw.
 PRUNED_LAYERS_MODELS = {
     "llama3_8b_instruct": "Llama 3 8B instruct",
-    "mistral_7b_instruct_v03": "Mistral 7B instruct v0.3",
+    "mistral_7b_instruct_v03": "Mistral 7B instruct v0.3 (beyond the paper)",
     "falcon2_11b": "Falcon 2 11B",
     "qwen25_7b_instruct": "Qwen 2.5 7B instruct",
 }

@@ -62,6 +62,10 @@ SETTING_COLUMNS: dict[str, str] = {
     "calibration_chat_turns": "Which chat turns a record gives: `all` or `first_pair` (the official code's).",
     "calibration_batch_order": "Batch order: `by_length` (least padding) or `as_read` (the official code's).",
     "calibration_drop_last": "Whether an incomplete last batch is dropped (the official code's `drop_last`).",
+    "calibration_empty_records": "Records of blank text: `drop` or `keep` (the official loader's, e.g. WikiText-2's "
+    "empty lines); None where records are chats.",
+    "calibration_mix_order": "A mix's documents: `shuffled` together or `concatenated` part after part (the "
+    "official loader's SlimOrca half, then FineWeb); None for other sources.",
     "protocol": "`paper` (the paper's text and this project's defaults) or `official` (what the official code ran).",
     "capture_dtype": "The dtype of the model the activations are captured on.",
     "padded_positions": "Whether padded positions enter the fits (the official code's way).",
