@@ -147,3 +147,25 @@ def test_an_olmo2_job_refuses_fusion_in_one_line_and_runs_with_the_separate_plac
     assert refused["error"].startswith("ConfigError: lt_placement='fused': OLMo 2 applies a norm after the MLP")
     row = run_recorded(compose_config(ranked + ["lt_placement=separate"]))
     assert row["status"] == "finished" and row["selection_metric"] == "ls_residual"
+
+
+@pytest.mark.parametrize("family", ["llama", *FUSABLE, *SEPARATE_ONLY])
+def test_each_familys_final_norm_gives_the_last_hidden_state_output_hidden_states_returns(family):
+    """``capture.last_state=final_norm``'s norm: the adapter's ``final_norm`` of the last block's
+    output (a hook) is ``output_hidden_states[-1]`` of a plain forward pass; the block's own output is not."""
+    model = tiny_model(family, 4, seed=2)
+    adapter = adapter_for(model)
+    with torch.no_grad():  # a norm weight or bias that is not the identity's, as trained models have
+        for p in adapter.final_norm.parameters():
+            p.add_(torch.rand(p.shape, generator=torch.Generator().manual_seed(3)))
+    caught = []
+    hook = adapter.layers[-1].register_forward_hook(
+        lambda m, a, out: caught.append(out[0] if isinstance(out, tuple) else out)
+    )
+    with torch.no_grad():
+        states = model(torch.randint(3, 128, (2, 9)), output_hidden_states=True).hidden_states
+        normed = adapter.final_norm(caught[0])
+    hook.remove()
+    assert len(states) == adapter.num_layers + 1
+    torch.testing.assert_close(normed, states[-1])
+    assert not torch.allclose(caught[0], states[-1], rtol=1e-3)

@@ -464,3 +464,123 @@ def test_every_setting_left_to_the_protocol_has_one_rule_and_its_schema_default_
             typed(["calibration=slimorca"])
         finally:
             protocol.RULES[:] = saved
+
+
+# ---- the last block's state -------------------------------------------------------------------
+
+
+def _official_states(model, batches) -> list[tuple]:
+    """Per batch: ``model(..., output_hidden_states=True).hidden_states[1:]`` (the last after the
+    final norm), the MLP outputs by block and the attention mask, as the official code reads them."""
+    mlp: dict[int, torch.Tensor] = {}
+    hooks = [
+        layer.mlp.register_forward_hook(lambda m, a, out, i=i: mlp.__setitem__(i, out))
+        for i, layer in enumerate(model.model.layers)
+    ]
+    out = []
+    with torch.no_grad():
+        for batch in batches:
+            states = model(batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+            out.append((states.hidden_states[1:], dict(mlp), batch.attention_mask.bool()))
+    for hook in hooks:
+        hook.remove()
+    return out
+
+
+def _captured(model, batches, cuts, last_state: str, mode: str = "whole"):
+    """Our angular distance at each sequence's last token (protocol=official's selection), cosine
+    distance over all tokens, and LS transform (fused) of every cut, captured under ``last_state``."""
+    from replaceme_exp.capture import CutDistances
+    from replaceme_exp.capture.execution import CaptureExecution
+    from replaceme_exp.estimation.least_squares import ridge_solve
+    from replaceme_exp.selection.metrics import angular_distance
+
+    hidden = model.config.hidden_size
+    angular = CutDistances(cuts, angular_distance, tokens="last")
+    cosine = CutDistances(cuts)
+    stats = LinearStatistics(cuts, hidden, torch.device("cpu"), "fused")
+    execution = CaptureExecution(mode=mode, last_state=last_state)
+    run_capture(adapter_for(model), batches, [angular, cosine, stats], execution=execution)
+    transforms = {cut: ridge_solve(s) for cut, s in stats.result().items()}
+    return angular.result(), cosine.result(), transforms
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", ["whole", "layerwise"])
+def test_the_last_block_after_the_final_norm_is_the_official_hidden_states_last(mode):
+    """distance.py compares ``hidden_states[start]`` with ``hidden_states[end]`` and lstsq.py targets
+    ``hidden_states[end]`` (``[1:]`` dropped the embeddings): for a cut ending at the last block that
+    state is after the model's final norm. Computed here from ``output_hidden_states`` by hand
+    (the angular distance at the last token, the cosine over all tokens, T by torch.linalg.lstsq)."""
+    model = tiny_model(num_layers=6)
+    with torch.no_grad():  # a norm weight that is not all ones, as trained models have: it moves cosines
+        model.model.norm.weight.copy_(torch.rand(model.config.hidden_size, generator=torch.Generator().manual_seed(1)))
+    batches = batches_of(random_sequences(6, 5, 12, seed=4), batch_size=3)
+    last, inner = (3, 6), (2, 4)
+    hand = {"angular": {}, "cosine": {}, "lstsq": {}}
+    acts = _official_states(model, batches)
+    for start, end in (last, inner):
+        angles, cosines, inputs, targets = [], [], [], []
+        for states, mlp, mask in acts:
+            a, b, m = states[start - 1], states[end - 1], mlp[start - 1]
+            rows = mask.sum(1) - 1
+            first, second = a[torch.arange(len(rows)), rows].double(), b[torch.arange(len(rows)), rows].double()
+            cos = torch.nn.functional.cosine_similarity(first, second, dim=-1).clamp(-1, 1)
+            angles.append(torch.arccos(cos) / torch.pi)
+            cosines.append(1 - torch.nn.functional.cosine_similarity(a[mask].double(), b[mask].double(), dim=-1))
+            inputs.append(m[mask].double())
+            targets.append((b + m - a)[mask].double())
+        hand["angular"][(start, end)] = float(torch.cat(angles).mean())
+        hand["cosine"][(start, end)] = float(torch.cat(cosines).mean())
+        hand["lstsq"][(start, end)] = torch.linalg.lstsq(torch.cat(inputs), torch.cat(targets)).solution
+
+    normed = _captured(model, batches, [last, inner], "final_norm", mode)
+    plain = _captured(model, batches, [last, inner], "block_output", mode)
+    for ours, theirs in zip(normed, hand.values()):
+        for cut in (last, inner):
+            torch.testing.assert_close(
+                torch.as_tensor(ours[cut]).double(), torch.as_tensor(theirs[cut]).double(), rtol=1e-4, atol=1e-5
+            )
+    for with_norm, without in zip(normed, plain):
+        assert not torch.allclose(torch.as_tensor(with_norm[last]), torch.as_tensor(without[last]), rtol=1e-3)
+        torch.testing.assert_close(torch.as_tensor(with_norm[inner]), torch.as_tensor(without[inner]))
+
+
+@pytest.mark.unit
+def test_the_last_block_state_is_the_protocols_unless_typed_and_the_row_records_it():
+    official = JobSpec.from_config(compose_config(["experiment=replaceme_official"]))
+    paper = JobSpec.from_config(compose_config([]))
+    typed_back = JobSpec.from_config(
+        compose_config(["experiment=replaceme_official", "capture.last_state=block_output"])
+    )
+    typed_on = JobSpec.from_config(compose_config(["capture.last_state=final_norm"]))
+    assert (official.config.capture.last_state, paper.config.capture.last_state) == ("final_norm", "block_output")
+    assert (typed_back.config.capture.last_state, typed_on.config.capture.last_state) == ("block_output", "final_norm")
+    assert official.setting_columns()["capture_last_state"] == "final_norm"
+    assert paper.setting_columns()["capture_last_state"] == "block_output"
+    assert official.config_hash != typed_back.config_hash and typed_on.config_hash != paper.config_hash
+    with pytest.raises(ConfigError) as err:
+        JobSpec.from_config(compose_config(["capture.last_state=normed"]))
+    assert str(err.value).startswith("capture.last_state") and "\n" not in str(err.value)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_job_fits_its_last_cut_to_the_final_norm_and_keeps_its_own_statistics(tmp_path):
+    """A cut ending at the last block under ``capture.last_state=final_norm``: T maps ``M_3`` to
+    ``norm(L_5) - Y_3`` (lstsq.py's target there); the statistics of the same cut captured without
+    the norm, in the same cache, are not served for it."""
+    common = ["cuts=[[4,6]]", "estimation=all", "save_transforms=true", "eval.samples=null"]
+    plain = run_recorded(job_config(tmp_path, *common, "capture.last_state=block_output"))
+    cfg = job_config(tmp_path, *common, "capture.last_state=final_norm")
+    row = run_recorded(cfg)
+    model, sequences = _calibration_sequences(cfg)
+    acts = [explicit_blocks(model, ids) for ids in sequences]
+    with torch.no_grad():
+        targets = torch.cat([model.model.norm(a[5]["L"]) - a[3]["Y"] for a in acts])
+        unnormed = torch.cat([a[5]["L"] - a[3]["Y"] for a in acts])
+    inputs = torch.cat([a[3]["M"] for a in acts])
+    t_normed, t_plain = (load_file(r["transforms_path"])["4-6"] for r in (row, plain))
+    torch.testing.assert_close(t_normed, _lstsq(inputs, targets), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(t_plain, _lstsq(inputs, unnormed), rtol=1e-4, atol=1e-5)
+    assert (row["capture_last_state"], plain["capture_last_state"]) == ("final_norm", "block_output")

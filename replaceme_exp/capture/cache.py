@@ -47,11 +47,21 @@ _swept: set[Path] = set()  # cache folders whose killed writers' leftovers this 
 
 
 class StatisticsCache:
+    """The entries of one model's captures over one data set; ``last_state`` (``capture.last_state``)
+    enters every key when it is not ``block_output`` (the keys entries had before it existed)."""
+
     def __init__(
-        self, root: str | os.PathLike, model_hash: str, data_hash: str, enabled: bool = True, refresh: bool = False
+        self,
+        root: str | os.PathLike,
+        model_hash: str,
+        data_hash: str,
+        enabled: bool = True,
+        refresh: bool = False,
+        last_state: str = "block_output",
     ):
         self.root = Path(root)
         self.model_hash, self.data_hash, self.enabled, self.refresh = model_hash, data_hash, enabled, refresh
+        self.captured = {} if last_state == "block_output" else {"last_state": last_state}
         self.writable = enabled  # False after a write failed (a full disk): no more attempts
         self.hits: list[str] = []
         if enabled and self.root not in _swept:
@@ -60,7 +70,8 @@ class StatisticsCache:
 
     def _entry(self, kind: str, **what) -> tuple[Path, dict]:
         """The file of the entry of ``kind`` for ``what`` and its whole key."""
-        key = {"model": self.model_hash, "data": self.data_hash, "kind": kind, "version": CACHE_VERSIONS[kind], **what}
+        key = {"model": self.model_hash, "data": self.data_hash, "kind": kind, "version": CACHE_VERSIONS[kind]}
+        key.update(**self.captured, **what)
         return self.root / f"{kind}-{content_key(key, 24)}.pt", key
 
     def _load(self, entry: tuple[Path, dict]) -> dict | None:
@@ -184,8 +195,7 @@ class StatisticsCache:
         if p is None:
             return None
         parts = [
-            LinearStats(cut, p["mtm"][i], p["mtr"][i], float(p["r_sq"][i]), int(p["n_tokens"][i]))
-            for i in range(folds)
+            LinearStats(cut, p["mtm"][i], p["mtr"][i], float(p["r_sq"][i]), int(p["n_tokens"][i])) for i in range(folds)
         ]
         return FoldedStats.of(parts)
 

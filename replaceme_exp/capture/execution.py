@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from replaceme_exp.capture.token_store import available_cpu_bytes
-from replaceme_exp.config.schema import CaptureConfig, ModelConfig
+from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
+from replaceme_exp.config.schema import CaptureConfig, JobConfig, ModelConfig
 from replaceme_exp.models.adapters import adapter_for
 from replaceme_exp.models.loading import resolve_dtype
 from replaceme_exp.models.shape import meta_model, model_config
@@ -41,7 +42,8 @@ class CaptureExecution:
     time on ``device``, the model in host memory). ``store``, ``max_gpu_gb``, ``max_cpu_gb``,
     ``chunk_batches``, ``directory``: where layer-wise block inputs and kept activations wait
     (:func:`choose_store_layout`). ``stats_bytes``: what the statistics may take on ``device``.
-    ``reason``: why, in one line.
+    ``reason``: why, in one line. ``last_state``: the last block's state the hooks hand on
+    (``block_output`` or ``final_norm``, ``capture.last_state``: :func:`last_state_of_the_protocol`).
     """
 
     mode: str = "whole"
@@ -53,6 +55,17 @@ class CaptureExecution:
     directory: str | None = None
     stats_bytes: float = DEFAULT_STATS_GB * GIB
     reason: str = ""
+    last_state: str = "block_output"
+
+
+@protocol_rule("capture.last_state")
+def last_state_of_the_protocol(config: JobConfig) -> dict:
+    """``capture.last_state=null``: ``block_output`` under ``protocol=paper`` (the paper's
+    ``L_{N-1}``), ``final_norm`` under ``protocol=official`` (distance.py, lstsq.py and
+    cosine_dist.py read ``outputs.hidden_states``, whose last entry is after the model's final norm)."""
+    if not left_to_protocol(config, "capture.last_state"):
+        return {}
+    return {"capture.last_state": "final_norm" if config.protocol == "official" else "block_output"}
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,7 @@ def plan_execution(
         max_cpu_gb=store.max_cpu_gb,
         chunk_batches=store.chunk_batches,
         directory=store.directory,
+        last_state=capture.last_state or "block_output",
     )
     budget = _memory_budget(capture, model, device, free_bytes)
     if memory is None and mode != "whole":

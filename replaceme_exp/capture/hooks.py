@@ -4,7 +4,9 @@ needs. Whole-model and layer-wise captures (:mod:`replaceme_exp.capture.runner`)
 
 from __future__ import annotations
 
+import copy
 import logging
+from typing import Callable
 
 import torch
 
@@ -130,13 +132,46 @@ class BatchCapture:
             raise RuntimeError(f"capture requests never completed: {sorted(self.pending)}")
 
 
-def register_capture_hooks(adapter: DecoderAdapter, plan: CaptureRequests, current, stop_after_last: bool) -> list:
+LAST_STATES = ("block_output", "final_norm")
+
+
+def last_state_map(adapter: DecoderAdapter, last_state: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What turns the last block's output into the state the capture hands on under ``last_state``
+    (``capture.last_state``): None for ``block_output``, and for ``final_norm`` where the family has
+    no norm before its last hidden state; else the model's final norm, run where the output is (a
+    copy of the norm on the compute device of a layer-wise capture, whose weights stay in host
+    memory)."""
+    if last_state not in LAST_STATES:
+        raise ValueError(f"capture.last_state={last_state!r}: choose one of {LAST_STATES}")
+    norm = adapter.final_norm if last_state == "final_norm" else None
+    if norm is None:
+        return None
+    copies: dict[torch.device, torch.nn.Module] = {}
+
+    def normed(hidden: torch.Tensor) -> torch.Tensor:
+        weight = next(norm.parameters(), None)
+        if weight is None or weight.device == hidden.device or hasattr(norm, "_hf_hook"):
+            return norm(hidden)  # accelerate's hook moves the input to a dispatched norm's device
+        if hidden.device not in copies:
+            copies[hidden.device] = copy.deepcopy(norm).to(hidden.device)
+        return copies[hidden.device](hidden)
+
+    return normed
+
+
+def register_capture_hooks(
+    adapter: DecoderAdapter, plan: CaptureRequests, current, stop_after_last: bool, last_state: str = "block_output"
+) -> list:
     """Forward hooks on the needed blocks and MLPs feeding ``current()`` (the batch being run).
-    With ``stop_after_last`` the last needed block's hook ends the forward pass. Returns handles."""
+    With ``stop_after_last`` the last needed block's hook ends the forward pass. The last block's
+    ``("L", k)`` is its output as ``last_state`` says (:func:`last_state_map`). Returns handles."""
+    final = last_state_map(adapter, last_state)
+    last = adapter.num_layers - 1
 
     def block_hook(index: int):
         def hook(module, args, output):
-            current().on_activation(("L", index), output[0] if isinstance(output, tuple) else output)
+            state = output[0] if isinstance(output, tuple) else output
+            current().on_activation(("L", index), final(state) if final is not None and index == last else state)
             if stop_after_last and index == plan.last_block:
                 raise StopForward
 

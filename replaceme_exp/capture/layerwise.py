@@ -171,7 +171,9 @@ def _run_chunk(adapter, batches, plan, execution, layout, desc) -> None:
             calls.append(_move(batch_calls, device, memo) if layout.location == "gpu" else batch_calls)
             captures.append(BatchCapture(plan, batch, device, keep_device=keep))
         current: dict[str, BatchCapture] = {}
-        handles = register_capture_hooks(adapter, plan, lambda: current["batch"], stop_after_last=False)
+        handles = register_capture_hooks(
+            adapter, plan, lambda: current["batch"], stop_after_last=False, last_state=execution.last_state
+        )
         try:
             for k in progress(range(plan.last_block + 1), desc=desc, unit="block"):
                 block = adapter.layers[k]

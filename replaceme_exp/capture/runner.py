@@ -44,7 +44,8 @@ def run_capture(
     execution: CaptureExecution | None = None,
 ) -> int:
     """Stream ``batches`` through the model, feeding every statistic's requests, whole-model or
-    layer-wise as the capture plan ``execution`` says (None: whole-model).
+    layer-wise as the capture plan ``execution`` says (None: whole-model), the last block's state
+    as its ``last_state`` says (None: the block's output).
 
     Returns the number of blocks each batch ran through (the pass stops after the last block
     whose output or MLP output some statistic needs).
@@ -56,7 +57,8 @@ def run_capture(
         run_layerwise(adapter, batches, plan, execution, desc)
         return plan.last_block + 1
     state: dict[str, BatchCapture] = {}
-    handles = register_capture_hooks(adapter, plan, lambda: state["batch"], stop_after_last=True)
+    last_state = execution.last_state if execution is not None else "block_output"
+    handles = register_capture_hooks(adapter, plan, lambda: state["batch"], stop_after_last=True, last_state=last_state)
     try:
         for batch in progress(batches, desc=desc, unit="batch"):
             state["batch"] = BatchCapture(plan, batch, input_device(adapter))

@@ -6,8 +6,8 @@ choice typed on the command line, a preset or a template wins over them. A setti
 value depends on other keys is left to the protocol in the schema (``null``; ``auto`` for
 ``model.capture_dtype``) and settled by a rule that the module owning the setting registers with
 :func:`protocol_rule`: the calibration source's record order, the fit's padded positions, the
-numerical objectives' precision and multi-LT order, the capture copy's dtype. A value given
-anywhere is a choice and is kept.
+numerical objectives' precision and multi-LT order, the capture copy's dtype, the last block's
+state in the capture. A value given anywhere is a choice and is kept.
 
 :func:`settle` runs every rule on a typed configuration (:func:`~replaceme_exp.config.validate.typed_config`
 calls it), so no configuration leaves validation with a setting unsettled; it logs what the
@@ -85,6 +85,7 @@ LEFT_TO_PROTOCOL: dict[str, Any] = {
     "calibration.drop_last": None,
     "calibration.empty_records": None,
     "calibration.mix_order": None,
+    "capture.last_state": None,
     "estimation.padded_positions": None,
     "model.capture_dtype": "auto",  # null: the model's dtype, a choice
     "objective.precision": None,

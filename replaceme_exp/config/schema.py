@@ -547,6 +547,11 @@ class CaptureConfig:
         None, doc="statistics budget (null: what the plan leaves)", check=finite_positive
     )
     precision: Literal["auto", "float64", "float32"] = key("auto", doc="precision of the statistics' products")
+    last_state: Optional[Literal["block_output", "final_norm"]] = key(
+        None,
+        doc="the last block's state in the capture: its own output, or after the model's final norm (the "
+        "official output_hidden_states[-1]); null: the protocol's (paper: block_output; official: final_norm)",
+    )
     layerwise: LayerwiseConfig = key(doc="layer-wise capture's stores")
     cache: bool = key(True, doc="content-addressed statistics cache")
     cache_dir: str = key(doc="where the statistics cache lives")

@@ -83,6 +83,12 @@ class DecoderAdapter:
     def hidden_size(self) -> int:
         return self.config.hidden_size
 
+    @property
+    def final_norm(self) -> nn.Module | None:
+        """The norm between the last block's output and the backbone's last hidden state (what
+        ``output_hidden_states[-1]`` returns); None where there is none."""
+        return self.backbone.norm
+
     def mlp(self, index: int) -> nn.Module:
         """The module whose output is ``M_index`` (the MLP output before the residual add)."""
         return self.layers[index].mlp

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 
 from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.execution import plan_execution
+from replaceme_exp.capture.execution import CaptureExecution, plan_execution
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
@@ -138,13 +138,19 @@ class PruningJob:
             for i in range(torch.cuda.device_count()):
                 torch.cuda.reset_peak_memory_stats(i)
         if c.model.capture_4bit:
-            return CapturePlan(None, "whole", "whole-model capture: model.capture_4bit")
+            execution = self.whole_model_plan("whole-model capture: model.capture_4bit")
+            return CapturePlan(execution, "whole", execution.reason)
         seq_len = getattr(c.calibration, "seq_len", None)
         execution = plan_execution(
             c.capture, c.model, c.calibration.batch_size, seq_len, cache_dir=str(self.paths.cache_dir)
         )
         log.info("capture plan: %s", execution.reason)
         return CapturePlan(execution, execution.mode, execution.reason)
+
+    def whole_model_plan(self, reason: str = "") -> CaptureExecution:
+        """A whole-model capture plan with the default statistics budget (a 4-bit copy's captures,
+        those on the model reloaded after a capture copy), the last block's state as configured."""
+        return CaptureExecution(reason=reason, last_state=self.config.capture.last_state or "block_output")
 
     def load(self, plan: CapturePlan) -> Loaded:
         """The model the captures run on (a 4-bit copy with ``model.capture_4bit``, a copy in
@@ -179,17 +185,17 @@ class PruningJob:
         c = self.config
         calibration = self.modality.calibration(captured.loaded, captured.adapter)
         root, model = c.capture.cache_dir, captured.loaded.identity_hash
-        enabled, refresh = bool(c.capture.cache), bool(c.force)
+        enabled, refresh, last_state = bool(c.capture.cache), bool(c.force), captured.execution.last_state
         tokens = calibration.batches.content_hash()
-        cache = StatisticsCache(root, model, tokens, enabled, refresh)
+        cache = StatisticsCache(root, model, tokens, enabled, refresh, last_state)
         search_steps = SearchSteps(Path(root) / "search_steps", model, tokens, bool(c.capture.search_steps), refresh)
         stats_cache = cache
         if self.spec.effective.padded_positions:  # padded positions' statistics depend on the batching
             content = calibration.estimation.layout_hash()
-            stats_cache = StatisticsCache(root, model, content, enabled, refresh)
+            stats_cache = StatisticsCache(root, model, content, enabled, refresh, last_state)
         elif calibration.estimation is not calibration.batches:
             content = calibration.estimation.content_hash()
-            stats_cache = StatisticsCache(root, model, content, enabled, refresh)
+            stats_cache = StatisticsCache(root, model, content, enabled, refresh, last_state)
         batches, estimation = calibration.batches, calibration.estimation
         return Calibrated(batches, estimation, cache, stats_cache, search_steps, calibration.columns)
 
@@ -296,7 +302,7 @@ class PruningJob:
             torch.cuda.empty_cache()
             with stage("load"):
                 loaded = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
-                captured = Loaded(loaded, self.adapted(loaded), None)
+                captured = Loaded(loaded, self.adapted(loaded), self.whole_model_plan())
         loaded, adapter, execution = captured.loaded, captured.adapter, captured.execution
         return Evaluated(
             loaded,

@@ -22,8 +22,8 @@ The config hash (:attr:`JobSpec.config_hash`), the setting hash and the row's se
 (``alpha=0`` and ``alpha=0.0``; a preset and its expansion; ``regularizer=none`` vs ``l2`` at
 alpha 0) share one hash and one description. Keys that change where or how a job runs, not what
 it computes, stay out of the hash (``results_dir``, ``cache_dir``, ``save_model``, ``save_transforms``, ``force``,
-``capture`` except a float32 precision that acts, ``store``, ``tracking``, ``progress``,
-``model.device``, ``model.device_map``, ``eval.samples``, ``eval.speed``, ``healing.log_every``,
+``capture`` except a float32 precision that acts and ``last_state=final_norm``, ``store``, ``tracking``,
+``progress``, ``model.device``, ``model.device_map``, ``eval.samples``, ``eval.speed``, ``healing.log_every``,
 ``healing.gradient_checkpointing``); local data files and the model's weights enter by content.
 ``SEMANTICS_VERSION`` is bumped whenever the code changes what a configuration computes.
 
@@ -199,6 +199,8 @@ class JobSpec:
             self.add_file_digests(section)  # a mix part's file too (no shipped mix names one)
         if e.precision_acts:
             data["capture_precision"] = e.capture_precision  # float32 products round differently
+        if c.capture.last_state != "block_output":  # the hash rows had before the key existed otherwise
+            data["capture_last_state"] = c.capture.last_state
         if e.mask_passes is None:
             data["mask_ratio"] = 0
             data.pop("mask_passes")
@@ -413,6 +415,7 @@ class JobSpec:
             "eval": c.eval.name,
             **self.eval_columns(),
             "capture_precision": e.capture_precision,
+            "capture_last_state": c.capture.last_state,
             **method_setting_columns(c),
         }
 

@@ -33,11 +33,11 @@ from replaceme_exp.selection.search_steps import SearchSteps
 
 @dataclass(frozen=True)
 class CapturePlan:
-    """How the captures run: ``execution`` (whole-model or layer-wise, the statistics budget; None
-    with ``model.capture_4bit``: whole-model on the 4-bit copy, the default budget), its ``mode`` and
-    the one-line ``reason`` for it."""
+    """How the captures run: ``execution`` (whole-model or layer-wise, the statistics budget, the
+    last block's state; with ``model.capture_4bit`` whole-model on the 4-bit copy, the default
+    budget), its ``mode`` and the one-line ``reason`` for it."""
 
-    execution: CaptureExecution | None
+    execution: CaptureExecution
     mode: str
     reason: str
 
@@ -50,7 +50,7 @@ class CapturePlan:
 class Loaded:
     """The model the captures run on: ``loaded`` (the module, its tokenizer or processor and its
     identity), its ``adapter`` and ``execution``, the capture plan its captures run under (None:
-    whole-model)."""
+    an evaluate job's, which captures nothing)."""
 
     loaded: LoadedModel
     adapter: DecoderAdapter
@@ -134,7 +134,7 @@ class Estimated:
 class Evaluated:
     """The model that is evaluated and pruned (the captured one, or a fresh load in ``model.dtype``):
     ``loaded``, its ``adapter``, ``execution`` (the capture plan of captures on it: the job's plan
-    when it is the captured model, else None), ``device`` (where its inputs go), and before pruning
+    when it is the captured model, else a whole-model one), ``device`` (where its inputs go), and before pruning
     its depth (``num_layers``), parameters (``params_before``) and resident bytes
     (``unpruned_bytes``, what a copy for the speed comparison needs)."""
 

@@ -119,6 +119,9 @@ SETTING_COLUMNS: dict[str, str] = {
     "`cka`, ...); None with explicit `cuts`.",
     "eval": "The eval suite option (`eval.name`).",
     "capture_precision": "Precision of the statistics' products: `float64` or `float32`.",
+    "capture_last_state": "The last block's state wherever a cut's end or target is the last block "
+    "(`capture.last_state`): `block_output` (the block's own output, the paper's `L_{N-1}`) or `final_norm` "
+    "(after the model's final norm, the official code's `output_hidden_states[-1]`).",
     "evaluated_checkpoint": "An evaluate job's checkpoint directory (None: `model` itself).",
     "pruned_config_hash": "The config hash of the pruning row that saved the evaluated checkpoint.",
     "pruned_run_id": "The run id of the pruning row that saved the evaluated checkpoint.",

@@ -39,6 +39,12 @@ class ClipVisionAdapter(DecoderAdapter):
     def layers(self) -> nn.ModuleList:
         return self.backbone.encoder.layers
 
+    @property
+    def final_norm(self) -> None:
+        """None: the encoder's last hidden state is the last block's output (``post_layernorm``
+        acts on the pooled class token only)."""
+        return None
+
     def forward_batch(self, batch, device: torch.device):
         return self.backbone(pixel_values=batch.pixel_values.to(device=device, dtype=self.embeddings.weight.dtype))
 

@@ -32,6 +32,10 @@ class FalconAdapter(DecoderAdapter):
     def layers(self) -> nn.ModuleList:
         return self.backbone.h
 
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.backbone.ln_f
+
     def fusion_target(self, index: int) -> nn.Linear:
         return self.layers[index].mlp.dense_4h_to_h
 
