@@ -314,3 +314,24 @@ def test_the_accurate_options_compose_and_keep_y(option):
     spec = JobSpec.from_config(compose_config([f"objective={option}"]))
     assert spec.config.objective.loss == option
     assert spec.estimator().store_names() == ("M", "R", "Y")
+
+
+@pytest.mark.integration
+def test_official_jobs_run_torchmin_and_an_accurate_loss_end_to_end(tmp_path):
+    from helpers.jobs import job_config
+
+    from replaceme_exp.runtime import run_recorded
+
+    common = ["cuts=[[2,4]]", "objective.epochs=1", "save_model=false", "protocol=official"]
+    row = run_recorded(job_config(tmp_path, "objective=cosine", "objective.solver=nlcg", *common))
+    assert row["status"] == "finished", row["error"]
+    assert (row["solver"], row["solver_schedule"], row["solver_backend"]) == ("nlcg", "minibatch", "torchmin")
+    assert (row["solver_precision"], row["mse_reduction"]) == ("float32", None)
+    assert row["loss_curves"]["2-4"][-1] < row["loss_curves"]["2-4"][0]
+    row = run_recorded(job_config(tmp_path, "objective=elasticnet_exact", *common))
+    assert row["status"] == "finished", row["error"]
+    assert (row["objective"], row["solver_backend"], row["method"]) == (
+        "elasticnet_exact",
+        None,
+        "ReplaceMe elastic net (exact)",
+    )
