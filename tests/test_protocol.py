@@ -135,6 +135,8 @@ def test_a_choice_typed_under_protocol_official_wins_even_when_it_is_the_papers(
         "solver_schedule=full_batch",
         "objective.solver=lbfgs",
         "objective.precision=float64",
+        "objective.solver_backend=scipy_torch",
+        "objective.mse_reduction=sum_hidden",
         "estimation=all",
         "estimation.padded_positions=false",
         "model.capture_dtype=null",

@@ -89,6 +89,8 @@ LEFT_TO_PROTOCOL: dict[str, Any] = {
     "estimation.padded_positions": None,
     "model.capture_dtype": "auto",  # null: the model's dtype, a choice
     "objective.precision": None,
+    "objective.solver_backend": None,
+    "objective.mse_reduction": None,
     "multi_lt": None,
     "eval.harness.batch_size": None,
 }

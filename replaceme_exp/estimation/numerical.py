@@ -2,8 +2,11 @@
 
 Objectives (per non-padding token, averaged over a batch):
 - ``cosine``: 1 - cos(M T, R), the paper's memory-saving form (stores M and R = L - Y);
-- ``cosine_exact``: 1 - cos(M T + Y, L) with L = R + Y (stores M, R and Y);
-- ``mse``: ||M T - R||^2, the least-squares objective solved numerically;
+- ``cosine_exact``: 1 - cos(M T + Y, L) with L = R + Y (stores M, R and Y): the official code's
+  ``accurate=True`` (prediction ``X A + Z`` against L); ``mse_exact`` and ``elasticnet_exact`` are
+  the same form of the next two (:data:`EXACT_LOSSES`);
+- ``mse``: ||M T - R||^2, the least-squares objective solved numerically; ``mse_reduction="mean"``:
+  its mean over hidden, the official ``nn.MSELoss(reduction="mean")`` (d times smaller);
 - ``elasticnet``: the official code's ``loss="elasticnet"``, on a batch of n tokens
   ``mean((M T - R)^2) + 0.09 * sum|M T| + 0.045 * sum (M T)^2``: the mean over the batch's n x d
   entries plus an L1 and a squared L2 norm of the prediction M T SUMMED over the batch (its
@@ -17,8 +20,9 @@ Regularisers: ``l1`` (sum |T|), ``l2`` (||T||_F^2), and ``l1_to_identity`` / ``l
 - ``token_sum`` (mse): sum over tokens of the loss + alpha * penalty, the convention of
   ``objective=ls`` (ridge: ``(M^T M + alpha I)^{-1} M^T R``), so that ``objective=mse regularizer=l2
   alpha=a`` has the minimiser of ``objective=ls alpha=a``. It is computed as the mean loss +
-  (alpha / N) * penalty with N the number of stored tokens (same minimiser); a mini-batch uses its
-  own mean loss + (alpha / N) * penalty, an unbiased estimate of that objective.
+  (alpha / N) * penalty with N the number of stored tokens (same minimiser; ``mse_reduction="mean"``:
+  + (alpha / (N d)) * penalty, the same objective over N d); a mini-batch uses its own mean loss +
+  that penalty, an unbiased estimate of that objective.
 Structures (:data:`STRUCTURES`): ``generic`` (full T), ``diagonal`` (T = diag(t)), and the official
 code's other two Adam-path structures: ``rank1`` (its ``two_vectors``: T = t1 t2^T, t1 and t2 in
 R^{d x 1}, started at t1 = t2 = 1, i.e. T = the all-ones matrix; ``init=ls`` starts from the best
@@ -50,6 +54,11 @@ solvers (``schedule``):
   starting from the current T with fresh solver state (no L-BFGS history, CG direction or trust
   radius carried over from the previous batch).
 Adam is mini-batch by nature: both schedules run the same thing.
+``solver_backend`` runs the non-Adam solvers: ``scipy_torch`` as above, or ``torchmin`` (the
+official code's library, pytorch-minimize): under ``minibatch`` only, each batch's step is its
+``minimize(objective, T, method=..., max_iter=1)`` (:data:`TORCHMIN_METHODS`, its defaults
+otherwise: L-BFGS and CG with its strong-Wolfe search, Newton-CG whose CG runs up to 20 x the
+parameters' count of iterations, trust-ncg from radius 1), on the whole batch at once.
 The non-Adam solvers work in ``precision``, float64 by default (T, the activations of each chunk,
 values and gradients): their line searches and trust regions decide on differences of objective
 values that float32 rounds away, so in float32 (the official code's) their steps depend on the CPU's
@@ -59,6 +68,7 @@ vector kernels: the first L-BFGS step of a tiny model's job was 10x its trial le
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -71,7 +81,13 @@ from replaceme_exp.progress import progress_counter
 
 log = logging.getLogger(__name__)
 
-LOSSES = ("cosine", "cosine_exact", "mse", "elasticnet")
+LOSSES = ("cosine", "cosine_exact", "mse", "mse_exact", "elasticnet", "elasticnet_exact")
+# The official ``accurate=True`` forms: the prediction M T + Y against L = R + Y (the store keeps Y),
+# by the loss they apply.
+EXACT_LOSSES = {"cosine_exact": "cosine", "mse_exact": "mse", "elasticnet_exact": "elasticnet"}
+# ``mse``'s reduction: ``sum_hidden`` (the sum over hidden, mean over tokens: this project's) or ``mean``
+# (over tokens x hidden: the official ``nn.MSELoss(reduction="mean")``, d times smaller).
+MSE_REDUCTIONS = ("sum_hidden", "mean")
 STRUCTURES = ("generic", "diagonal", "rank1", "lower_triangular")
 # The official code's elasticnet weights (ReplaceMe/utils.py, adam_method): of the L1 norm and of the
 # squared L2 norm of the prediction M T over a batch.
@@ -83,6 +99,10 @@ SCIPY_METHODS = {
     "newton_cg": ("Newton-CG", {"xtol": 1e-10}),
     "trust_ncg": ("trust-ncg", {"gtol": 1e-8, "initial_trust_radius": 1.0}),
 }
+# What runs the non-Adam solvers: ``scipy_torch`` (SciPy's minimize, PyTorch's L-BFGS: :data:`SCIPY_METHODS`)
+# or ``torchmin`` (the official code's library, pytorch-minimize: its minimize with these methods).
+SOLVER_BACKENDS = ("scipy_torch", "torchmin")
+TORCHMIN_METHODS = {"lbfgs": "l-bfgs", "nlcg": "cg", "trust_ncg": "trust-ncg", "newton_cg": "newton-cg"}
 SCHEDULES = ("full_batch", "minibatch")
 PRECISIONS = ("float64", "float32")
 # Strong-Wolfe line search of a mini-batch L-BFGS step: at most this many trial points (torchmin's
@@ -90,7 +110,14 @@ PRECISIONS = ("float64", "float32")
 # max_eval for max_iter=1 is 1, which would leave a single untested trial step.
 MAX_LINE_SEARCH = 25
 # How ``alpha`` weighs the penalty against the data term, by loss (see the module docstring).
-ALPHA_SCALES = {"cosine": "token_mean", "cosine_exact": "token_mean", "mse": "token_sum", "elasticnet": "token_mean"}
+ALPHA_SCALES = {
+    "cosine": "token_mean",
+    "cosine_exact": "token_mean",
+    "mse": "token_sum",
+    "mse_exact": "token_sum",
+    "elasticnet": "token_mean",
+    "elasticnet_exact": "token_mean",
+}
 REGULARIZERS = ("none", "l1", "l2", "l1_to_identity", "l2_to_identity")
 # Losses whose value does not change with T's scale: a penalty on T itself has no minimiser.
 SCALE_FREE_LOSSES = ("cosine",)
@@ -100,6 +127,15 @@ def solver_precision(solver: str, precision: str) -> str:
     """The dtype ``solver`` computes T in: float32 for Adam (the paper's recipe), ``precision`` for the
     line-search and trust-region solvers (module docstring)."""
     return "float32" if solver == "adam" else precision
+
+
+def check_backend(solver: str, schedule: str, backend: str) -> None:
+    """Refuse a ``backend`` that cannot run ``solver`` under ``schedule`` (one line, :class:`ConfigError`)."""
+    if backend not in SOLVER_BACKENDS:
+        raise ConfigError("objective.solver_backend", backend, f"choose one of {SOLVER_BACKENDS}")
+    if backend == "torchmin" and solver != "adam" and schedule != "minibatch":
+        reason = "runs the official code's one step per batch only (objective.schedule=minibatch)"
+        raise ConfigError("objective.solver_backend", backend, reason)
 
 
 def regularizer_warning(loss: str, regularizer: str, alpha: float) -> str | None:
@@ -114,29 +150,40 @@ def regularizer_warning(loss: str, regularizer: str, alpha: float) -> str | None
 
 
 def batch_loss(
-    loss: str, mt: torch.Tensor, rows: dict[str, torch.Tensor], set_tokens: int | None = None
+    loss: str,
+    mt: torch.Tensor,
+    rows: dict[str, torch.Tensor],
+    set_tokens: int | None = None,
+    mse_reduction: str = "sum_hidden",
 ) -> torch.Tensor:
-    """The loss of a batch; ``mt`` = M T (batch, hidden), ``rows`` from the store. A mean over the
-    batch's tokens, except for ``elasticnet`` (:func:`elasticnet_loss`). ``set_tokens``: the batch
-    is a chunk of a set of this many tokens whose loss is the chunks' values weighted by their share
-    of tokens (:class:`ChunkedObjective`); None: the batch is the whole set."""
-    if loss == "cosine":
-        return (1 - F.cosine_similarity(mt, rows["R"], dim=-1, eps=1e-8)).mean()
-    if loss == "cosine_exact":
+    """The loss of a batch; ``mt`` = M T (batch, hidden), ``rows`` from the store. The prediction is
+    M T against R, or M T + Y against L = R + Y for :data:`EXACT_LOSSES`. A mean over the batch's
+    tokens (``mse``: of the squared error summed over hidden, or its mean over hidden with
+    ``mse_reduction="mean"``), except for ``elasticnet`` (:func:`elasticnet_loss`). ``set_tokens``:
+    the batch is a chunk of a set of this many tokens whose loss is the chunks' values weighted by
+    their share of tokens (:class:`ChunkedObjective`); None: the batch is the whole set."""
+    if loss not in LOSSES:
+        raise ConfigError("objective.loss", loss, f"choose one of {LOSSES}")
+    prediction, target = mt, rows["R"]
+    if loss in EXACT_LOSSES:
         y = rows["Y"]
-        return (1 - F.cosine_similarity(mt + y, rows["R"] + y, dim=-1, eps=1e-8)).mean()
-    if loss == "mse":
-        return (mt - rows["R"]).pow(2).sum(-1).mean()
-    if loss == "elasticnet":
-        return elasticnet_loss(mt, rows["R"], 1.0 if set_tokens is None else set_tokens / mt.shape[0])
-    raise ConfigError("objective.loss", loss, f"choose one of {LOSSES}")
+        prediction, target = mt + y, target + y
+    base = EXACT_LOSSES.get(loss, loss)
+    if base == "cosine":
+        return (1 - F.cosine_similarity(prediction, target, dim=-1, eps=1e-8)).mean()
+    if base == "mse":
+        if mse_reduction == "mean":
+            return F.mse_loss(prediction, target, reduction="mean")
+        return (prediction - target).pow(2).sum(-1).mean()
+    return elasticnet_loss(prediction, target, 1.0 if set_tokens is None else set_tokens / mt.shape[0])
 
 
 def elasticnet_loss(mt: torch.Tensor, r: torch.Tensor, sum_scale: float = 1.0) -> torch.Tensor:
-    """The official code's elasticnet loss of a batch, ``mt`` = M T and ``r`` = R (batch, hidden):
-    ``mean((M T - R)^2) + 0.09 * ||M T||_1 + 0.045 * ||M T||_2^2``, the norms of the whole matrix
-    (sums over the batch). ``sum_scale`` multiplies the norms: n_set / n_chunk for a chunk of a set
-    of n_set tokens, so that the chunks' values weighted by n_chunk / n_set add up to the set's loss."""
+    """The official code's elasticnet loss of a batch, ``mt`` the prediction (M T, or M T + Y) and
+    ``r`` its target (R, or L) (batch, hidden): ``mean((mt - r)^2) + 0.09 * ||mt||_1 + 0.045 *
+    ||mt||_2^2``, the norms of the whole matrix (sums over the batch). ``sum_scale`` multiplies the
+    norms: n_set / n_chunk for a chunk of a set of n_set tokens, so that the chunks' values weighted
+    by n_chunk / n_set add up to the set's loss."""
     norms = ELASTICNET_L1 * torch.norm(mt, p=1) + ELASTICNET_L2 * torch.norm(mt, p=2) ** 2
     return F.mse_loss(mt, r, reduction="mean") + (norms if sum_scale == 1.0 else sum_scale * norms)
 
@@ -225,6 +272,8 @@ class NumericalEstimator(Estimator):
         chunk_tokens: int = 8192,
         schedule: str = "full_batch",
         precision: str = "float64",
+        solver_backend: str = "scipy_torch",
+        mse_reduction: str = "sum_hidden",
     ):
         if loss not in LOSSES:
             raise ConfigError("objective.loss", loss, f"choose one of {LOSSES}")
@@ -236,9 +285,13 @@ class NumericalEstimator(Estimator):
             raise ConfigError("objective.precision", precision, f"choose one of {PRECISIONS}")
         if init not in ("identity", "ls"):
             raise ConfigError("objective.init", init, "choose identity or ls")
+        check_backend(solver, schedule, solver_backend)
+        if mse_reduction not in MSE_REDUCTIONS:
+            raise ConfigError("objective.mse_reduction", mse_reduction, f"choose one of {MSE_REDUCTIONS}")
         self.name, self.loss, self.solver, self.schedule = name, loss, solver, schedule
         self.lr, self.batch_tokens, self.epochs, self.init = lr, batch_tokens, epochs, init
         self.max_iter, self.chunk_tokens = max_iter, chunk_tokens
+        self.solver_backend, self.mse_reduction = solver_backend, mse_reduction
         self.precision = solver_precision(solver, precision)
         self.alpha_scale = ALPHA_SCALES[loss]
         self.needs_statistics = init == "ls"
@@ -260,12 +313,20 @@ class NumericalEstimator(Estimator):
         )
 
     def store_names(self) -> tuple[str, ...]:
-        return ("M", "R", "Y") if self.loss == "cosine_exact" else ("M", "R")
+        return ("M", "R", "Y") if self.loss in EXACT_LOSSES else ("M", "R")
 
-    def penalty_weight(self, alpha: float, n_tokens: int) -> float:
-        """The weight of the penalty next to a mean per-token loss: ``alpha`` for ``token_mean``,
-        ``alpha / n_tokens`` (all stored tokens, whatever the batch) for ``token_sum``."""
-        return alpha / n_tokens if self.alpha_scale == "token_sum" else alpha
+    def penalty_weight(self, alpha: float, n_tokens: int, hidden: int) -> float:
+        """The weight of the penalty next to the batch loss: ``alpha`` for ``token_mean``; for
+        ``token_sum``, ``alpha / n_tokens`` (all stored tokens, whatever the batch), and ``alpha /
+        (n_tokens * hidden)`` with ``mse_reduction="mean"`` (whose loss is the sum's 1 / (n_tokens *
+        hidden)): the same minimiser, the ridge of ``objective=ls alpha``, on both scales."""
+        if self.alpha_scale != "token_sum":
+            return alpha
+        return alpha / (n_tokens * hidden) if self.mse_reduction == "mean" else alpha / n_tokens
+
+    def loss_of(self, mt: torch.Tensor, rows: dict[str, torch.Tensor], set_tokens: int | None = None) -> torch.Tensor:
+        """:func:`batch_loss` of this estimator's loss and ``mse_reduction``."""
+        return batch_loss(self.loss, mt, rows, set_tokens, self.mse_reduction)
 
     def fit(
         self,
@@ -301,7 +362,7 @@ class NumericalEstimator(Estimator):
         param, as_matrix, penalised = parametrise(
             structure, start, device, official_start=init_transform is None, dtype=dtype
         )
-        weight = self.penalty_weight(alpha, store.n_tokens)
+        weight = self.penalty_weight(alpha, store.n_tokens, d)
         curve, steps, batches, evaluations = self._minimise(
             store, param, as_matrix, penalised, weight, regularizer, seed
         )
@@ -317,7 +378,7 @@ class NumericalEstimator(Estimator):
             return curve, steps, batches, steps
         if self.schedule == "minibatch":
             return self._minibatch(store, param, as_matrix, penalised, weight, regularizer, seed)
-        objective = ChunkedObjective(store, self.loss, as_matrix, regularizer, weight, self.chunk_tokens, penalised)
+        objective = ChunkedObjective(store, self.loss_of, as_matrix, regularizer, weight, self.chunk_tokens, penalised)
         curve, steps, evaluations = self._solve(objective, param, self.max_iter, track=True)
         return curve, steps, 1, evaluations
 
@@ -354,7 +415,7 @@ class NumericalEstimator(Estimator):
                 for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
                     rows = store.rows(indices)
                     mt = rows["M"] @ as_matrix(param)
-                    loss = batch_loss(self.loss, mt, rows) + penalty(regularizer, weight, penalised(param))
+                    loss = self.loss_of(mt, rows) + penalty(regularizer, weight, penalised(param))
                     if not curve:
                         curve.append(loss.detach().item())
                     optimiser.zero_grad(set_to_none=True)
@@ -382,18 +443,18 @@ class NumericalEstimator(Estimator):
             for _ in range(self.epochs):
                 total, count = 0.0, 0
                 for indices in shuffled_batches(store.n_tokens, self.batch_tokens, generator):
-                    objective = ChunkedObjective(
-                        StoreBatch(store, indices),
-                        self.loss,
-                        as_matrix,
-                        regularizer,
-                        weight,
-                        self.chunk_tokens,
-                        penalised,
-                    )
-                    values, iterations, evals = self._solve(
-                        objective, param, max_iter=1, track=False, max_eval=1 + MAX_LINE_SEARCH
-                    )
+                    batch = StoreBatch(store, indices)
+                    if self.solver_backend == "torchmin":
+                        values, iterations, evals = self._torchmin_step(
+                            batch.tensors, param, as_matrix, penalised, weight, regularizer
+                        )
+                    else:
+                        objective = ChunkedObjective(
+                            batch, self.loss_of, as_matrix, regularizer, weight, self.chunk_tokens, penalised
+                        )
+                        values, iterations, evals = self._solve(
+                            objective, param, max_iter=1, track=False, max_eval=1 + MAX_LINE_SEARCH
+                        )
                     if not curve:
                         curve.append(values[0])
                     total, count = total + values[0], count + 1
@@ -402,6 +463,29 @@ class NumericalEstimator(Estimator):
                 curve.append(total / count)
                 batches += count
         return curve, steps, batches, evaluations
+
+    def _torchmin_step(self, rows, param, as_matrix, penalised, weight, regularizer):
+        """The official code's step on one batch: torchmin's ``minimize(objective, T, method=...,
+        max_iter=1)`` (:data:`TORCHMIN_METHODS`, the library's defaults otherwise: fresh solver state)
+        on the batch's loss + ``weight`` * penalty, all of it in ``param``'s dtype at once (``rows``:
+        the batch's stored rows); ``param`` takes the result's x. Returns ([the objective at the
+        start], iterations, evaluations)."""
+        from torchmin import minimize
+
+        rows = {name: t.to(param.dtype) for name, t in rows.items()}
+        started: list[float] = []
+
+        def objective(x: torch.Tensor) -> torch.Tensor:
+            value = self.loss_of(rows["M"] @ as_matrix(x), rows)
+            value = value + penalty(regularizer, weight, x if penalised is None else penalised(x))
+            if not started:
+                started.append(value.item())
+            return value
+
+        result = minimize(objective, param.detach(), method=TORCHMIN_METHODS[self.solver], max_iter=1)
+        with torch.no_grad():
+            param.copy_(result.x.view_as(param))
+        return started, int(result.nit), int(result.nfev)
 
     def _solve(
         self,
@@ -525,10 +609,13 @@ class ChunkedObjective:
     """The exact objective over a store (mean loss over all its tokens + ``alpha`` * penalty, with
     ``alpha`` already on the mean scale; ``elasticnet``: its norms summed over all the tokens), its
     gradient and Hessian-vector products, computed chunk by chunk so that memory does not grow with
-    the number of tokens, in the parameter's dtype. ``penalised``: what the penalty acts on (None: the
-    parameter itself)."""
+    the number of tokens, in the parameter's dtype. ``loss``: a name of :data:`LOSSES`, or
+    ``loss(mt, rows, set_tokens=...)`` (:meth:`NumericalEstimator.loss_of`). ``penalised``: what the
+    penalty acts on (None: the parameter itself)."""
 
-    def __init__(self, store, loss: str, as_matrix, regularizer: str, alpha: float, chunk_tokens: int, penalised=None):
+    def __init__(self, store, loss, as_matrix, regularizer: str, alpha: float, chunk_tokens: int, penalised=None):
+        if isinstance(loss, str):
+            loss = functools.partial(batch_loss, loss)
         self.store, self.loss, self.as_matrix = store, loss, as_matrix
         self.regularizer, self.alpha, self.chunk_tokens = regularizer, alpha, chunk_tokens
         self.penalised = penalised
@@ -542,7 +629,7 @@ class ChunkedObjective:
             yield {name: t.to(dtype) for name, t in self.store.rows(idx).items()}, idx.numel() / n
 
     def _chunk_value(self, p: torch.Tensor, rows, weight: float) -> torch.Tensor:
-        return weight * batch_loss(self.loss, rows["M"] @ self.as_matrix(p), rows, set_tokens=self.store.n_tokens)
+        return weight * self.loss(rows["M"] @ self.as_matrix(p), rows, set_tokens=self.store.n_tokens)
 
     def value_and_grad(self, param: torch.Tensor) -> tuple[float, torch.Tensor]:
         p = param.detach().clone().requires_grad_(True)

@@ -8,7 +8,7 @@ from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.config.schema import Group, ObjectiveConfig, finite_positive, key, positive_int, register_shape
 from replaceme_exp.estimation.estimators import estimator_class
-from replaceme_exp.estimation.numerical import NumericalEstimator, regularizer_warning
+from replaceme_exp.estimation.numerical import NumericalEstimator, check_backend, regularizer_warning
 from replaceme_exp.methods.plugin import Method, register
 from replaceme_exp.methods.replaceme_ls import fitted_on
 
@@ -16,7 +16,9 @@ from replaceme_exp.methods.replaceme_ls import fitted_on
 @register_shape("objective")
 @Group
 class NumericalObjectiveConfig(ObjectiveConfig):
-    loss: Literal["cosine", "cosine_exact", "mse", "elasticnet"] = key(doc="the loss minimised over T")
+    loss: Literal["cosine", "cosine_exact", "mse", "mse_exact", "elasticnet", "elasticnet_exact"] = key(
+        doc="the loss minimised over T (*_exact: the official accurate=True form, M T + Y against L)"
+    )
     solver: Literal["adam", "lbfgs", "nlcg", "trust_ncg", "newton_cg"] = key("adam", doc="the optimiser")
     schedule: Literal["full_batch", "minibatch"] = key(
         doc="lbfgs/nlcg/trust_ncg over all tokens, or one step per batch"
@@ -32,15 +34,64 @@ class NumericalObjectiveConfig(ObjectiveConfig):
         doc="dtype of lbfgs/nlcg/trust_ncg/newton_cg (float32: the official code's, whose steps move with the CPU's "
         "vector kernels); adam runs in float32; null: the protocol's (paper: float64; official: float32)",
     )
+    solver_backend: Optional[Literal["scipy_torch", "torchmin"]] = key(
+        None,
+        doc="what runs lbfgs/nlcg/trust_ncg/newton_cg: scipy_torch (SciPy's minimize, torch.optim.LBFGS) or "
+        "torchmin (the official code's minimize(..., max_iter=1) per batch; schedule=minibatch only); "
+        "null: the protocol's (paper: scipy_torch; official: torchmin with schedule=minibatch)",
+    )
+    mse_reduction: Optional[Literal["sum_hidden", "mean"]] = key(
+        None,
+        doc="mse / mse_exact per token: the sum over hidden, or the mean over hidden (the official "
+        "MSELoss(reduction='mean'), d times smaller; alpha keeps its ridge meaning); null: the protocol's "
+        "(paper: sum_hidden; official: mean)",
+    )
 
 
 # The loss's name in tables.
-LOSS_LABELS = {"cosine": "cosine", "cosine_exact": "cosine (exact)", "mse": "MSE", "elasticnet": "elastic net"}
+LOSS_LABELS = {
+    "cosine": "cosine",
+    "cosine_exact": "cosine (exact)",
+    "mse": "MSE",
+    "mse_exact": "MSE (exact)",
+    "elasticnet": "elastic net",
+    "elasticnet_exact": "elastic net (exact)",
+}
 
 
-def penalty_warning(config) -> dict:
-    regularizer = config.regularizer.name if config.alpha else "none"
-    return {"regularizer_warning": regularizer_warning(config.objective.loss, regularizer, float(config.alpha))}
+def backend_acts(objective) -> bool:
+    """Whether ``objective.solver_backend`` acts: a non-Adam solver (Adam is PyTorch's either way)."""
+    return objective.solver != "adam"
+
+
+def mse_reduction_acts(objective) -> bool:
+    return objective.loss in ("mse", "mse_exact")
+
+
+def numerical_settings(config) -> dict:
+    """The row's columns of this method: the penalty warning, and the solver backend and the MSE
+    reduction where they act (None elsewhere)."""
+    objective, regularizer = config.objective, config.regularizer.name if config.alpha else "none"
+    return {
+        "regularizer_warning": regularizer_warning(objective.loss, regularizer, float(config.alpha)),
+        "solver_backend": objective.solver_backend if backend_acts(objective) else None,
+        "mse_reduction": objective.mse_reduction if mse_reduction_acts(objective) else None,
+    }
+
+
+def settings_as_they_act(config, data: dict) -> None:
+    """In the hashed config ``data``, the solver backend and the MSE reduction only where they act
+    and differ from what ran before the keys existed (scipy_torch, sum_hidden): hashes stay."""
+    objective = config.objective
+    if not backend_acts(objective) or objective.solver_backend == "scipy_torch":
+        data["objective"].pop("solver_backend", None)
+    if not mse_reduction_acts(objective) or objective.mse_reduction == "sum_hidden":
+        data["objective"].pop("mse_reduction", None)
+
+
+def check_backend_schedule(config, requirements) -> None:
+    objective = config.objective
+    check_backend(objective.solver, objective.schedule, objective.solver_backend)
 
 
 register(
@@ -55,8 +106,16 @@ register(
         setting_columns={
             "regularizer_warning": "Why an L1 / L2 penalty on T with the scale-free cosine loss is ill-posed; "
             "None elsewhere.",
+            "solver_backend": "What ran lbfgs / nlcg / trust_ncg / newton_cg (`objective.solver_backend`): "
+            "`scipy_torch` (SciPy's minimize, torch.optim.LBFGS) or `torchmin` (the official code's "
+            "`minimize(..., max_iter=1)` per batch); None for Adam and closed forms.",
+            "mse_reduction": "The per-token MSE of `objective=mse` / `mse_exact` (`objective.mse_reduction`): "
+            "`sum_hidden` (summed over hidden) or `mean` (the official `MSELoss(reduction='mean')`, d times "
+            "smaller); None for other losses.",
         },
-        settings_of=penalty_warning,
+        settings_of=numerical_settings,
+        identity=settings_as_they_act,
+        check=check_backend_schedule,
     )
 )
 
@@ -80,3 +139,23 @@ def precision_of_the_protocol(config: schema.JobConfig) -> dict:
     if not left_to_protocol(config, "objective.precision"):
         return {}
     return {"objective.precision": "float32" if config.protocol == "official" else "float64"}
+
+
+@protocol_rule("objective.solver_backend")
+def solver_backend_of_the_protocol(config: schema.JobConfig) -> dict:
+    """``objective.solver_backend`` left to the protocol: torchmin under ``protocol=official`` with the
+    minibatch schedule (utils.py optimizing_method: ``minimize(objective, A, method=solver,
+    max_iter=1)`` per batch), else scipy_torch (this project's: SciPy's minimize, torch.optim.LBFGS)."""
+    if not left_to_protocol(config, "objective.solver_backend"):
+        return {}
+    official = config.protocol == "official" and config.objective.schedule == "minibatch"
+    return {"objective.solver_backend": "torchmin" if official else "scipy_torch"}
+
+
+@protocol_rule("objective.mse_reduction")
+def mse_reduction_of_the_protocol(config: schema.JobConfig) -> dict:
+    """``objective.mse_reduction`` left to the protocol: mean (official: ``nn.MSELoss(reduction='mean')``,
+    over tokens x hidden), else sum_hidden (paper: ``||M T - R||^2`` per token)."""
+    if not left_to_protocol(config, "objective.mse_reduction"):
+        return {}
+    return {"objective.mse_reduction": "mean" if config.protocol == "official" else "sum_hidden"}
