@@ -179,6 +179,33 @@ def test_the_preset_names_the_method_and_records_its_settings(tmp_path):
 
 
 @pytest.mark.unit
+def test_the_baichuan_preset_runs_the_notebooks_other_setting_as_the_official_loop_does(tmp_path):
+    """experiment=laco_baichuan is laco-baic-13B.ipynb's setting (C = 3, I = 1, T = 0.6, L = 0, H = the
+    top block, two sentences) beside experiment=laco's (C scaled from the Llama 2 13B notebook, T = 0.45,
+    five sentences); its search on a tiny model tries and keeps what the official loop does on the
+    first two calibration sequences."""
+    spec = JobSpec.from_config(job_config(tmp_path, "experiment=laco_baichuan"))
+    selection = spec.config.selection
+    assert (selection.merge_layers, selection.interval, selection.threshold) == (3, 1, 0.6)
+    assert (selection.lowest, selection.highest, selection.samples, selection.merge) == (0, None, 2, "rdsc")
+    columns = spec.setting_columns()
+    assert columns["method"] == "LaCo" and columns["selection_merge_layers"] == 3
+    paper = JobSpec.from_config(job_config(tmp_path, "experiment=laco")).config.selection
+    assert (paper.merge_layers, paper.threshold, paper.samples) == (None, 0.45, 5)
+
+    model = tiny_model(num_layers=10, seed=0)
+    batches, sequences = calibration()
+    settings = {k: getattr(selection, k) for k in ("merge_layers", "interval", "threshold", "samples")}
+    result = search(model, batches, 4, **settings)
+    tries, _, kept = brute_force_laco(model, sequences[:2], 3, 1, 0.6, 0, 9, 4)
+    mine = [(t["start"], t["merged"], t["accepted"]) for t in result.columns["laco_tries"]]
+    assert mine == [(s, m, a) for s, m, _, a in tries] and any(a for *_, a in mine)
+    assert [t["similarity"] for t in result.columns["laco_tries"]] == pytest.approx([v for *_, v, _ in tries], abs=1e-5)
+    assert sorted(result.removed) == sorted(set(range(10)) - set(kept))
+    assert (result.columns["laco_merge_layers"], result.columns["laco_samples"]) == (3, 2)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("override", "key"),
     [

@@ -99,9 +99,11 @@ def test_each_job_of_the_template_fills_exactly_one_row_and_each_row_one_job():
         "shortgpt": "ShortGPT",
         "sleb": "SLEB",
         "laco": "LaCo",
+        "laco_baichuan": "LaCo",
         "linearpatch": "LinearPatch",
         "llm_streamline": "LLM-Streamline (FFN)",
         "llm_streamline_layer": "LLM-Streamline (layer)",
+        "llm_streamline_scaled": "LLM-Streamline (FFN)",
         "ls_ridge_identity": "ReplaceMe LS ridge-to-I",
         "replaceme_ls_shortgpt_cuts": "ReplaceMe LS on ShortGPT cuts",
     }
@@ -203,6 +205,8 @@ def test_a_method_whose_run_failed_says_why_under_the_table_instead_of_no_run():
 
     def failed(i, method, **values):
         recorded = {"status": "failed", "n_prune": 0.25, "num_layers": None, "failed_stage": "selection search"}
+        if method == "LaCo":
+            recorded["selection_threshold"] = 0.45  # the paper-setting preset's row (not the Baichuan setting's)
         return smollm2_run(i, method, **{**recorded, "error": error, **values})
 
     runs = frame(
@@ -538,7 +542,7 @@ def test_the_quality_against_speedup_figure_draws_each_method_at_each_compressio
         speed(1, "UIDL", 62.0, 0.6, 1.35),
         speed(2, "ShortGPT", 60.0, 0.62, 1.34),
         speed(3, "UIDL", 500.0, 0.3, 1.6, n_prune=11),
-        speed(4, "LLM-Streamline (FFN)", 900.0, 0.2, 1.2),  # slower and worse: off the front
+        speed(4, "LLM-Streamline (FFN)", 900.0, 0.2, 1.2, replacement_epochs=1),  # slower and worse: off the front
     )
     plotted = quality_speed(runs, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 0
@@ -581,3 +585,26 @@ def test_reused_search_steps_count_in_the_compression_cost_and_unknown_ones_leav
     assert cost["time_s"].tolist() == [11.0, 11.0, 41.0, 40.0, 30.0, 30.0]
     assert cost["co2_kg"].tolist()[:3] == [0.5, 0.5, 2.0] and np.isnan(cost["co2_kg"].iloc[3])
     assert cost["co2_kg"].iloc[4] == 1.5 and np.isnan(cost["co2_kg"].iloc[5])
+
+
+@pytest.mark.unit
+def test_rows_whose_training_did_not_act_are_marked_and_a_rows_note_is_said_under_the_table():
+    """A run's ``untrained`` column (set by a method that trains: LLM-Streamline's one step at lr 0)
+    marks its row's label and adds the mark's note; a trained run or a run of a method that does not
+    train (no column) stays unmarked. A row's ``note`` in paper.yaml (LaCo's) is rendered under it."""
+    layer, ffn = "LLM-Streamline (layer)", "LLM-Streamline (FFN)"
+    runs = frame(
+        smollm2_run(1, layer, ppl_heldout=556.2, untrained=True, replacement_epochs=1),
+        smollm2_run(2, ffn, ppl_heldout=9e5, untrained=False, replacement_epochs=1),
+        smollm2_run(3, "UIDL", ppl_heldout=62.2),
+    )
+    table = build_table(SPEC, runs, load_quoted())
+    settings = list(table["Setting"])
+    assert f"{layer} (untrained)" in settings and ffn in settings and "UIDL" in settings
+    assert cells(table, f"{layer} (untrained)")["Held-out ppl"] == "556.2"
+    markdown = to_markdown(SPEC, table)
+    assert "Rows marked (untrained): the method trains, but in these runs its training did not act" in markdown
+    laco = next(row for row in METHODS_AT_EQUAL_COMPRESSION if row.text["Preset"] == "laco")
+    assert laco.note and f"- LaCo: {laco.note.rstrip('.')}." in markdown and "keeps nothing" in laco.note
+    trained = build_table(SPEC, frame(smollm2_run(1, layer, ppl_heldout=500.0, untrained=False)), load_quoted())
+    assert layer in list(trained["Setting"]) and "(untrained)" not in to_markdown(SPEC, trained)

@@ -283,3 +283,40 @@ def test_sleb_jobs_share_their_steps_through_the_store_and_count_their_cost(tmp_
             measured + again["time_estimate_s"],
         ]
     )
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_calibration_token_counts_the_docs_state_are_the_methods_tables(tmp_path):
+    """docs/methods/sleb.md and the methods template state the methods table's calibration in tokens
+    (the cost of SLEB's search scales with it): the non-padding tokens of that calibration, built as a
+    job builds it for SmolLM2 (the model's shipped answers to the shipped prompts, offline)."""
+    import re
+
+    from helpers.config import CACHE, ROOT, typed
+
+    from replaceme_exp.data.calibration import Answerer, build_calibration
+    from replaceme_exp.models import load_model
+
+    config = typed(["+methods=equal_compression", "model=smollm2_135m", "experiment=sleb"])
+    assert (config.calibration.name, config.calibration.n_samples, config.calibration.seq_len) == (
+        "self_generated",
+        128,
+        256,
+    )
+    loaded = load_model(config.model, str(CACHE))
+    answerer = Answerer(loaded.model, loaded.identity_hash, str(tmp_path))  # no cached answers: the shipped ones
+    tokens = build_calibration(config.calibration, loaded.tokenizer, answerer).n_tokens
+
+    def stated(path: str, pattern: str) -> list[int]:
+        text = " ".join((ROOT / path).read_text().split())
+        return [int(n.replace(",", "")) for n in re.findall(pattern, text)]
+
+    sleb_md = stated("docs/methods/sleb.md", r"128 chats of up to 256 tokens, ([\d,]+) tokens")
+    template = stated("multirun_templates/methods/equal_compression.yaml", r"over the ([\d,]+) calibration tokens")
+    assert sleb_md == [tokens] and template == [tokens]
+    assert stated("docs/methods/sleb.md", r"every method sees the same tokens \(([\d,]+),") == [tokens]
+    # the official calibration is scored in whole 2048-token windows: about 8k tokens in about 4 windows
+    text = " ".join((ROOT / "docs/methods/sleb.md").read_text().split())
+    windows, scored = re.search(r"scores about (\d) windows \(([\d,]+) tokens\)", text).groups()
+    assert int(windows) * 2048 == int(scored.replace(",", "")) and "8 times as many" not in text

@@ -20,12 +20,16 @@ from safetensors.torch import load_file
 from replaceme_exp.data.batching import TokenBatch
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.streamline import (
+    MIN_TRAINED_STEPS,
     BlockRunner,
     SequenceStore,
+    StreamlineEstimator,
     capture_cut_states,
+    init_std,
     padded,
     streamline_lr_factor,
     train,
+    untrained,
 )
 from replaceme_exp.models import adapter_for, load_model
 from replaceme_exp.models.replacement import ReplacementFFN
@@ -136,12 +140,85 @@ def test_training_lowers_the_mse_of_the_replacement(variant):
     with torch.enable_grad():
         run = train(network, forward, store, settings(), 0, adapter.hidden_size, torch.device("cpu"))
     assert run.steps == 16 * 2 and len(run.loss_curve) == run.steps and run.micro_batches == 4
+    # the learning rate of each optimizer step: the official schedule, stepped once per step, by hand
+    hand = [3e-3 * streamline_lr_factor(k, 0.0, 4 * 16, 3e-3, 3e-4) for k in range(run.steps)]
+    assert run.lr_curve == pytest.approx(hand) and not untrained(run)
     assert run.loss_after < 0.7 * run.loss_before and run.loss_curve[-1] < run.loss_curve[0]
     # loss_after is the MSE over every token, computed again here by hand
     x, y, positions, mask = padded([store.get(i) for i in range(len(store))], adapter.hidden_size)
     with torch.no_grad():
         error = ((forward(x, positions, mask) - y) ** 2).sum(-1)[mask.bool()]
     assert run.loss_after == pytest.approx(float(error.sum()) / (int(mask.sum()) * adapter.hidden_size), rel=1e-5)
+
+
+@pytest.mark.unit
+def test_a_handful_of_steps_or_steps_at_learning_rate_zero_leave_the_network_untrained():
+    model = tiny_model(num_layers=6, seed=2).eval()
+    adapter = adapter_for(model)
+    store = SequenceStore()
+    capture_cut_states(adapter, [padded_batch([12, 9, 12, 7], 12, seed=s) for s in range(4)], (2, 5), store)
+
+    def trained(**changes):
+        network = ReplacementFFN(adapter.hidden_size)
+        with torch.enable_grad():
+            return train(network, lambda x, p, m: network(x), store, settings(**changes), 0, 32, torch.device("cpu"))
+
+    # the layer preset's schedule on a calibration set: one step, at the warm-up's learning rate 0
+    one = trained(epochs=1, batch_size=8, grad_accumulation=16, schedule_ratio=0.5, warmup_ratio=0.01)
+    assert (one.steps, one.lr_curve) == (1, [0.0]) and untrained(one)
+    few = trained(epochs=2, warmup_ratio=0.0)  # 2 x 2 steps at lr > 0: a handful
+    assert few.steps == 4 < MIN_TRAINED_STEPS and min(few.lr_curve) > 0 and untrained(few)
+    enough = trained(epochs=MIN_TRAINED_STEPS // 2, warmup_ratio=0.0)
+    assert enough.steps == MIN_TRAINED_STEPS and not untrained(enough)
+
+
+@pytest.mark.unit
+def test_the_ffn_is_initialised_as_the_authors_model_class_does(monkeypatch):
+    """Weights from N(0, the model's initializer_range), zero biases (LlamaPreTrainedModel._init_weights,
+    which post_init runs over the authors' MLP), checked on the FFN the estimator builds before it
+    trains; ``ffn_init=pytorch`` keeps nn.Linear's default (uniform within 1 / sqrt(fan_in))."""
+    import replaceme_exp.estimation.streamline as streamline
+
+    model = tiny_model(num_layers=6, seed=2, initializer_range=0.05).eval()
+    built = {}
+
+    def record_then_train(network, *args, **kwargs):
+        built[len(built)] = {n: p.detach().clone() for n, p in network.named_parameters()}
+        return train(network, *args, **kwargs)
+
+    monkeypatch.setattr(streamline, "train", record_then_train)
+    batches = [padded_batch([12, 9, 12, 7], 12, seed=s) for s in range(2)]
+    objective = vars(settings(epochs=1))
+    for init in ("normal", "pytorch"):
+        estimator = StreamlineEstimator("streamline_ffn", "ffn", ffn_expansion=4, ffn_init=init, **objective)
+        replacement = estimator.replace(adapter_for(model), batches, (2, 5), seed=0)
+        expected = 0.05 if init == "normal" else None
+        assert replacement.columns["replacement_init_std"] == expected
+    normal, default = built[0], built[1]
+    for name in ("fc1.weight", "fc2.weight"):
+        w = normal[name]
+        assert w.numel() == 4 * 32 * 32 and abs(float(w.std()) / 0.05 - 1) < 0.05 and abs(float(w.mean())) < 0.003
+        fan_in = w.shape[1]
+        assert float(default[name].abs().max()) <= 1 / math.sqrt(fan_in)  # PyTorch's Kaiming-uniform bound
+    assert not normal["fc1.bias"].any() and not normal["fc2.bias"].any()
+    assert default["fc1.bias"].abs().sum() > 0
+    assert init_std(adapter_for(tiny_model(num_layers=2)), "normal") == 0.02  # the family's default range
+
+
+@pytest.mark.unit
+def test_the_scaled_preset_takes_the_authors_optimizer_steps_on_128_sequences(tmp_path):
+    """The authors' FFN recipe takes 300,000 sequences in one epoch at 32 per micro-batch and 2 per step;
+    experiment=llm_streamline_scaled keeps everything but the batch (1 sequence per step) and the
+    epochs (enough for as many optimizer steps on 128 sequences)."""
+    authors_steps = math.ceil(math.ceil(300_000 / 32) / 2)
+    scaled = JobSpec.from_config(job_config(tmp_path, "experiment=llm_streamline_scaled")).config.objective
+    paper = JobSpec.from_config(job_config(tmp_path, "experiment=llm_streamline")).config.objective
+    assert (paper.batch_size, paper.grad_accumulation, paper.epochs) == (32, 2, 1)
+    assert (scaled.batch_size, scaled.grad_accumulation, scaled.epochs) == (1, 1, math.ceil(authors_steps / 128))
+    assert 128 * scaled.epochs >= authors_steps > 128 * (scaled.epochs - 1)
+    kept = ("replacement", "ffn_expansion", "ffn_init", "lr", "min_lr", "weight_decay", "betas", "warmup_ratio")
+    kept += ("schedule_ratio", "scheduler_steps", "max_grad_norm")
+    assert all(getattr(scaled, k) == getattr(paper, k) for k in kept) and paper.ffn_init == "normal"
 
 
 @pytest.mark.unit
@@ -310,3 +387,5 @@ def test_each_preset_runs_end_to_end_from_the_command_line(tmp_path, preset):
         and row["replacement"] == ("ffn" if preset == "llm_streamline" else "layer")
     )
     assert math.isfinite(row["ppl_heldout"]) and row["replacement_steps"] >= 1
+    # 24 calibration sequences: one optimizer step, at the warm-up's learning rate 0: marked untrained
+    assert (row["replacement_steps"], row["replacement_lr_max"], row["untrained"]) == (1, 0.0, True)

@@ -3,8 +3,9 @@ the selected cut is replaced by a lightweight network trained with MSE to map th
 states to its output hidden states on the calibration sequences.
 
 - ``replacement="ffn"``: a new :class:`~replaceme_exp.models.replacement.ReplacementFFN` (no
-  residual, default init) maps ``L_{start-1}`` to ``L_{end-1}``; the cut's blocks are removed and
-  the FFN runs after block ``start-1`` (not a plain checkpoint).
+  residual; ``ffn_init="normal"``: weights from N(0, the model's ``initializer_range``) and zero
+  biases, as the authors' model class initialises it) maps ``L_{start-1}`` to ``L_{end-1}``; the
+  cut's blocks are removed and the FFN runs after block ``start-1`` (not a plain checkpoint).
 - ``replacement="layer"``: the cut's first block, initialised with its own weights (the official
   code's ``init_layer``), is trained to map the cut's input to its output; it stays with the new
   weights and the cut's other blocks go (a plain checkpoint). Its cut spans one block more than it
@@ -38,6 +39,13 @@ from replaceme_exp.progress import progress
 from replaceme_exp.stages import stage
 
 Cut = tuple[int, int]
+
+# Fewer optimizer steps than this (or none at a learning rate above 0) leave the network as it was
+# built, for the row's ``untrained`` column: the authors train for thousands of steps.
+MIN_TRAINED_STEPS = 10
+# The authors' model class draws its weights from N(0, initializer_range) (LlamaPreTrainedModel); a
+# config without one gets transformers' usual value.
+DEFAULT_INITIALIZER_RANGE = 0.02
 
 
 class SequenceStore:
@@ -187,10 +195,12 @@ class BlockRunner:
 @dataclass
 class TrainingRun:
     """What training did: ``loss_curve`` (the mean micro-batch loss of each optimizer step, before
-    it), ``loss_before`` / ``loss_after`` (the MSE over every stored token, before and after),
-    ``steps`` (optimizer steps), ``micro_batches`` (per epoch)."""
+    it), ``lr_curve`` (the learning rate each optimizer step used), ``loss_before`` / ``loss_after``
+    (the MSE over every stored token, before and after), ``steps`` (optimizer steps),
+    ``micro_batches`` (per epoch)."""
 
     loss_curve: list[float] = field(default_factory=list)
+    lr_curve: list[float] = field(default_factory=list)
     loss_before: float | None = None
     loss_after: float | None = None
     steps: int = 0
@@ -245,6 +255,7 @@ def train(
             if (k + 1) % s.grad_accumulation == 0 or last:
                 if s.max_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(parameters, max_norm=s.max_grad_norm)
+                run.lr_curve.append(float(optimizer.param_groups[0]["lr"]))
                 optimizer.step()
                 optimizer.zero_grad()
                 run.loss_curve.append(sum(losses) / len(losses))
@@ -257,6 +268,22 @@ def train(
     network.eval()
     run.loss_after = full_loss(forward, store, s.batch_size, hidden, device)
     return run
+
+
+def untrained(run: TrainingRun) -> bool:
+    """Whether training left the network as it was built: fewer than :data:`MIN_TRAINED_STEPS`
+    optimizer steps, or none at a learning rate above 0."""
+    return run.steps < MIN_TRAINED_STEPS or max(run.lr_curve, default=0.0) <= 0.0
+
+
+def init_std(adapter, ffn_init: str) -> float | None:
+    """The standard deviation the FFN's weights are drawn with: the model's ``initializer_range``
+    for ``ffn_init="normal"`` (its text config's, for a multimodal model), None for ``"pytorch"``."""
+    if ffn_init == "pytorch":
+        return None
+    config = adapter.config
+    config = getattr(config, "text_config", None) or config
+    return float(getattr(config, "initializer_range", None) or DEFAULT_INITIALIZER_RANGE)
 
 
 @dataclass
@@ -324,7 +351,7 @@ class StreamlineEstimator(Estimator):
             with stage("estimate", f"LLM-Streamline training ({self.replacement})"), torch.enable_grad():
                 torch.manual_seed(seed)
                 if self.replacement == "ffn":
-                    network = ReplacementFFN(hidden, s.ffn_expansion).to(device)
+                    network = ReplacementFFN(hidden, s.ffn_expansion, init_std(adapter, s.ffn_init)).to(device)
 
                     def forward(x, positions, mask):
                         return network(x)
@@ -345,11 +372,14 @@ class StreamlineEstimator(Estimator):
             "replacement_loss_last": run.loss_curve[-1] if run.loss_curve else None,
             "replacement_loss_curve": run.loss_curve,
             "replacement_steps": run.steps,
+            "replacement_lr_max": max(run.lr_curve, default=None),
+            "untrained": untrained(run),
             "replacement_sequences": n_sequences,
             "replacement_tokens": n_tokens,
         }
         if self.replacement == "ffn":
             columns["replacement_params_added"] = added
+            columns["replacement_init_std"] = init_std(adapter, s.ffn_init)
             return Replacement(cut, [cut], {}, {start - 1: network.cpu()}, columns)
         columns["replacement_params_added"] = 0  # the retrained block was one of the model's
         state = {name: p.detach().cpu() for name, p in network.named_parameters()}

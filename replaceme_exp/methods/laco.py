@@ -62,7 +62,7 @@ register(
         label=lambda job: "LaCo",
         selections=("laco",),
         search_label="LaCo",
-        presets=("laco",),
+        presets=("laco", "laco_baichuan"),
         check_shape=search_range_fits,
         column_docs={
             "selection_merge_layers": "LaCo (`selection=laco`): C, blocks combined by one merge, as set (null: from "

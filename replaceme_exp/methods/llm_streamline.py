@@ -16,7 +16,7 @@ from replaceme_exp.config.schema import (
     register_shape,
 )
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.streamline import StreamlineEstimator
+from replaceme_exp.estimation.streamline import MIN_TRAINED_STEPS, StreamlineEstimator
 from replaceme_exp.methods.plugin import Method, register
 from replaceme_exp.models.shape import ModelShape
 from replaceme_exp.selection.cuts import cut_length
@@ -43,6 +43,11 @@ class ReplacementObjectiveConfig(ObjectiveConfig):
         doc="ffn: a new FFN after the block before the cut; layer: the cut's first block, retrained, replaces it"
     )
     ffn_expansion: int = key(4, doc="ffn: its hidden width as a multiple of the model's", check=positive_int)
+    ffn_init: Literal["normal", "pytorch"] = key(
+        "normal",
+        doc="ffn: normal: weights from N(0, the model's initializer_range), zero biases (the authors' model class); "
+        "pytorch: nn.Linear's default",
+    )
     lr: float = key(2.0e-4, doc="AdamW's peak learning rate", check=finite_positive)
     min_lr: float = key(5.0e-5, doc="where the cosine schedule ends", check=finite_non_negative)
     weight_decay: float = key(1.0e-3, doc="AdamW's weight decay", check=finite_non_negative)
@@ -96,20 +101,29 @@ def one_cut_one_network(c, needs) -> None:
         raise ConfigError("mask_ratio", float(c.mask_ratio), reason)
 
 
+FFN_ONLY = ("ffn_expansion", "ffn_init")
+
+
 def without_unbuilt_ffn(c, data: dict) -> None:
-    """The layer variant builds no FFN: its width does not act."""
+    """The layer variant builds no FFN: its width and initialisation do not act."""
     if c.objective.replacement == "layer":
-        data["objective"].pop("ffn_expansion")
+        for name in FFN_ONLY:
+            data["objective"].pop(name)
 
 
 def training_settings(c) -> dict:
-    """The network and its training settings as they act (``ffn_expansion`` only for the FFN)."""
+    """The network and its training settings as they act (``ffn_expansion``, ``ffn_init`` only for the FFN)."""
     settings = dataclasses.asdict(c.objective)
     for name in ("_target_", "name"):
         settings.pop(name)
     if settings["replacement"] != "ffn":
-        settings.pop("ffn_expansion")
-    return {"replacement": c.objective.replacement, "replacement_settings": settings}
+        for name in FFN_ONLY:
+            settings.pop(name)
+    return {
+        "replacement": c.objective.replacement,
+        "replacement_epochs": c.objective.epochs,
+        "replacement_settings": settings,
+    }
 
 
 register(
@@ -119,14 +133,17 @@ register(
         docs="llm-streamline.md",
         label=lambda job: LABELS[job.config.objective.replacement],
         estimators=(StreamlineEstimator,),
-        presets=("llm_streamline", "llm_streamline_layer"),
+        presets=("llm_streamline", "llm_streamline_layer", "llm_streamline_scaled"),
         check_shape=retrained_block_fits,
         check=one_cut_one_network,
         identity=without_unbuilt_ffn,
         setting_columns={
             "replacement": "LLM-Streamline's lightweight network: `ffn` or `layer` (None for every other method).",
+            "replacement_epochs": "LLM-Streamline's passes over the calibration sequences (`objective.epochs`; None "
+            "for every other method): tells the authors' recipe (1) from the one scaled to a calibration set.",
             "replacement_settings": "JSON: LLM-Streamline's training settings as they act (learning rates, AdamW, "
-            "micro-batch, accumulation, epochs, schedule, clipping, FFN width); None for other methods.",
+            "micro-batch, accumulation, epochs, schedule, clipping, FFN width and initialisation); None for other "
+            "methods.",
         },
         settings_of=training_settings,
         column_docs={
@@ -134,7 +151,13 @@ register(
             "keeps block `start`, retrained, and removes the rest).",
             "replacement_<quantity>": "LLM-Streamline's training: MSE over every calibration token before and after "
             "(`loss_before`, `loss_after`), first and last optimizer step's loss and the loss curve, optimizer steps, "
-            "sequences, tokens, parameters added (the FFN's; 0 for the layer).",
+            "the highest learning rate an optimizer step used (`lr_max`), sequences, tokens, parameters added (the "
+            "FFN's; 0 for the layer), the standard deviation the FFN's weights were drawn with (`init_std`; None: "
+            "PyTorch's default, or the layer).",
+            "untrained": f"LLM-Streamline: True when its training did not act: fewer than {MIN_TRAINED_STEPS} "
+            "optimizer steps, or none at a learning rate above 0 (the layer variant is then the plain removal of "
+            "the cut's other blocks; the FFN stays near its random initialisation); tables mark the row "
+            "`(untrained)`.",
         },
     )
 )

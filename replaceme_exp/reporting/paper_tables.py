@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -66,6 +67,14 @@ from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, interval_of, mark_c
 from replaceme_exp.results.store import ResultsStore
 
 MISSING = "—"
+# A row whose method says its training did not act (a run's ``untrained`` column, set by the method's
+# plugin): its label carries the mark and the footer says what it means.
+UNTRAINED, UNTRAINED_MARK = "untrained", "(untrained)"
+UNTRAINED_NOTE = (
+    f"Rows marked {UNTRAINED_MARK}: the method trains, but in these runs its training did not act (a learning "
+    "rate of 0 or a handful of optimizer steps; the runs' untrained column): the row shows what it replaces the "
+    "removed blocks with as initialised, not as trained."
+)
 HARNESS_MARK = "(this harness)"  # a quoted method run in this project's pipeline (Row.run_of)
 QUOTED_NUMBERS = Path(__file__).with_name("quoted_numbers.yaml")
 BASELINE_CONSTANTS = {"rp": 1.0, "compression_ratio": 0.0, "blocks_pruned_ratio": 0.0}
@@ -110,6 +119,7 @@ class Row:
     # The quoted method (its label in quoted_numbers.yaml) this row runs in this project's pipeline: the
     # row is labelled "(this harness)" and stands right after that quoted row when the quoted rows show.
     run_of: str | None = None
+    note: str | None = None  # said under the table, after the row's label (why a row reads as it does)
 
     def __post_init__(self):
         if self.kind not in ("measured", "baseline"):
@@ -174,7 +184,7 @@ def _column(entry, where: str) -> list:
 
 
 def _row(entry: dict, where: str) -> Row:
-    check_keys(entry, ("label", "conditions", "kind", "text", "prefer", "run_of"), f"{where} row")
+    check_keys(entry, ("label", "conditions", "kind", "text", "prefer", "run_of", "note"), f"{where} row")
     return Row(
         entry["label"],
         conditions(entry.get("conditions"), where),
@@ -182,6 +192,7 @@ def _row(entry: dict, where: str) -> Row:
         text=dict(entry.get("text") or {}),
         prefer=dict(entry.get("prefer") or {}),
         run_of=entry.get("run_of"),
+        note=" ".join(entry["note"].split()) if entry.get("note") else None,
     )
 
 
@@ -353,8 +364,10 @@ class _Rendering:
     out: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    row_notes: list[str] = field(default_factory=list)
     estimated: bool = False
     off_version: bool = False
+    untrained: bool = False
     ranked: dict[str, dict[int, Cell]] = field(default_factory=dict)  # header -> {id of the row's cells: cell}
     runs_of: dict[str, list[dict]] = field(default_factory=dict)
 
@@ -399,6 +412,10 @@ def build_table(
             _fill_measured_cells(cells, columns, shown, rendering)
             if any(version_marks.any_off_protocol(frame) for frame in shown.values()):
                 cells["Setting"], rendering.off_version = f"{cells['Setting']} {version_marks.MARK}", True
+            if any(_untrained(frame) for frame in shown.values()):
+                cells["Setting"], rendering.untrained = f"{cells['Setting']} {UNTRAINED_MARK}", True
+        if row.note:
+            rendering.row_notes.append(f"{row.shown_label}: {row.note.rstrip('.')}")
         rendering.out.append(cells)
     led = _mark_leaders(rendering.out, columns, rendering.ranked)
     has_quoted = spec.quoted_at is not None and quoted and spec.name in quoted
@@ -413,8 +430,16 @@ def build_table(
         retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
     table.attrs.update(notes=rendering.notes, retargeted=retargeted, counts=tally.line(spec.name))
     table.attrs.update(estimated=rendering.estimated, failures=rendering.failures, off_version=rendering.off_version)
+    table.attrs.update(untrained=rendering.untrained, row_notes=rendering.row_notes)
     table.attrs.update(harness_rows=bool(rendering.runs_of), leaders=led)
     return table
+
+
+def _untrained(runs: pd.DataFrame) -> bool:
+    """Whether any of ``runs`` says its training did not act (``untrained`` true; missing: not a trained method)."""
+    if UNTRAINED not in runs.columns:
+        return False
+    return bool(runs[UNTRAINED].map(lambda v: isinstance(v, (bool, np.bool_)) and bool(v)).any())
 
 
 def _shown_settings(
@@ -525,6 +550,9 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
     if table is not None and table.attrs.get("leaders"):
         lines.append(LEADERS_NOTE)
     lines += [f"{bullet}{failure}." for failure in (table.attrs.get("failures", []) if table is not None else [])]
+    lines += [f"{bullet}{note}." for note in (table.attrs.get("row_notes", []) if table is not None else [])]
+    if table is not None and table.attrs.get("untrained"):
+        lines.append(UNTRAINED_NOTE)
     retargeted = table is not None and table.attrs.get("retargeted")
     if spec.quoted_at is not None and quoted and spec.name in quoted and not retargeted:
         lines.append(f"Rows marked quoted are not measured here; source: {quoted[spec.name]['source']}.")
