@@ -410,10 +410,7 @@ def build_table(
                 if (line := _failure_line(row.shown_label, failure)) is not None:
                     rendering.failures.append(line)
             _fill_measured_cells(cells, columns, shown, rendering)
-            if any(version_marks.any_off_protocol(frame) for frame in shown.values()):
-                cells["Setting"], rendering.off_version = f"{cells['Setting']} {version_marks.MARK}", True
-            if any(_untrained(frame) for frame in shown.values()):
-                cells["Setting"], rendering.untrained = f"{cells['Setting']} {UNTRAINED_MARK}", True
+            _mark_row(cells, shown, rendering)
         if row.note:
             rendering.row_notes.append(f"{row.shown_label}: {row.note.rstrip('.')}")
         rendering.out.append(cells)
@@ -469,6 +466,15 @@ def _shown_settings(
         if (note := choice.note(name)) is not None:
             notes.append(note)
     return shown
+
+
+def _mark_row(cells: dict, shown: dict[str, pd.DataFrame], rendering: _Rendering) -> None:
+    """Mark a measured row's label where its shown runs were not trained (``untrained``) or were scored with
+    another lm-eval than their protocol's (:mod:`version_marks`)."""
+    if any(_untrained(frame) for frame in shown.values()):
+        cells["Setting"], rendering.untrained = f"{cells['Setting']} {UNTRAINED_MARK}", True
+    if any(version_marks.any_off_protocol(frame) for frame in shown.values()):
+        cells["Setting"], rendering.off_version = f"{cells['Setting']} {version_marks.MARK}", True
 
 
 def _fill_measured_cells(
