@@ -141,6 +141,7 @@ def test_a_choice_typed_under_protocol_official_wins_even_when_it_is_the_papers(
         "estimation.padded_positions=false",
         "model.capture_dtype=null",
         "eval.harness.batch_size=8",
+        "capture.last_state=block_output",
     ]
     chosen = JobSpec.from_config(compose_config(["protocol=official", *typed]))
     paper = JobSpec.from_config(compose_config(["protocol=paper", *typed]))
