@@ -449,3 +449,31 @@ def test_run_py_refuses_a_binary_calibration_file_in_one_line_without_loading_th
     assert "Traceback" not in log and "stage load" not in log and log.count("ConfigError") == 1
     (row,) = ResultsStore(tmp_path / "results").load().to_dict("records")
     assert (row["status"], row["failed_stage"]) == ("failed", "validation")
+
+
+@pytest.mark.integration
+def test_too_few_calibration_tokens_for_the_width_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """2 samples x 16 tokens cannot determine tiny_llama's 64 x 64 transform: refused from the config
+    (its hidden_size) before any weight loads, with the fit's own advice; a ridge, a diagonal T or
+    enough tokens pass this check."""
+    from replaceme_exp.pipeline.rules import check_shape
+    from replaceme_exp.runtime import run_recorded
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded for a calibration too small for its width")
+
+    monkeypatch.setattr("replaceme_exp.pipeline.job.load_model", never)
+    few = ["calibration.n_samples=2", "calibration.seq_len=16", "objective=ls", "alpha=0", "save_model=false"]
+    cfg = compose_config([*SMOKE, f"results_dir={tmp_path}/results", *few])
+    row = run_recorded(cfg, raise_on_failure=False)
+    assert (row["status"], row["failed_stage"]) == ("failed", "validation")
+    assert row["error"] == (
+        "ConfigError: calibration='2 samples x 16 tokens': at most 32 tokens: too few to determine a 64x64 "
+        "transform; at least 64 are needed (raise calibration.n_samples or calibration.seq_len), or set "
+        "alpha>0 (ridge)"
+    )
+    from replaceme_exp.models.shape import model_shape
+
+    for more in (["alpha=1"], ["structure=diagonal"], ["calibration.n_samples=4"], ["mask_ratio=0.2", "mask_passes=1"]):
+        ok = spec(tmp_path, *few, *more)
+        check_shape(ok.config, model_shape(ok.config.model, tmp_path / "cache"))

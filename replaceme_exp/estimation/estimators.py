@@ -45,7 +45,8 @@ class Requirements:
     ``"layer"``, the cut's first block retrained, so its selected cut spans one block more than it
     removes); ``beside_weights``: what it trains rides beside the checkpoint's weights (a saved model
     is no plain checkpoint); ``extra_blocks``: how many blocks more than it removes its selected cut
-    spans."""
+    spans; ``width_determined``: the structures whose unregularised fit needs at least as many
+    calibration tokens as the model is wide (a hidden x hidden system)."""
 
     statistics: bool
     tokens: bool = False
@@ -64,6 +65,7 @@ class Requirements:
     statistic_folds: int = 0  # >= 2: the statistics kept per fold of whole sequences (capture.folds)
     beside_weights: bool = False  # a trained module rides beside the checkpoint's weights (not a plain one)
     extra_blocks: int = 0  # its selected cut spans this many blocks more than it removes
+    width_determined: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -109,7 +111,7 @@ class LeastSquaresEstimator(Estimator):
     @classmethod
     def requirements(cls, objective) -> Requirements:
         # Procrustes: every orthonormal T has the same norm, so a ridge term changes no solution.
-        return Requirements(statistics=True, structures_without_alpha=("orthonormal",))
+        return Requirements(statistics=True, structures_without_alpha=("orthonormal",), width_determined=("generic",))
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor:
         if structure == "diagonal":

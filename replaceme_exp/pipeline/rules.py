@@ -175,6 +175,7 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
         for method in job_methods(c):
             if method.check_shape is not None:
                 method.check_shape(c, shape)
+        check_calibration_tokens(c, shape)
     if shape.max_positions is None:
         return
     lengths = [("eval.seq_len", getattr(c.eval, "seq_len", None))]
@@ -186,6 +187,27 @@ def check_shape(c: schema.JobConfig, shape: ModelShape) -> None:
         if isinstance(value, int) and value > shape.max_positions:
             reason = f"is beyond the {shape.max_positions} positions of model={c.model.name} (max_position_embeddings)"
             raise ConfigError(key, value, reason)
+
+
+def check_calibration_tokens(c: schema.JobConfig, shape: ModelShape) -> None:
+    """An unregularised fit of a hidden x hidden T (``width_determined``) from fewer calibration tokens
+    than the model is wide, refused from the config alone: the tokens are at most ``n_samples x
+    seq_len`` per pass (plus ``mask_passes`` masked copies), the width is the config's ``hidden_size``.
+    The fit refuses it too (``ridge_solve``), but only after the load and the capture."""
+    n_samples, seq_len = getattr(c.calibration, "n_samples", None), getattr(c.calibration, "seq_len", None)
+    width = shape.hidden_size
+    if c.alpha or not all(isinstance(v, int) for v in (n_samples, seq_len, width)):
+        return
+    if c.structure.name not in estimator_class(c.objective).requirements(c.objective).width_determined:
+        return
+    passes = 1 + (c.mask_passes if c.mask_ratio else 0)
+    if n_samples * seq_len * passes < width:
+        raise ConfigError(
+            "calibration",
+            f"{n_samples} samples x {seq_len} tokens" + (f" x {passes} passes" if passes > 1 else ""),
+            f"at most {n_samples * seq_len * passes} tokens: too few to determine a {width}x{width} transform; at "
+            f"least {width} are needed (raise calibration.n_samples or calibration.seq_len), or set alpha>0 (ridge)",
+        )
 
 
 def check_fusable(c: schema.JobConfig, shape: ModelShape) -> None:
