@@ -11,6 +11,8 @@
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 # make docs : the documentation site (mkdocs-material), built offline and strictly into site/
 # make offline-tasks : rebuild the offline lm-eval tasks' items from the installed sources
+# make slurm-cluster : a one-node SLURM cluster on this machine (installs slurm-wlm, slurmdbd, munge, MariaDB as root
+#   or through sudo), then `export SLURM_CONF=...` as it prints and try hydra/launcher=slurm_cpu; make slurm-cluster-stop
 # make lm-eval-0.4.8 : a separate environment (.venv-lm-eval-0.4.8) with the official code's lm-eval 0.4.8 and
 #   transformers 4.46.3, to score a saved checkpoint as protocol=official did (docs/guides/evaluating-a-checkpoint.md)
 
@@ -44,7 +46,7 @@ override OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELIS
 override WITH_ARGS := "$$PY" -c 'import os, shlex, sys; sys.excepthook = lambda kind, err, tb: print("ARGS=" + repr(os.environ.get("ARGS")) + ": " + str(err), file=sys.stderr); extra = shlex.split(os.environ.get("ARGS") or ""); sys.excepthook = sys.__excepthook__; os.execvp(sys.argv[1], sys.argv[1:] + extra)'
 override offline_with_args = @printf '%s ' $(1); printf '%s\n' "$$ARGS"; $(OFFLINE) $(WITH_ARGS) $(1)
 
-.PHONY: setup setup-gemma3 lm-eval-0.4.8 run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
+.PHONY: setup setup-gemma3 slurm-cluster slurm-cluster-stop lm-eval-0.4.8 run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
 
 $(STAMP): pyproject.toml
 	"$$PYTHON" -m venv "$$VENV"
@@ -72,6 +74,13 @@ setup-gemma3: setup $(GEMMA3_STAMP)
 
 run: setup
 	$(call offline_with_args,"$$PY" run.py)
+
+# scripts/slurm-cluster.sh: everything under /tmp/replaceme-slurm (REPLACEME_SLURM_DIR), ports 16817-16820.
+slurm-cluster:
+	scripts/slurm-cluster.sh start
+
+slurm-cluster-stop:
+	scripts/slurm-cluster.sh stop
 
 # lm-eval 0.4.8 (the official setup.py's pin) needs transformers 4.x: it cannot share .venv (transformers 5).
 lm-eval-0.4.8: .venv-lm-eval-0.4.8/.installed

@@ -72,3 +72,23 @@ def smollm2_tokenizer():
     from replaceme_exp.models.embedded import embedded_checkpoint
 
     return AutoTokenizer.from_pretrained(embedded_checkpoint(CACHE))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The one-node SLURM cluster (tests/helpers/slurm.py): started when it is not running, stopped when
+    the last test session using it ends if a test session started it. The environment for its clients
+    (SLURM_CONF). It skips when the cluster cannot start, and fails instead under
+    REPLACEME_REQUIRE_SLURM=1 (CI)."""
+    from helpers import slurm
+
+    with slurm.cluster_turn():
+        problem = slurm.join_cluster()
+    if problem:
+        reason = f"the one-node SLURM cluster did not start: {problem}"
+        if os.environ.get("REPLACEME_REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    yield dict(os.environ, **slurm.SLURM_ENV)
+    with slurm.cluster_turn():
+        slurm.leave_cluster()

@@ -306,6 +306,28 @@ def test_a_second_stop_signal_ends_the_process_at_once_even_if_the_first_was_cau
     assert "SIGINT again: stopped at once (the interrupted job's row may be missing)\n" in lines, lines
 
 
+@pytest.mark.unit
+def test_a_burst_of_sigterms_is_one_stop_request_and_a_later_one_ends_the_process():
+    """SLURM signals srun and its task, and srun forwards: the job sees two SIGTERMs milliseconds apart,
+    which must not cut short the failed row the first one is writing."""
+    proc = subprocess.Popen([sys.executable, "-c", SWALLOWING_JOB], cwd=ROOT, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    lines = reader(proc)
+    wait_for(proc, lines, "waiting")
+    proc.send_signal(signal.SIGTERM)
+    first = time.time()
+    wait_for(proc, lines, "caught stopped by SIGTERM", 10)
+    proc.send_signal(signal.SIGTERM)  # after the first was handled (two pending signals would merge)
+    assert time.time() - first < 1.0
+    time.sleep(0.5)
+    assert proc.poll() is None and sum("caught" in line for line in lines) == 1, lines
+    time.sleep(2.0)  # past SAME_STOP_S: a new request
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=5) == 128 + signal.SIGTERM
+    time.sleep(0.2)
+    assert "SIGTERM again: stopped at once (the interrupted job's row may be missing)\n" in lines, lines
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_two_ctrl_c_stop_a_sweep_at_once(tmp_path):

@@ -380,7 +380,8 @@ def test_parallel_local_workers_lose_no_row_and_prefix_their_console_lines(tmp_p
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "launcher, keys", [("slurm_1gpu", {"gpus_per_node": 1}), ("slurm_multi_gpu", {"gpus_per_node": 4})]
+    "launcher, keys",
+    [("slurm_1gpu", {"gpus_per_node": 1}), ("slurm_multi_gpu", {"gpus_per_node": 4}), ("slurm_cpu", {"gpus_per_node": 0})],
 )
 def test_slurm_presets_compose(launcher, keys):
     from helpers.config import CONF

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ from replaceme_exp.capture.similarity import Similarities
 from replaceme_exp.capture.statistics import Cut, LinearStats
 from replaceme_exp.storage import (
     content_key,
+    file_lock,
     read_keyed_tensors,
     remove_dead_temporaries,
     write_keyed_tensors,
@@ -67,6 +70,23 @@ class StatisticsCache:
         if enabled and self.root not in _swept:
             _swept.add(self.root)
             remove_dead_temporaries(self.root)
+
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Held while a job looks up, computes and stores this cache's entries: an exclusive lock
+        across processes and nodes (``<root>/locks/``, one per model, data set and captured state),
+        so that a second job needing the same capture waits, then reads what the first one stored
+        instead of computing it again. Nothing to hold when the cache is off."""
+        if not self.enabled:
+            yield
+            return
+        name = content_key({"model": self.model_hash, "data": self.data_hash, **self.captured}, 24)
+
+        def waiting() -> None:
+            log.info("another job is capturing over the same model and data; waiting for its statistics")
+
+        with file_lock(self.root / "locks" / f"{name}.lock", waiting):
+            yield
 
     def _entry(self, kind: str, **what) -> tuple[Path, dict]:
         """The file of the entry of ``kind`` for ``what`` and its whole key."""

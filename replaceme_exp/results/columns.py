@@ -36,6 +36,11 @@ IDENTITY_COLUMNS: dict[str, str] = {
     "started_at": "When the run started (a skipped job: when it was skipped; UTC, ISO 8601).",
     "run_seq": "The run's place among its configuration's runs (taken under its lock): the largest is the latest.",
     "git_sha": "The commit of the code the process imported (None outside a git checkout).",
+    "host": "The host name of the machine the job ran on.",
+    "slurm_job": "The SLURM job that ran it (`<array job>_<task>` in an array: its submitit folder is "
+    "`hydra/submitit/<slurm_job>`); None outside SLURM.",
+    "slurm_restarts": "How many times SLURM had requeued the job when this run started (`SLURM_RESTART_COUNT`: "
+    "1 after a preemption); None outside SLURM.",
     "cached_stages": "Which results came from a cache (`selection`, `statistics`, `layer_distances`, "
     "`baseline_ppl`, `baseline_harness`, `dist_before`).",
     "torch_version": "The installed torch version.",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import os
+import socket
 import subprocess
 import uuid
 from importlib.metadata import PackageNotFoundError, version
@@ -59,6 +61,21 @@ def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str | None]:
     return out
 
 
+def scheduler_context(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Where the process runs: ``host``, and under SLURM the job (``<array job>_<task>`` for a job of an
+    array, as submitit names its folder ``hydra/submitit/<job>``) and how many times SLURM requeued it
+    (``SLURM_RESTART_COUNT``: a preempted job's rerun says 1)."""
+    env = os.environ if environ is None else environ
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{task}" if array and task else env.get("SLURM_JOB_ID")
+    restarts = env.get("SLURM_RESTART_COUNT")
+    return {
+        "host": socket.gethostname(),
+        "slurm_job": job,
+        "slurm_restarts": int(restarts) if job and restarts and restarts.isdigit() else (0 if job else None),
+    }
+
+
 def start_row(
     config_hash: str, setting_hash: str, sweep_id: str | None, settings: dict[str, Any], run_seq: int | None = None
 ) -> dict:
@@ -76,6 +93,7 @@ def start_row(
         "run_seq": run_seq,
         "git_sha": git_sha(),
         "cached_stages": [],
+        **scheduler_context(),
         **{f"{package}_version": v for package, v in library_versions().items()},
         **settings,
         "selection_distance": None,

@@ -3,7 +3,9 @@
 process stops. A second stop signal, at any time after the first (recording the failed row, a W&B
 upload, the next job of a sweep), ends the process at once with one line on stderr and exit code
 128 + the signal's number: nothing of the process can hold it back, not even code that catches
-the first one."""
+the first one. A SIGTERM within :data:`SAME_STOP_S` of the first stop signal is the same request,
+not a second one: SLURM, cancelling or preempting a job, signals both ``srun`` and its task, and
+``srun`` forwards, so the task sees two SIGTERMs milliseconds apart (measured on a one-node cluster)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SAME_STOP_S = 2.0
+_first_stop_at: list[float] = []  # when the first stop signal came (time.monotonic), once it came
 
 
 class JobInterrupted(Exception):
@@ -23,7 +28,10 @@ class JobInterrupted(Exception):
 
 
 def exit_at_once(signum, frame) -> None:
-    """The second stop signal: one line, then ``os._exit`` (no cleanup, no exception to catch)."""
+    """The second stop signal: one line, then ``os._exit`` (no cleanup, no exception to catch); a
+    SIGTERM within :data:`SAME_STOP_S` of the first stop signal is ignored (the same request)."""
+    if signum == signal.SIGTERM and _first_stop_at and time.monotonic() - _first_stop_at[0] < SAME_STOP_S:
+        return
     name = signal.Signals(signum).name
     try:
         sys.stderr.write(f"\n{name} again: stopped at once (the interrupted job's row may be missing)\n")
@@ -51,6 +59,7 @@ def stop_signals_raise():
 
     def interrupt(signum, frame):
         stopped.append(signum)
+        _first_stop_at[:] = [time.monotonic()]
         second_signal_exits()
         raise JobInterrupted(f"stopped by {signal.Signals(signum).name}")
 

@@ -5,7 +5,7 @@ few passes over the calibration data as the statistics budget allows."""
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,9 +317,23 @@ def select_and_capture(
     same data such as the token capture). ``stats_batches`` / ``stats_cache``: other data for the
     statistics than for the selection (the calibration set with masked copies) and their cache; the
     selection pass then gathers none, nor per fold."""
+    stats_cache = cache if stats_cache is None else stats_cache
+    with ExitStack() as held:  # jobs that need the same capture compute it once (StatisticsCache.capturing)
+        caches = {id(c): c for c in (cache, stats_cache)}.values()
+        for each in sorted(caches, key=lambda c: (str(c.root), c.model_hash, c.data_hash)):  # one order: no deadlock
+            held.enter_context(each.capturing())
+        return _select_and_capture(
+            request, adapter, calibration, cache, needs_stats, compute_missing, extra_statistics, stats_batches,
+            stats_cache, search_steps,
+        )  # fmt: skip
+
+
+def _select_and_capture(
+    request, adapter, calibration, cache, needs_stats, compute_missing, extra_statistics, stats_batches,
+    stats_cache, search_steps,
+) -> Selection:  # fmt: skip
     separate_data = stats_batches is not None and stats_batches is not calibration
     stats_batches = calibration if stats_batches is None else stats_batches
-    stats_cache = cache if stats_cache is None else stats_cache
     gather = needs_stats and not separate_data and not request.folds
     selection, gathered = select(request, adapter, calibration, cache, gather, extra_statistics, search_steps)
     if separate_data or request.folds:  # a selection pass's statistics (ls_residual) are of all plain data
