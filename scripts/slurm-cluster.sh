@@ -148,9 +148,17 @@ wait_idle() {
 }
 
 stop() {
-  if [ -f "$conf" ]; then SLURM_CONF="$conf" scancel --full --user="$(id -un)" 2>/dev/null || true; fi
-  for daemon in slurmd slurmctld slurmdbd mariadb; do
-    if running "$dir/$daemon.pid"; then kill "$(cat "$dir/$daemon.pid")"; fi
+  if [ -f "$conf" ] && running "$dir/slurmctld.pid"; then  # its jobs first: their steps report to slurmctld
+    SLURM_CONF="$conf" scancel --full --user="$(id -un)" 2>/dev/null || true
+    for _ in $(seq 1 60); do [ -z "$(SLURM_CONF="$conf" squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
+  fi
+  local pid
+  for daemon in slurmd slurmctld slurmdbd mariadb; do  # each gone before the next stops (slurmctld saves state)
+    running "$dir/$daemon.pid" || continue
+    pid="$(cat "$dir/$daemon.pid")"
+    kill "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
   done
   if [ -f "$dir.munged-started-here" ]; then pkill -x munged || true; rm -f "$dir.munged-started-here"; fi
 }

@@ -108,7 +108,8 @@ def test_a_preempted_job_is_requeued_and_ends_with_one_finished_row(slurm_cluste
         slurm(slurm_cluster, "sbatch", "--partition=cpu-urgent", "--cpus-per-task=2", "--mem=1G",
               f"--output={tmp_path}/urgent.out", "--wrap=sleep 5")  # fmt: skip
         deadline = time.time() + 300
-        while "Restarts=1" not in (state := slurm(slurm_cluster, "scontrol", "show", "job", job)):
+        requeued = ("Restarts=1", "JobState=PENDING")  # not before: the requeue would set its hold again
+        while not all(s in (state := slurm(slurm_cluster, "scontrol", "show", "job", job)) for s in requeued):
             assert time.time() < deadline and proc.poll() is None, state
             time.sleep(0.5)
         slurm(slurm_cluster, "scontrol", "update", f"JobId={job}", "StartTime=now")

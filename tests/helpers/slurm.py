@@ -12,7 +12,6 @@ import fcntl
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -72,7 +71,6 @@ def cluster_up() -> bool:
     return proc.returncode == 0 and any(s.startswith(("idle", "mixed", "alloc")) for s in proc.stdout.split())
 
 
-@contextlib.contextmanager
 def start_cluster() -> str | None:
     """Starts the cluster (installing slurm-wlm and munge when missing, as root or with sudo); None, or why
     it did not start."""
@@ -80,7 +78,7 @@ def start_cluster() -> str | None:
     return None if proc.returncode == 0 else proc.stderr.strip()[-800:] or f"exit {proc.returncode}"
 
 
-USERS = Path(tempfile.gettempdir()) / "replaceme-slurm-tests"
+USERS = CLUSTER_DIR.with_name(CLUSTER_DIR.name + "-tests")  # who uses the cluster, and whether tests started it
 
 
 def join_cluster() -> str | None:
@@ -118,7 +116,8 @@ def _alive(pid: int) -> bool:
 @contextlib.contextmanager
 def cluster_turn():
     """The cluster for one test at a time (a lock file beside the cluster's folder)."""
-    with open(Path(tempfile.gettempdir()) / "replaceme-slurm-tests.lock", "w") as handle:
+    USERS.mkdir(exist_ok=True)
+    with open(USERS / "turn.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
