@@ -7,12 +7,18 @@
 
 Either way the same hooks (:mod:`replaceme_exp.capture.hooks`) fire on the same block outputs and
 each statistic sees its batches in the same order, so statistics, distances and transforms agree.
+
+A job run by several processes (:mod:`replaceme_exp.capture.distributed`) splits a shared capture's
+batches over them and merges the statistics afterwards (:mod:`replaceme_exp.capture.merge`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from replaceme_exp.capture import distributed
 from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import (
     BatchCapture,
@@ -23,6 +29,7 @@ from replaceme_exp.capture.hooks import (
     register_capture_hooks,
 )
 from replaceme_exp.capture.layerwise import run_layerwise
+from replaceme_exp.capture.merge import merge_all
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.models.adapters import DecoderAdapter
 from replaceme_exp.progress import progress
@@ -49,7 +56,25 @@ def run_capture(
 
     Returns the number of blocks each batch ran through (the pass stops after the last block
     whose output or MLP output some statistic needs).
+
+    In a capture shared by several ranks (:func:`~replaceme_exp.capture.distributed.sharing`) this
+    rank runs its block of consecutive batches, then every statistic is merged across the ranks.
     """
+    if (ranks := distributed.shared()) is None:
+        return _capture(adapter, batches, statistics, desc, execution)
+    mine, sequences_before = distributed.shard(batches.batches, ranks)
+    for statistic in statistics:
+        if hasattr(statistic, "first_sequence"):  # folds deal sequences by their index over all batches
+            statistic.first_sequence = sequences_before
+    distributed.injected_fault(ranks)
+    mine = dataclasses.replace(batches, batches=mine)
+    blocks = _capture(adapter, mine, statistics, f"{desc} {ranks.label}", execution)
+    merge_all(statistics)
+    return blocks
+
+
+def _capture(adapter, batches: TokenBatches, statistics: list, desc: str, execution: CaptureExecution | None) -> int:
+    """:func:`run_capture` over every batch of ``batches`` in this process."""
     plan = CaptureRequests(statistics, adapter.num_layers)
     if not plan.requests:
         return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
+from replaceme_exp.capture import distributed
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models.fingerprint import weights_fingerprint
@@ -61,7 +62,29 @@ def run_recorded(
     always leave a row behind. Everything the job writes besides its row and model goes to
     ``job_dir`` (the Hydra job directory; default ``results_dir/jobs/<run_id>``): the W&B run and
     CodeCarbon's files. ``overrides``: the command line's (keys given together are checked
-    together). Returns the row (the existing finished one, with status ``skipped``, when skipped)."""
+    together). Returns the row (the existing finished one, with status ``skipped``, when skipped).
+    Rank 0 of a job over several processes tells the others whether the job runs
+    (:func:`~replaceme_exp.capture.distributed.announce`): when it starts, else (refused, skipped,
+    failed before) on the way out."""
+    try:
+        return _run_recorded(cfg, sweep_id, raise_on_failure, job_dir, run_name, sweep_name, overrides)
+    finally:
+        try:
+            distributed.announce(None)
+        except distributed.CollectiveFailed as err:
+            log.warning("%s", err)
+
+
+def _run_recorded(
+    cfg: DictConfig,
+    sweep_id: str | None,
+    raise_on_failure: bool,
+    job_dir: str | os.PathLike | None,
+    run_name: str | None,
+    sweep_name: str | None,
+    overrides: list[str] | None,
+) -> dict:
+    """:func:`run_recorded`."""
     try:
         spec = JobSpec.from_config(cfg)
         check_given_together(spec.config, overridden_keys(overrides or []))
@@ -185,13 +208,14 @@ def run_and_record(
             samples_listener(tracker.samples),
             observed_by(tracker.stage_starts),
         ):
+            distributed.announce({"weights": spec.weights})
             run_job(spec, paths, row, tracker.stage)
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         failure = err
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
         # A configuration error or a stop signal is said in one line by the job's summary (run.py);
         # anything else is the project's bug: its traceback goes to the log file.
-        if not isinstance(err, (ConfigError, JobInterrupted)):
+        if not isinstance(err, (ConfigError, JobInterrupted, distributed.CollectiveFailed)):
             where = f" in stage {row['failed_stage']}" if row.get("failed_stage") else ""
             files = log_files()
             log.error("job failed%s: %s%s", where, row["error"], f" (traceback in {files[0]})" if files else "")
