@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -199,9 +200,10 @@ def collective(what: str):
         raise
     except (RuntimeError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = re.sub(r"^\[[^\]]*\]\s*", "", first)  # gloo's source location
         timeout = _session.timeout_s if _session is not None else None
         raise CollectiveFailed(
-            f"{what}: another rank died or did not answer within capture.timeout_s={timeout:g} ({first[:160]})"
+            f"{what}: another rank died or did not answer within capture.timeout_s={timeout:g} ({first[:120]})"
         ) from err
 
 

@@ -15,6 +15,7 @@ cannot be split: :func:`merge` says so instead of returning one rank's share.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import singledispatch
 
 from replaceme_exp.capture import distributed
@@ -29,6 +30,21 @@ from replaceme_exp.capture.statistics import (
     TokenCollector,
     TransformDistances,
 )
+
+
+def capture_shared(batches, statistics: list, capture, desc: str = "capture"):
+    """This rank's share of a capture split over the ranks: ``capture(mine, label)`` runs the
+    statistics over this rank's block of consecutive ``batches`` (a :class:`TokenBatches`; ``label``:
+    ``desc`` and the rank), then every statistic is merged. Returns what ``capture`` returns."""
+    ranks = distributed.shared()
+    mine, sequences_before = distributed.shard(batches.batches, ranks)
+    for statistic in statistics:
+        if hasattr(statistic, "first_sequence"):  # folds deal sequences by their index over all batches
+            statistic.first_sequence = sequences_before
+    distributed.injected_fault(ranks)
+    found = capture(dataclasses.replace(batches, batches=mine), f"{desc} {ranks.label}")
+    merge_all(statistics)
+    return found
 
 
 def merge_all(statistics: list) -> None:

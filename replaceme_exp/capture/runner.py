@@ -14,8 +14,6 @@ batches over them and merges the statistics afterwards (:mod:`replaceme_exp.capt
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from replaceme_exp.capture import distributed
@@ -29,7 +27,7 @@ from replaceme_exp.capture.hooks import (
     register_capture_hooks,
 )
 from replaceme_exp.capture.layerwise import run_layerwise
-from replaceme_exp.capture.merge import merge_all
+from replaceme_exp.capture.merge import capture_shared
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.models.adapters import DecoderAdapter
 from replaceme_exp.progress import progress
@@ -60,17 +58,11 @@ def run_capture(
     In a capture shared by several ranks (:func:`~replaceme_exp.capture.distributed.sharing`) this
     rank runs its block of consecutive batches, then every statistic is merged across the ranks.
     """
-    if (ranks := distributed.shared()) is None:
+    if distributed.shared() is None:
         return _capture(adapter, batches, statistics, desc, execution)
-    mine, sequences_before = distributed.shard(batches.batches, ranks)
-    for statistic in statistics:
-        if hasattr(statistic, "first_sequence"):  # folds deal sequences by their index over all batches
-            statistic.first_sequence = sequences_before
-    distributed.injected_fault(ranks)
-    mine = dataclasses.replace(batches, batches=mine)
-    blocks = _capture(adapter, mine, statistics, f"{desc} {ranks.label}", execution)
-    merge_all(statistics)
-    return blocks
+    return capture_shared(
+        batches, statistics, lambda mine, label: _capture(adapter, mine, statistics, label, execution), desc
+    )
 
 
 def _capture(adapter, batches: TokenBatches, statistics: list, desc: str, execution: CaptureExecution | None) -> int:

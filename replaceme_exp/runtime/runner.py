@@ -40,7 +40,7 @@ from replaceme_exp.results import ResultsStore
 from replaceme_exp.results.row import refused_row, skip_row, start_row
 from replaceme_exp.runtime.locks import config_lock
 from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only, log_files
-from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
+from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_deferred, stop_signals_raise
 from replaceme_exp.samples import samples_listener
 from replaceme_exp.stages import observed_by
 from replaceme_exp.surgery import checkpoint_problem, recipe_problem, recover_checkpoint
@@ -213,6 +213,8 @@ def run_and_record(
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         failure = err
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
+        if isinstance(err, JobInterrupted) and (ranks := distributed.ranks()) is not None:
+            row["error"] += f" (one of {ranks.world_size} ranks: the launcher stops them all when one fails)"
         # A configuration error or a stop signal is said in one line by the job's summary (run.py);
         # anything else is the project's bug: its traceback goes to the log file.
         if not isinstance(err, (ConfigError, JobInterrupted, distributed.CollectiveFailed)):
@@ -221,6 +223,17 @@ def run_and_record(
             log.error("job failed%s: %s%s", where, row["error"], f" (traceback in {files[0]})" if files else "")
             log.error("traceback of the failure:\n%s", traceback.format_exc(), extra=FILE_ONLY)
     row["time_total_s"] = time.perf_counter() - started
+    try:
+        with stop_signals_deferred():  # a stop signal now (a launcher stopping every rank) waits for the row
+            return record(row, failure, store, tracker, raise_on_failure)
+    except JobInterrupted as stopped:
+        stopped.row = row
+        raise
+
+
+def record(row: dict, failure: Exception | None, store: ResultsStore, tracker: WandbRun, raise_on_failure: bool):
+    """Close the W&B run and write the row, finished or failed; raise ``failure`` when the caller
+    asked for it (or it was a stop signal). Returns the row."""
     try:
         tracker.finish(row)
     except Exception as err:  # noqa: BLE001 - tracking must not cost the row

@@ -61,3 +61,28 @@ def stop_signals_raise():
         if not stopped:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+@contextmanager
+def stop_signals_deferred():
+    """SIGTERM and SIGINT in the block are held until it ends (a failed job's row being written when
+    a launcher stops every rank), then raise :class:`JobInterrupted`; a second one ends the process at
+    once (:func:`second_signal_exits`). Without a signal, the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+
+    def hold(signum, frame):
+        held.append(signum)
+        second_signal_exits()
+
+    previous = {sig: signal.signal(sig, hold) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        if not held:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if held:
+        raise JobInterrupted(f"stopped by {signal.Signals(held[0]).name}")
