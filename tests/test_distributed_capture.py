@@ -24,6 +24,7 @@ from replaceme_exp.capture.distributed import Ranks, ranks_from_env, shard_bound
 from replaceme_exp.capture.merge import merge
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.runtime.ranks import follower_overrides
 from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_deferred
 
 # ---- the ranks from the environment ----------------------------------------------------------
@@ -55,6 +56,14 @@ def test_srun_environment_gives_the_ranks_and_rank_0_s_address():
     assert ranks_from_env(given, first_host).master_port == 4000
     assert ranks_from_env({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None  # a sweep's job: one task
     assert asked == ["gpu[03-04]"]
+
+
+@pytest.mark.unit
+def test_only_ranks_other_than_0_log_to_a_file_of_their_own():
+    env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
+    assert follower_overrides([], env) == ["hydra.job.name=run_rank1", "hydra.output_subdir=null"]
+    assert follower_overrides([], {**env, "RANK": "0"}) == []
+    assert follower_overrides([], {}) == []
 
 
 @pytest.mark.unit
