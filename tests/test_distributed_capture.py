@@ -89,6 +89,8 @@ def test_rank_blocks_cover_the_batches_in_order():
         (["capture.mode=layerwise"], "capture.mode"),
         (["model.device_map=auto"], "model.device_map"),
         (["selection=sleb", "objective=identity"], "selection.metric"),
+        (["experiment=llm_streamline"], "objective"),
+        (["job=evaluate"], "job"),
     ],
 )
 def test_several_ranks_refuse_what_they_cannot_split(monkeypatch, overrides, key):

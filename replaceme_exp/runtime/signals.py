@@ -3,7 +3,8 @@
 process stops. A second stop signal, at any time after the first (recording the failed row, a W&B
 upload, the next job of a sweep), ends the process at once with one line on stderr and exit code
 128 + the signal's number: nothing of the process can hold it back, not even code that catches
-the first one."""
+the first one. While a finished or failed job's row is written (:func:`stop_signals_deferred`), a
+first stop signal waits for the row, then stops the process."""
 
 from __future__ import annotations
 
