@@ -22,6 +22,7 @@ from replaceme_exp.runtime import JobInterrupted, run_recorded
 from replaceme_exp.runtime.composition import one_line_composition_errors
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
 from replaceme_exp.runtime.log_files import prefix_console
+from replaceme_exp.runtime.ranks import follow, follower_overrides, leave, start_ranks
 from replaceme_exp.runtime.sweep_name import sweep_name, sweep_overrides
 from replaceme_exp.runtime.sweep_summary import write_job_status
 from replaceme_exp.runtime.targets import guard_hydra_targets
@@ -50,6 +51,16 @@ def main(cfg: DictConfig) -> float | None:
     task = OmegaConf.to_container(hc.overrides.task, resolve=False)
     overrides = [o for o in task if not o.startswith(("results_dir=", "hydra"))]
     set_torch_threads()
+    if (ranks := start_ranks(cfg)) is not None:
+        if multirun:
+            log.error("a sweep (-m) runs one process per job: launch it without torchrun / srun")
+            sys.exit(2)
+        if ranks.rank != 0:
+            code = follow(cfg, hc.runtime.output_dir)
+            leave()
+            if code:
+                sys.exit(code)
+            return None
     try:
         row = run_recorded(
             cfg,
@@ -66,6 +77,8 @@ def main(cfg: DictConfig) -> float | None:
         write_job_status(hc.runtime.output_dir, stopped.row, ",".join(overrides))
         log.error(summary_line(stopped.row))
         sys.exit(128 + (signal.SIGINT if "SIGINT" in str(stopped) else signal.SIGTERM))
+    finally:
+        leave()
     given_alpha = OmegaConf.select(cfg, "alpha", default=None, throw_on_resolution_failure=False)
     write_job_status(hc.runtime.output_dir, row, ",".join(overrides), given_alpha)
     for line in [summary_line(row), *(sample_lines(row) if row["status"] != "skipped" else [])]:
@@ -76,6 +89,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    sys.argv += follower_overrides(sys.argv[1:])  # a rank other than 0: its own log file, nothing else
     guard_hydra_targets()
     try:
         with one_line_composition_errors():

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from replaceme_exp.capture import distributed
 from replaceme_exp.capture.channel_scales import ChannelScales
 from replaceme_exp.capture.folds import FOLD_ASSIGNMENT, FoldedStats
 from replaceme_exp.capture.similarity import Similarities
@@ -76,8 +77,9 @@ class StatisticsCache:
         """Held while a job looks up, computes and stores this cache's entries: an exclusive lock
         across processes and nodes (``<root>/locks/``, one per model, data set and captured state),
         so that a second job needing the same capture waits, then reads what the first one stored
-        instead of computing it again. Nothing to hold when the cache is off."""
-        if not self.enabled:
+        instead of computing it again. Nothing to hold when the cache is off, nor for the other ranks
+        of a job of several processes (rank 0 holds it for them: they read what it reads)."""
+        if not self.enabled or not distributed.is_leader():
             yield
             return
         name = content_key({"model": self.model_hash, "data": self.data_hash, **self.captured}, 24)
@@ -96,19 +98,27 @@ class StatisticsCache:
 
     def _load(self, entry: tuple[Path, dict]) -> dict | None:
         """The tensors of ``entry`` if it exists, holds its own key and its checksum holds; else
-        None (a bad entry is reported with its path, removed and recomputed by the caller)."""
+        None (a bad entry is reported with its path, removed and recomputed by the caller). In a
+        capture shared by several ranks, rank 0 reads and every rank gets what it read (so all of
+        them capture, or none)."""
         path, key = entry
         if not self.enabled or self.refresh:
             return None
-        payload = read_keyed_tensors(path, key, "statistics cache entry")
+        read = distributed.is_leader()
+        payload = read_keyed_tensors(path, key, "statistics cache entry") if read else None
+        if distributed.shared() is not None:
+            payload = distributed.from_leader(payload, "sharing a statistics cache entry")
         if payload is not None:
             self.hits.append(key["kind"])
         return payload
 
     def _save(self, entry: tuple[Path, dict], payload: dict) -> None:
+        """Write ``entry`` (rank 0 alone in a job of several processes)."""
         path, key = entry
-        if self.writable and not write_optional(
-            "statistics cache entry", path, lambda: write_keyed_tensors(path, key, payload)
+        if (
+            self.writable
+            and distributed.is_leader()
+            and not write_optional("statistics cache entry", path, lambda: write_keyed_tensors(path, key, payload))
         ):
             self.writable = False
 

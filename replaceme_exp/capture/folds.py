@@ -66,6 +66,7 @@ class FoldedLinearStatistics:
     arguments plus ``folds`` (>= 2). :meth:`result` gives a :class:`FoldedStats` per cut."""
 
     takes_padding = False  # padded rows carry no sequence: refused with estimation.padded_positions
+    first_sequence = 0  # the index of the first sequence captured (a rank's block of batches starts later)
 
     def __init__(
         self,
@@ -93,7 +94,7 @@ class FoldedLinearStatistics:
         return out
 
     def _updater(self, updates):
-        seen = [0]  # sequences this request has seen in earlier batches
+        seen = [self.first_sequence]  # sequences this request has seen in earlier batches
 
         def update(acts: dict, tokens: BatchTokens) -> None:
             for fold, fold_update in enumerate(updates):

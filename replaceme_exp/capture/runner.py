@@ -7,12 +7,16 @@
 
 Either way the same hooks (:mod:`replaceme_exp.capture.hooks`) fire on the same block outputs and
 each statistic sees its batches in the same order, so statistics, distances and transforms agree.
+
+A job run by several processes (:mod:`replaceme_exp.capture.distributed`) splits a shared capture's
+batches over them and merges the statistics afterwards (:mod:`replaceme_exp.capture.merge`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from replaceme_exp.capture import distributed
 from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import (
     BatchCapture,
@@ -23,6 +27,7 @@ from replaceme_exp.capture.hooks import (
     register_capture_hooks,
 )
 from replaceme_exp.capture.layerwise import run_layerwise
+from replaceme_exp.capture.merge import capture_shared
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.models.adapters import DecoderAdapter
 from replaceme_exp.progress import progress
@@ -49,7 +54,19 @@ def run_capture(
 
     Returns the number of blocks each batch ran through (the pass stops after the last block
     whose output or MLP output some statistic needs).
+
+    In a capture shared by several ranks (:func:`~replaceme_exp.capture.distributed.sharing`) this
+    rank runs its block of consecutive batches, then every statistic is merged across the ranks.
     """
+    if distributed.shared() is None:
+        return _capture(adapter, batches, statistics, desc, execution)
+    return capture_shared(
+        batches, statistics, lambda mine, label: _capture(adapter, mine, statistics, label, execution), desc
+    )
+
+
+def _capture(adapter, batches: TokenBatches, statistics: list, desc: str, execution: CaptureExecution | None) -> int:
+    """:func:`run_capture` over every batch of ``batches`` in this process."""
     plan = CaptureRequests(statistics, adapter.num_layers)
     if not plan.requests:
         return 0

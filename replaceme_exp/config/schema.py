@@ -556,6 +556,12 @@ class CaptureConfig:
     cache: bool = key(True, doc="content-addressed statistics cache")
     cache_dir: str = key(doc="where the statistics cache lives")
     search_steps: bool = key(True, doc="greedy searches keep finished steps under cache_dir/search_steps")
+    timeout_s: float = key(
+        1800,
+        doc="a job over several processes (torchrun, srun): seconds a rank waits for the others in a "
+        "collective before the job fails",
+        check=finite_positive,
+    )
 
 
 @Group

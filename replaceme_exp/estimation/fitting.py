@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replaceme_exp.capture import LinearStatistics, run_capture
+from replaceme_exp.capture import LinearStatistics, distributed, run_capture
 from replaceme_exp.capture.channel_scales import ChannelScales, ChannelScaleStatistics
 from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import input_device
@@ -176,6 +176,8 @@ def fit_from_tokens(
                 raise ConfigError("estimation.tokens", rule.key(), f"leaves no calibration token for cut {list(cut)}")
             stores[cut].truncate(collector.offset)
             fit.fit_tokens[label(cut)] = int(collector.offset)
+        if not distributed.is_leader():  # its stores hold its own tokens only: rank 0 fits
+            return fit
         stats = {**stats, **{cut: s for accumulator in extra for cut, s in accumulator.result().items()}}
         with stage("estimate"):
             for cut, store in stores.items():

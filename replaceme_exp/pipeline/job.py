@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from replaceme_exp.capture import LayerDistances, TransformDistances, run_capture
+from replaceme_exp.capture import LayerDistances, TransformDistances, distributed, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import CaptureExecution, plan_execution
 from replaceme_exp.capture.hooks import input_device
@@ -99,17 +99,22 @@ class PruningJob:
     def run(self, row: dict) -> torch.device:
         """Every stage in turn, each given the results it needs; the columns of each result go into
         ``row`` as it arrives. Returns the device the evaluated model's inputs go to (where the job's
-        peak memory is read)."""
+        peak memory is read). A rank other than 0 of a job of several processes
+        (:mod:`~replaceme_exp.capture.distributed`) takes its share of the calibration captures and
+        returns None after the last of them."""
         torch.manual_seed(int(self.config.seed))
         if warning := row.get("regularizer_warning"):
             log.warning("%s", warning)
-        plan = recorded(row, self.plan())
-        captured = recorded(row, self.load(plan))
-        calibrated = recorded(row, self.calibrate(captured))
-        selected = recorded(row, self.select(captured, calibrated))
-        row.update(self.layer_distances(captured, calibrated, selected))
-        row.update(self.calibration_similarity(captured, calibrated, selected))
-        estimated = recorded(row, self.estimate(captured, calibrated, selected))
+        with distributed.sharing():  # several ranks: these stages' captures are split over them
+            plan = recorded(row, self.plan())
+            captured = recorded(row, self.load(plan))
+            calibrated = recorded(row, self.calibrate(captured))
+            selected = recorded(row, self.select(captured, calibrated))
+            row.update(self.layer_distances(captured, calibrated, selected))
+            row.update(self.calibration_similarity(captured, calibrated, selected))
+            estimated = recorded(row, self.estimate(captured, calibrated, selected))
+        if not distributed.is_leader():  # rank 0 alone goes on (and writes the row)
+            return None
         reused = None if self.captures_on_copy else captured
         del captured  # a copy's memory is freed before the model in model.dtype loads
         evaluated = recorded(row, self.load_evaluated_model(reused))
@@ -137,15 +142,23 @@ class PruningJob:
         if torch.cuda.is_available():
             for i in range(torch.cuda.device_count()):
                 torch.cuda.reset_peak_memory_stats(i)
+        ranks = distributed.ranks()
+        split = (ranks.world_size, float(c.capture.timeout_s)) if ranks is not None else (1, None)
         if c.model.capture_4bit:
             execution = self.whole_model_plan("whole-model capture: model.capture_4bit")
-            return CapturePlan(execution, "whole", execution.reason)
+            return CapturePlan(execution, "whole", execution.reason, *split)
         seq_len = getattr(c.calibration, "seq_len", None)
         execution = plan_execution(
             c.capture, c.model, c.calibration.batch_size, seq_len, cache_dir=str(self.paths.cache_dir)
         )
         log.info("capture plan: %s", execution.reason)
-        return CapturePlan(execution, execution.mode, execution.reason)
+        if ranks is not None and execution.mode == "layerwise":
+            world = ranks.world_size
+            reason = f"the plan is layer-wise ({execution.reason}): {world} ranks each capture the whole model"
+            raise ConfigError("capture.mode", c.capture.mode, reason)
+        if ranks is not None:
+            log.info("capture plan: calibration captures split over %d ranks, batches in blocks", ranks.world_size)
+        return CapturePlan(execution, execution.mode, execution.reason, *split)
 
     def whole_model_plan(self, reason: str = "") -> CaptureExecution:
         """A whole-model capture plan with the default statistics budget (a 4-bit copy's captures,
@@ -197,6 +210,8 @@ class PruningJob:
             content = calibration.estimation.content_hash()
             stats_cache = StatisticsCache(root, model, content, enabled, refresh, last_state)
         batches, estimation = calibration.batches, calibration.estimation
+        if distributed.shared() is not None:  # every rank must split the same batches
+            distributed.same_on_every_rank(f"{tokens}/{estimation.layout_hash()}", "the calibration batches")
         return Calibrated(batches, estimation, cache, stats_cache, search_steps, calibration.columns)
 
     def select(self, captured: Loaded, calibrated: Calibrated) -> Selected:
@@ -266,6 +281,8 @@ class PruningJob:
             return self.replace_cut(estimator, captured, calibrated, selection)
         if selected.sequential:
             return Estimated(estimator, Fit({}), selection)
+        if not distributed.is_leader() and not (estimator.needs_tokens or estimator.needs_channel_scales):
+            return Estimated(estimator, Fit({}), selection)  # no capture left to share: rank 0 fits
         request = dataclasses.replace(self.spec.fit_request(captured.execution), composed=selection.composed)
         adapter, batches, cache = captured.adapter, calibrated.estimation, calibrated.stats_cache
         fit = fit_transforms(adapter, batches, estimator, selection.cuts, selection.stats, request, cache=cache)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from replaceme_exp.capture.distributed import Ranks, ranks_from_env
 from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build_option
 from replaceme_exp.data import CALIBRATION_SOURCES
@@ -124,6 +125,33 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
     else:
         check_eval_kind(c)
     check_hardware(c)
+    check_ranks(c, needs, ranks_from_env())
+
+
+def check_ranks(c: schema.JobConfig, needs: Requirements, ranks: Ranks | None) -> None:
+    """A job over several processes (``ranks``; None: one process) splits its calibration captures:
+    every rank needs a batch, the whole model on its own device, and a method whose captures merge
+    (:mod:`replaceme_exp.capture.merge`)."""
+    if ranks is None:
+        return
+    world = ranks.world_size
+    size = c.calibration.batch_size
+    drop_last = getattr(c.calibration, "drop_last", None)
+    batches = c.calibration.n_samples // size if drop_last else -(-c.calibration.n_samples // size)
+    if batches < world:
+        reason = f"{batches} calibration batches of {size} for {world} ranks: each rank needs at least one batch"
+        raise ConfigError("calibration.n_samples", c.calibration.n_samples, reason)
+    if c.capture.mode == "layerwise":
+        raise ConfigError("capture.mode", "layerwise", f"not with {world} ranks (each rank captures the whole model)")
+    if c.model.device_map is not None:
+        reason = f"not with {world} ranks (each rank holds the whole model on its own device)"
+        raise ConfigError("model.device_map", c.model.device_map, reason)
+    if c.cuts is None and METRICS.get(c.selection.metric).searches:
+        reason = f"searches on the whole model, step by step: not split over {world} ranks (run one process)"
+        raise ConfigError("selection.metric", c.selection.metric, reason)
+    if needs.replacement is not None:
+        reason = f"trains a replacement network: not split over {world} ranks (run one process)"
+        raise ConfigError("objective", c.objective.name, reason)
 
 
 def check_embedded(model: schema.ModelConfig) -> None:
@@ -245,6 +273,8 @@ def check_evaluation(c: schema.JobConfig) -> None:
     check_embedded(c.model)
     check_eval_suite(c)
     check_eval_kind(c)
+    if (ranks := ranks_from_env()) is not None:
+        raise ConfigError("job", "evaluate", f"has no capture to split over {ranks.world_size} ranks: run one process")
 
 
 def check_eval_suite(c: schema.JobConfig) -> None:

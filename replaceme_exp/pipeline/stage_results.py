@@ -40,10 +40,17 @@ class CapturePlan:
     execution: CaptureExecution
     mode: str
     reason: str
+    world_size: int = 1  # processes the calibration captures were split over
+    timeout_s: float | None = None  # their collectives' timeout (None: one process)
 
     @property
     def columns(self) -> dict:
-        return {"capture_mode": self.mode, "capture_plan": self.reason}
+        return {
+            "capture_mode": self.mode,
+            "capture_plan": self.reason,
+            "world_size": self.world_size,
+            "capture_timeout_s": self.timeout_s,
+        }
 
 
 @dataclass(frozen=True)

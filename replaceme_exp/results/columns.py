@@ -156,6 +156,10 @@ MEASURED_COLUMNS: dict[str, str] = {
     "fit_tokens": "Per cut, the tokens that entered its fit.",
     "capture_mode": "`whole` or `layerwise` capture.",
     "capture_plan": "The capture plan's one-line reason.",
+    "world_size": "Processes the calibration captures were split over (torchrun / srun ranks; 1: one process). "
+    "Their sums are added in another order: the statistics agree with one process's to float64 rounding.",
+    "capture_timeout_s": "With several processes, `capture.timeout_s`: how long a rank waited for the others "
+    "in a collective (None: one process).",
     "store_location": "Where the numerical objectives' token store lived: `gpu`, `cpu` or `disk`.",
     "train_loss": "The numerical objective's final training loss.",
     "solver_steps": "Optimizer steps the numerical solver took.",

@@ -60,3 +60,16 @@ def prefix_console(prefix: str) -> None:
             current.prefix = prefix
         else:
             handler.setFormatter(_Prefixed(current, prefix))
+
+
+def prefix_logs(prefix: str) -> None:
+    """Start every line of the root logger's handlers, console and files, with ``prefix`` (a rank's
+    ``[rank r/N] ``); idempotent for one prefix."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.StreamHandler):
+            continue
+        current = handler.formatter
+        if isinstance(current, _Prefixed):
+            current.prefix = prefix
+        else:
+            handler.setFormatter(_Prefixed(current, prefix))

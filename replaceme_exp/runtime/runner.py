@@ -21,6 +21,7 @@ from pathlib import Path
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
+from replaceme_exp.capture import distributed
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.models.fingerprint import weights_fingerprint
@@ -39,7 +40,7 @@ from replaceme_exp.results import ResultsStore
 from replaceme_exp.results.row import refused_row, skip_row, start_row
 from replaceme_exp.runtime.locks import config_lock
 from replaceme_exp.runtime.log_files import FILE_ONLY, console_skips_file_only, log_files
-from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_raise
+from replaceme_exp.runtime.signals import JobInterrupted, stop_signals_deferred, stop_signals_raise
 from replaceme_exp.samples import samples_listener
 from replaceme_exp.stages import observed_by
 from replaceme_exp.surgery import checkpoint_problem, recipe_problem, recover_checkpoint
@@ -61,7 +62,29 @@ def run_recorded(
     always leave a row behind. Everything the job writes besides its row and model goes to
     ``job_dir`` (the Hydra job directory; default ``results_dir/jobs/<run_id>``): the W&B run and
     CodeCarbon's files. ``overrides``: the command line's (keys given together are checked
-    together). Returns the row (the existing finished one, with status ``skipped``, when skipped)."""
+    together). Returns the row (the existing finished one, with status ``skipped``, when skipped).
+    Rank 0 of a job over several processes tells the others whether the job runs
+    (:func:`~replaceme_exp.capture.distributed.announce`): when it starts, else (refused, skipped,
+    failed before) on the way out."""
+    try:
+        return _run_recorded(cfg, sweep_id, raise_on_failure, job_dir, run_name, sweep_name, overrides)
+    finally:
+        try:
+            distributed.announce(None)
+        except distributed.CollectiveFailed as err:
+            log.warning("%s", err)
+
+
+def _run_recorded(
+    cfg: DictConfig,
+    sweep_id: str | None,
+    raise_on_failure: bool,
+    job_dir: str | os.PathLike | None,
+    run_name: str | None,
+    sweep_name: str | None,
+    overrides: list[str] | None,
+) -> dict:
+    """:func:`run_recorded`."""
     try:
         spec = JobSpec.from_config(cfg)
         check_given_together(spec.config, overridden_keys(overrides or []))
@@ -185,18 +208,32 @@ def run_and_record(
             samples_listener(tracker.samples),
             observed_by(tracker.stage_starts),
         ):
+            distributed.announce({"weights": spec.weights})
             run_job(spec, paths, row, tracker.stage)
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         failure = err
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
+        if isinstance(err, JobInterrupted) and (ranks := distributed.ranks()) is not None:
+            row["error"] += f" (one of {ranks.world_size} ranks: the launcher stops them all when one fails)"
         # A configuration error or a stop signal is said in one line by the job's summary (run.py);
         # anything else is the project's bug: its traceback goes to the log file.
-        if not isinstance(err, (ConfigError, JobInterrupted)):
+        if not isinstance(err, (ConfigError, JobInterrupted, distributed.CollectiveFailed)):
             where = f" in stage {row['failed_stage']}" if row.get("failed_stage") else ""
             files = log_files()
             log.error("job failed%s: %s%s", where, row["error"], f" (traceback in {files[0]})" if files else "")
             log.error("traceback of the failure:\n%s", traceback.format_exc(), extra=FILE_ONLY)
     row["time_total_s"] = time.perf_counter() - started
+    try:
+        with stop_signals_deferred():  # a stop signal now (a launcher stopping every rank) waits for the row
+            return record(row, failure, store, tracker, raise_on_failure)
+    except JobInterrupted as stopped:
+        stopped.row = row
+        raise
+
+
+def record(row: dict, failure: Exception | None, store: ResultsStore, tracker: WandbRun, raise_on_failure: bool):
+    """Close the W&B run and write the row, finished or failed; raise ``failure`` when the caller
+    asked for it (or it was a stop signal). Returns the row."""
     try:
         tracker.finish(row)
     except Exception as err:  # noqa: BLE001 - tracking must not cost the row

@@ -3,9 +3,11 @@
 process stops. A second stop signal, at any time after the first (recording the failed row, a W&B
 upload, the next job of a sweep), ends the process at once with one line on stderr and exit code
 128 + the signal's number: nothing of the process can hold it back, not even code that catches
-the first one. A SIGTERM within :data:`SAME_STOP_S` of the first stop signal is the same request,
-not a second one: SLURM, cancelling or preempting a job, signals both ``srun`` and its task, and
-``srun`` forwards, so the task sees two SIGTERMs milliseconds apart (measured on a one-node cluster)."""
+the first one. While a finished or failed job's row is written (:func:`stop_signals_deferred`), a
+first stop signal waits for the row, then stops the process. A SIGTERM within :data:`SAME_STOP_S` of
+the first stop signal is the same request, not a second one: SLURM, cancelling or preempting a job,
+signals both ``srun`` and its task, and ``srun`` forwards, so the task sees two SIGTERMs milliseconds
+apart (measured on a one-node cluster)."""
 
 from __future__ import annotations
 
@@ -70,3 +72,29 @@ def stop_signals_raise():
         if not stopped:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+@contextmanager
+def stop_signals_deferred():
+    """SIGTERM and SIGINT in the block are held until it ends (a failed job's row being written when
+    a launcher stops every rank), then raise :class:`JobInterrupted`; a second one ends the process at
+    once (:func:`second_signal_exits`). Without a signal, the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+
+    def hold(signum, frame):
+        held.append(signum)
+        _first_stop_at[:] = [time.monotonic()]
+        second_signal_exits()
+
+    previous = {sig: signal.signal(sig, hold) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        if not held:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if held:
+        raise JobInterrupted(f"stopped by {signal.Signals(held[0]).name}")
