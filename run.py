@@ -52,7 +52,9 @@ def main(cfg: DictConfig) -> float | None:
     overrides = [o for o in task if not o.startswith(("results_dir=", "hydra"))]
     set_torch_threads()
     if (ranks := start_ranks(cfg)) is not None:
-        if multirun:
+        # a sweep's job under the SLURM presets with several tasks (hydra.launcher.tasks_per_node) is one job
+        # over its tasks; any other sweep runs one process per job
+        if multirun and "submitit" not in str(hc.launcher.get("_target_", "")).lower():
             log.error("a sweep (-m) runs one process per job: launch it without torchrun / srun")
             sys.exit(2)
         if ranks.rank != 0:

@@ -1,7 +1,8 @@
 """Sweeps through a real SLURM cluster (scripts/slurm-cluster.sh: one node, the `cpu` partition) with the
 ``hydra/launcher=slurm_cpu`` preset: rows land, a cancelled job's row says so and a rerun finishes it,
 jobs that need one capture compute it once, ``array_parallelism`` holds, a preempted job is requeued
-and ends with one finished row, and the files land where docs/guides/past-one-machine.md says."""
+and ends with one finished row, the files land where docs/guides/past-one-machine.md says, and a job
+of several tasks splits its captures over them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import pandas as pd
 import pytest
+from helpers.same_job import assert_same_job, run_job
 from helpers.slurm import cluster_turn, slurm, start_sweep, wait_for, waiting_env
 
 from replaceme_exp.results.row import decode_cell
@@ -122,3 +124,19 @@ def test_a_preempted_job_is_requeued_and_ends_with_one_finished_row(slurm_cluste
     assert list(rows["slurm_restarts"]) == [0, 1] and set(rows["slurm_job"]) == {job}
     assert rows.iloc[0]["error"] == "JobInterrupted: stopped by SIGTERM"
     assert "DUE TO PREEMPTION" in (tmp_path / "hydra" / "submitit" / job / f"{job}_0_log.err").read_text()
+
+
+def test_a_sweep_job_over_two_tasks_captures_on_both_and_finds_the_one_process_transform(slurm_cluster, tmp_path):
+    """``hydra.launcher.tasks_per_node=2``: SLURM runs the job as two tasks (srun), which split its
+    captures as two torchrun ranks do; one row, rank 0's, with the one-process job's T and distances."""
+    one = run_job(tmp_path / "one", 1)
+    assert one.returncode == 0, one.stderr[-2000:]
+    with cluster_turn():
+        proc = start_sweep(tmp_path / "two", slurm_cluster, "save_model=transform", "eval.speed.enabled=false",
+                           "hydra.launcher.tasks_per_node=2")  # fmt: skip
+        code = proc.wait(timeout=SWEEP_TIMEOUT)
+    console = (tmp_path / "two" / "sweep.log").read_text()
+    assert code == 0, console[-3000:]
+    assert_same_job(tmp_path / "one", tmp_path / "two")
+    (log,) = (tmp_path / "two" / "hydra" / "multirun").glob("*/0/run.log")
+    assert "[rank 1/2]" in log.read_text() and "calibration captures split over 2 ranks" in log.read_text()

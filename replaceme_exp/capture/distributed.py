@@ -72,7 +72,8 @@ def ranks_from_env(env: dict | None = None, first_host=slurm_first_host) -> Rank
     srun (no ``WORLD_SIZE``): ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID``; rank 0's address
     is ``MASTER_ADDR`` when set, else ``SLURM_LAUNCH_NODE_IPADDR``, else the first host of
     ``SLURM_JOB_NODELIST`` (``first_host``: ``scontrol show hostnames``); the port ``MASTER_PORT``
-    when set, else 29500. One task (``SLURM_NTASKS=1``: a sweep's job under SLURM) is one process."""
+    when set, else under srun 20000 + ``SLURM_JOB_ID`` mod 20000 (one per job), else 29500. One task
+    (``SLURM_NTASKS=1``: a sweep's job under SLURM) is one process."""
     env = os.environ if env is None else env
     if "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])
@@ -94,6 +95,8 @@ def ranks_from_env(env: dict | None = None, first_host=slurm_first_host) -> Rank
             first_host(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else None
         )
     port = int(env.get("MASTER_PORT", DEFAULT_PORT))
+    if "MASTER_PORT" not in env and launcher == "srun" and env.get("SLURM_JOB_ID", "").isdigit():
+        port = 20000 + int(env["SLURM_JOB_ID"]) % 20000  # two jobs of several tasks on one node: two ports
     return Ranks(rank, world, local, address or "127.0.0.1", port, launcher)
 
 

@@ -127,9 +127,10 @@ def cluster_turn():
 
 def sweep_command(results_dir: Path, *overrides: str) -> list[str]:
     """``run.py -m`` of the tiny job through ``hydra/launcher=slurm_cpu``, rows and statistics under
-    ``results_dir``, the converted models from the tests' cache."""
+    ``results_dir``, the converted models from the tests' cache, no model saved unless ``overrides`` say."""
+    saves = [] if any(o.startswith("save_model=") for o in overrides) else ["save_model=false"]
     return [
-        sys.executable, "run.py", "-m", "hydra/launcher=slurm_cpu", "debug=smoke", "save_model=false",
+        sys.executable, "run.py", "-m", "hydra/launcher=slurm_cpu", "debug=smoke", *saves,
         f"results_dir={results_dir}", f"cache_dir={CACHE}", f"capture.cache_dir={results_dir}/stats",
         "hydra.launcher.mem_gb=2", *overrides,
     ]  # fmt: skip
