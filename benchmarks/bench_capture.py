@@ -2,8 +2,10 @@
 
     make bench                       # SmolLM2, default calibration
     python benchmarks/bench_capture.py model=tiny_llama n_prune=2   # any Hydra overrides
+    python benchmarks/bench_capture.py --only capture,startup       # some sections (SECTIONS) only
 
-Prints progress, then as its last line one JSON object:
+Prints progress, then as its last line one JSON object (``sections``: those that ran; the plain
+forward pass, every ratio's denominator, always runs):
 - capture_over_forward: wall time of all capture passes of the default job (selection and LS
   statistics) / wall time of one plain forward pass over the same tokens through all blocks
   (no hooks, nothing kept). Reported for the plan the job picks (``capture.passes=auto``) and,
@@ -19,18 +21,21 @@ Prints progress, then as its last line one JSON object:
 - capture_layerwise_over_whole: the one-pass capture with the model in host memory and one block
   at a time on the compute device (``capture.mode=layerwise``) / the same whole-model.
 - statistics_float32_over_float64: a capture of every candidate's LS statistics with float32
-  products (``capture.precision=float32``) / with float64 products. ls_solve_s: one cut's solve.
+  products (``capture.precision=float32``) / with float64 products; statistics_float64_over_forward
+  and statistics_float32_over_forward: each / the forward pass. ls_solve_s: one cut's solve.
 - whole_peak_gib / layerwise_peak_gib (GPU only): peak memory above the resident weights during the
   one-pass capture, against *_planned_gib: what the capture plan counts for it (one batch's
   activations, the statistics and, layer-wise, the largest block).
 - ls_peak_mem_ratio_4x_data: peak memory of the LS path (statistics capture and solve) with 4x
   the calibration tokens / the same with 1x (full windows of 128 tokens). Peak CUDA memory on a
   GPU; on a CPU the peak of live tensor bytes from the profiler's allocation events.
-- the fixed cost of a job, each / the same plain forward pass (``*_s``: the seconds):
+- the fixed cost of a job, each / the same plain forward pass and (``*_over_import_torch``) / a
+  fresh interpreter's ``import torch`` (``import_torch_s``, best of 3) (``*_s``: the seconds):
   import_job_over_forward: ``import run`` (run.py's imports: the job's modules, torch, Hydra) in a
   fresh interpreter (best of 3);
   start_to_first_stage_over_forward: from launching ``run.py`` (the ``debug=smoke`` job on the
-  same model without generation samples, with the default tracking: W&B offline and CodeCarbon)
+  same model without generation samples, with the default tracking: W&B offline and CodeCarbon;
+  a ``protocol=`` override of the bench's goes to that job too)
   to its first ``stage ...`` log line, Hydra's start-up included; outside_stages_over_forward: all
   of that job's time outside its stages (before the first, ``between_stages_s`` between them,
   ``after_last_stage_s`` from the last one to the process's exit), from the stage lines' log
@@ -215,10 +220,10 @@ STAGE_LINE = re.compile(
 )
 
 
-def import_seconds(repeats: int = 3) -> float:
-    """``import run`` (every module a job imports before Hydra starts) in a fresh interpreter, best
-    of ``repeats``."""
-    code = "import time; t = time.perf_counter(); import run; print(time.perf_counter() - t)"
+def import_seconds(repeats: int = 3, module: str = "run") -> float:
+    """``import <module>`` in a fresh interpreter, best of ``repeats`` (``run``: every module a job
+    imports before Hydra starts)."""
+    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
     best = float("inf")
     for _ in range(repeats):
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -286,16 +291,22 @@ def fixed_cost(overrides: list[str], forward_s: float) -> dict:
         "tracking.wandb.mode=offline",
         "tracking.codecarbon.enabled=true",
         "eval.samples=null",  # greedy generation is a stage's work, not a fixed cost
-        *(o for o in overrides if o.split("=", 1)[0].lstrip("+~").startswith(("model.", "tracking."))),
+        *(o for o in overrides if o.split("=", 1)[0].lstrip("+~").startswith(("model.", "tracking.", "protocol"))),
     ]
-    seconds = {"import_job_s": import_seconds(), **job_fixed_cost(job)}
+    seconds = {
+        "import_torch_s": import_seconds(module="torch"),
+        "import_job_s": import_seconds(),
+        **job_fixed_cost(job),
+    }
     out = {"fixed_cost_job": " ".join(job)}
     for key, value in seconds.items():
         out[key] = round(value, 3)
     for key in ("import_job", "start_to_first_stage", "outside_stages"):
         out[f"{key}_over_forward"] = round(seconds[f"{key}_s"] / forward_s, 3)
+        out[f"{key}_over_import_torch"] = round(seconds[f"{key}_s"] / seconds["import_torch_s"], 3)
     print(
-        f"fixed cost ({out['fixed_cost_job']}): import run.py's modules {seconds['import_job_s']:.2f} s "
+        f"fixed cost ({out['fixed_cost_job']}): import torch {seconds['import_torch_s']:.2f} s, "
+        f"import run.py's modules {seconds['import_job_s']:.2f} s "
         f"({out['import_job_over_forward']}x forward); launch to first stage {seconds['start_to_first_stage_s']:.2f} s "
         f"({out['start_to_first_stage_over_forward']}x); outside stages {seconds['outside_stages_s']:.2f} s "
         f"({out['outside_stages_over_forward']}x: {seconds['between_stages_s']:.2f} s between stages, "
@@ -393,112 +404,192 @@ def lm_eval_scoring(model, tokenizer, batches, rounds: int = 3) -> dict:
     return out
 
 
-def main(overrides):
-    spec = JobSpec.from_config(config(overrides))
-    cfg = spec.config
-    loaded = load_model(cfg.model, str(ROOT / ".cache"))
-    adapter = adapter_for(loaded.model)
-    batches = build_calibration(cfg.calibration, loaded.tokenizer)
-    length = cut_length(cfg.n_prune, cfg.num_lts, adapter.num_layers)
-    candidates = candidate_cuts(adapter.num_layers, length)
-    device = adapter.backbone.embed_tokens.weight.device
-    print(
-        f"model {cfg.model.name}: {adapter.num_layers} blocks, hidden {adapter.hidden_size}; "
-        f"{batches.n_tokens} calibration tokens in {len(batches)} batches; {len(candidates)} candidate cuts",
-        flush=True,
-    )
+SECTIONS = ("capture", "statistics", "layerwise", "cosine", "ls_memory", "startup", "speed", "lm_eval")
 
-    plain_forward(adapter, batches)  # warm-up
-    forward_s, _ = timed(lambda: plain_forward(adapter, batches))
-    print(f"plain forward: {forward_s:.2f} s", flush=True)
-    fixed = fixed_cost(overrides, forward_s)
 
-    def one_pass(execution=None):
-        dist = CutDistances(candidates)
-        stats = LinearStatistics(candidates, adapter.hidden_size, device)
-        run_capture(adapter, batches, [dist, stats], execution=execution)
-        return select_cuts(dist.result(), cfg.num_lts, True)
+def parse_args(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """(Hydra overrides, the sections to run): ``--only capture,startup`` (or ``--only=...``) runs
+    those sections of :data:`SECTIONS` alone; the plain forward pass, their denominator, always runs."""
+    overrides, sections, args = [], SECTIONS, list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--only" or arg.startswith("--only="):
+            value = arg.split("=", 1)[1] if "=" in arg else (args.pop(0) if args else "")
+            sections = tuple(name.strip() for name in value.split(",") if name.strip())
+            if not sections or set(sections) - set(SECTIONS):
+                raise SystemExit(f"--only={value!r}: choose one or more of {', '.join(SECTIONS)}, comma-separated")
+        else:
+            overrides.append(arg)
+    return overrides, sections
 
-    def two_passes():
-        dist = CutDistances(candidates)
-        run_capture(adapter, batches, [dist])
-        cuts = select_cuts(dist.result(), cfg.num_lts, True)
-        run_capture(adapter, batches, [LinearStatistics(cuts, adapter.hidden_size, device)])
+
+class Bench:
+    """What every section measures on: the model, the calibration batches, the candidate cuts, the
+    plain forward pass's seconds and, once measured, the selected cuts."""
+
+    def __init__(self, overrides: list[str]):
+        self.overrides = overrides
+        self.spec = JobSpec.from_config(config(overrides))
+        self.cfg = cfg = self.spec.config
+        self.loaded = load_model(cfg.model, str(ROOT / ".cache"))
+        self.adapter = adapter = adapter_for(self.loaded.model)
+        self.batches = build_calibration(cfg.calibration, self.loaded.tokenizer)
+        length = cut_length(cfg.n_prune, cfg.num_lts, adapter.num_layers)
+        self.candidates = candidate_cuts(adapter.num_layers, length)
+        self.device = adapter.backbone.embed_tokens.weight.device
+        self.cuts = None
+        print(
+            f"model {cfg.model.name}: {adapter.num_layers} blocks, hidden {adapter.hidden_size}; "
+            f"{self.batches.n_tokens} calibration tokens in {len(self.batches)} batches; "
+            f"{len(self.candidates)} candidate cuts",
+            flush=True,
+        )
+        plain_forward(adapter, self.batches)  # warm-up
+        self.forward_s, _ = timed(lambda: plain_forward(adapter, self.batches))
+        print(f"plain forward: {self.forward_s:.2f} s", flush=True)
+
+    def one_pass(self, execution=None):
+        dist = CutDistances(self.candidates)
+        stats = LinearStatistics(self.candidates, self.adapter.hidden_size, self.device)
+        run_capture(self.adapter, self.batches, [dist, stats], execution=execution)
+        return select_cuts(dist.result(), self.cfg.num_lts, True)
+
+    def two_passes(self):
+        dist = CutDistances(self.candidates)
+        run_capture(self.adapter, self.batches, [dist])
+        cuts = select_cuts(dist.result(), self.cfg.num_lts, True)
+        run_capture(self.adapter, self.batches, [LinearStatistics(cuts, self.adapter.hidden_size, self.device)])
         return cuts
 
-    one_s, cuts = timed(one_pass)
-    two_s, cuts_two = timed(two_passes)
-    assert cuts == cuts_two
-    print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
-    cache_dir = str(ROOT / ".cache")
-    memory = model_memory(cfg.model, cache_dir)
-    seq_len = cfg.calibration.seq_len
-    plan = plan_execution(cfg.capture, cfg.model, cfg.calibration.batch_size, seq_len, memory, cache_dir=cache_dir)
-    auto_one = all_candidates_fit(spec.selection_request(plan), adapter.hidden_size, len(candidates))
-    whole_peak = peak_live_bytes(one_pass, device) if device.type == "cuda" else None
-    stats_bytes = len(candidates) * cut_stats_bytes(adapter.hidden_size)
-    act_bytes = memory.forward_activations(int(cfg.calibration.batch_size), int(cfg.calibration.seq_len))
+    def selected(self):
+        """The selected cuts (one distances-only pass when the capture section did not run)."""
+        if self.cuts is None:
+            dist = CutDistances(self.candidates)
+            run_capture(self.adapter, self.batches, [dist])
+            self.cuts = select_cuts(dist.result(), self.cfg.num_lts, True)
+        return self.cuts
 
+
+def capture_section(b: Bench) -> dict:
+    one_s, cuts = timed(b.one_pass)
+    two_s, cuts_two = timed(b.two_passes)
+    assert cuts == cuts_two
+    b.cuts = cuts
+    print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
+    cfg, cache_dir = b.cfg, str(ROOT / ".cache")
+    memory = model_memory(cfg.model, cache_dir)
+    batch_size, seq_len = int(cfg.calibration.batch_size), int(cfg.calibration.seq_len)
+    plan = plan_execution(cfg.capture, cfg.model, batch_size, seq_len, memory, cache_dir=cache_dir)
+    auto_one = all_candidates_fit(b.spec.selection_request(plan), b.adapter.hidden_size, len(b.candidates))
+    whole_peak = peak_live_bytes(b.one_pass, b.device) if b.device.type == "cuda" else None
+    stats_bytes = len(b.candidates) * cut_stats_bytes(b.adapter.hidden_size)
+    act_bytes = memory.forward_activations(batch_size, seq_len)
+    b.one_s, b.plan_bytes = one_s, (memory.largest_block, act_bytes + stats_bytes)
+    return {
+        "capture_passes_auto": "one" if auto_one else "two",
+        "capture_over_forward": round((one_s if auto_one else two_s) / b.forward_s, 3),
+        "capture_one_pass_over_forward": round(one_s / b.forward_s, 3),
+        "capture_two_passes_over_forward": round(two_s / b.forward_s, 3),
+        "capture_plan": plan.reason,
+        # GPU only: peak memory of the one-pass capture against what the plan counts for it
+        "whole_peak_gib": round(whole_peak / 2**30, 3) if whole_peak is not None else None,
+        "whole_planned_gib": round((act_bytes + stats_bytes) / 2**30, 3),
+    }
+
+
+def statistics_section(b: Bench) -> dict:
     def statistics_time(precision: str) -> float:
-        stats = LinearStatistics(candidates, adapter.hidden_size, device, precision=precision)
-        return timed(lambda: run_capture(adapter, batches, [stats]))[0]
+        stats = LinearStatistics(b.candidates, b.adapter.hidden_size, b.device, precision=precision)
+        return timed(lambda: run_capture(b.adapter, b.batches, [stats]))[0]
 
     float64_s, float32_s = statistics_time("float64"), statistics_time("float32")
     print(f"statistics of every candidate: float64 {float64_s:.2f} s, float32 {float32_s:.2f} s", flush=True)
-    solve_stats = LinearStatistics(cuts[:1], adapter.hidden_size, device)
-    run_capture(adapter, batches, [solve_stats])
-    solve_s, cut_transform = timed(lambda: ridge_solve(solve_stats.result()[cuts[0]], 0.0), repeats=3)
+    cut = b.selected()[0]
+    solve_stats = LinearStatistics([cut], b.adapter.hidden_size, b.device)
+    run_capture(b.adapter, b.batches, [solve_stats])
+    solve_s, b.cut_transform = timed(lambda: ridge_solve(solve_stats.result()[cut], 0.0), repeats=3)
+    return {
+        "statistics_float64_over_forward": round(float64_s / b.forward_s, 3),
+        "statistics_float32_over_forward": round(float32_s / b.forward_s, 3),
+        "statistics_float32_over_float64": round(float32_s / float64_s, 3),
+        "ls_solve_s": round(solve_s, 4),
+    }
 
-    # Layer-wise: the model in host memory, blocks one at a time on the compute device.
-    loaded.model.to("cpu")
-    layerwise = CaptureExecution(mode="layerwise", device=device)
-    layerwise_s, cuts_layerwise = timed(lambda: one_pass(layerwise))
-    layerwise_peak = peak_live_bytes(lambda: one_pass(layerwise), device) if device.type == "cuda" else None
-    loaded.model.to(device)
-    assert cuts_layerwise == cuts
+
+def layerwise_section(b: Bench) -> dict:
+    """The model in host memory, blocks one at a time on the compute device, against whole-model."""
+    one_s = getattr(b, "one_s", None) or timed(b.one_pass)[0]
+    b.loaded.model.to("cpu")
+    layerwise = CaptureExecution(mode="layerwise", device=b.device)
+    layerwise_s, cuts_layerwise = timed(lambda: b.one_pass(layerwise))
+    layerwise_peak = peak_live_bytes(lambda: b.one_pass(layerwise), b.device) if b.device.type == "cuda" else None
+    b.loaded.model.to(b.device)
+    assert cuts_layerwise == b.selected()
     print(f"layer-wise capture, one pass: {layerwise_s:.2f} s", flush=True)
+    memory = model_memory(b.cfg.model, str(ROOT / ".cache"))
+    act_bytes = memory.forward_activations(int(b.cfg.calibration.batch_size), int(b.cfg.calibration.seq_len))
+    stats_bytes = len(b.candidates) * cut_stats_bytes(b.adapter.hidden_size)
+    return {
+        "capture_layerwise_over_whole": round(layerwise_s / one_s, 3),
+        "layerwise_peak_gib": round(layerwise_peak / 2**30, 3) if layerwise_peak is not None else None,
+        "layerwise_planned_gib": round((memory.largest_block + act_bytes + stats_bytes) / 2**30, 3),
+    }
 
-    cosine = cosine_solvers(adapter, loaded.tokenizer, cfg, batches, cuts[0])
 
+def ls_memory_section(b: Bench) -> dict:
     (tokens_1x, peak_1x), (tokens_4x, peak_4x) = (
-        ls_path_peak(adapter, loaded.tokenizer, cfg, n, seq_len=128) for n in (48, 4 * 48)
+        ls_path_peak(b.adapter, b.loaded.tokenizer, b.cfg, n, seq_len=128) for n in (48, 4 * 48)
     )
     print(
         f"LS path peak: {peak_1x / 2**20:.1f} MiB with {tokens_1x} tokens, {peak_4x / 2**20:.1f} MiB with {tokens_4x}",
         flush=True,
     )
-
-    speed = pruning_speed(loaded.model, cuts, cut_transform, cfg.eval.speed) if cfg.eval.speed.enabled else {}
-    scoring = lm_eval_scoring(loaded.model, loaded.tokenizer, batches)
-
-    result = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
-        "model": cfg.model.name,
-        "calib_tokens": batches.n_tokens,
-        "forward_s": round(forward_s, 3),
-        "capture_passes_auto": "one" if auto_one else "two",
-        "capture_over_forward": round((one_s if auto_one else two_s) / forward_s, 3),
-        "capture_one_pass_over_forward": round(one_s / forward_s, 3),
-        "capture_two_passes_over_forward": round(two_s / forward_s, 3),
-        "capture_layerwise_over_whole": round(layerwise_s / one_s, 3),
-        "statistics_float32_over_float64": round(float32_s / float64_s, 3),
-        "ls_solve_s": round(solve_s, 4),
-        "capture_plan": plan.reason,
-        # GPU only: peak memory of the one-pass capture against what the plan counts for it
-        "whole_peak_gib": round(whole_peak / 2**30, 3) if whole_peak is not None else None,
-        "whole_planned_gib": round((act_bytes + stats_bytes) / 2**30, 3),
-        "layerwise_peak_gib": round(layerwise_peak / 2**30, 3) if layerwise_peak is not None else None,
-        "layerwise_planned_gib": round((memory.largest_block + act_bytes + stats_bytes) / 2**30, 3),
-        **cosine,
+    return {
         "ls_mem_tokens_1x": tokens_1x,
         "ls_mem_tokens_4x": tokens_4x,
         "ls_peak_mem_mb_1x": round(peak_1x / 2**20, 2),
         "ls_peak_mem_mb_4x": round(peak_4x / 2**20, 2),
         "ls_peak_mem_ratio_4x_data": round(peak_4x / peak_1x, 3),
-        **fixed,
-        **speed,
-        **scoring,
     }
+
+
+def speed_section(b: Bench) -> dict:
+    if not b.cfg.eval.speed.enabled:
+        return {}
+    cuts = b.selected()
+    if not hasattr(b, "cut_transform"):
+        stats = LinearStatistics(cuts[:1], b.adapter.hidden_size, b.device)
+        run_capture(b.adapter, b.batches, [stats])
+        b.cut_transform = ridge_solve(stats.result()[cuts[0]], 0.0)
+    return pruning_speed(b.loaded.model, cuts, b.cut_transform, b.cfg.eval.speed)
+
+
+SECTION_RUNS = {
+    "capture": capture_section,
+    "statistics": statistics_section,
+    "layerwise": layerwise_section,
+    "cosine": lambda b: cosine_solvers(b.adapter, b.loaded.tokenizer, b.cfg, b.batches, b.selected()[0]),
+    "ls_memory": ls_memory_section,
+    "startup": lambda b: fixed_cost(b.overrides, b.forward_s),
+    "speed": speed_section,
+    "lm_eval": lambda b: lm_eval_scoring(b.loaded.model, b.loaded.tokenizer, b.batches),
+}
+
+
+def main(argv):
+    overrides, sections = parse_args(argv)
+    b = Bench(overrides)
+    device = b.device
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
+        "model": b.cfg.model.name,
+        "calib_tokens": b.batches.n_tokens,
+        "forward_s": round(b.forward_s, 3),
+        "sections": list(sections),
+    }
+    for name in SECTIONS:  # in this order whatever the order given: later sections reuse earlier results
+        if name in sections:
+            result.update(SECTION_RUNS[name](b))
     print(json.dumps(result))
 
 

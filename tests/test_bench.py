@@ -12,9 +12,25 @@ import sys
 import pytest
 from helpers.config import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+@pytest.mark.unit
+def test_only_names_the_sections_to_run_and_leaves_the_overrides_to_hydra():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_capture import SECTIONS, parse_args
+
+    assert parse_args(["model=tiny_llama", "--only", "startup,capture", "n_prune=2"]) == (
+        ["model=tiny_llama", "n_prune=2"],
+        ("startup", "capture"),
+    )
+    assert parse_args(["--only=capture"]) == ([], ("capture",))
+    assert parse_args(["n_prune=2"]) == (["n_prune=2"], SECTIONS)
+    for bad in (["--only", "captures"], ["--only="], ["--only"]):
+        with pytest.raises(SystemExit, match="choose one or more of capture, statistics"):
+            parse_args(bad)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_the_benchmark_runs_on_a_tiny_model_and_reports_its_ratios():
     done = subprocess.run(
         [sys.executable, "benchmarks/bench_capture.py", "model=tiny_llama", "n_prune=2"],
@@ -31,6 +47,7 @@ def test_the_benchmark_runs_on_a_tiny_model_and_reports_its_ratios():
     assert {"capture_over_forward", "cosine_lbfgs_float64_over_float32", "statistics_float32_over_float64"} <= set(
         ratios
     )
+    assert {"start_to_first_stage_over_import_torch", "statistics_float64_over_forward"} <= set(ratios)
     assert all(isinstance(v, float) and v > 0 for v in ratios.values()), ratios
     # the LS path's memory does not grow with the calibration tokens (statistics, not activations)
     assert result["ls_mem_tokens_4x"] == 4 * result["ls_mem_tokens_1x"]

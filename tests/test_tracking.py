@@ -183,3 +183,71 @@ def test_a_stage_yields_what_the_clock_books_to_it_and_nothing_without_a_clock(t
     assert second.energy_kwh == pytest.approx(booked["energy_kwh_capture"] - before["energy_kwh_capture"], rel=1e-9)
     assert second.co2_kg == pytest.approx(booked["co2_kg_capture"] - before["co2_kg_capture"], rel=1e-9)
     assert second.energy_kwh > 0 and second.co2_kg > 0
+
+
+class FakeWandb:
+    """A stand-in for the wandb module in the unit tests of our own glue (WandbRun's background
+    start): records the thread ``init`` ran in; ``fail`` makes it raise."""
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.threads, self.logged = fail, [], []
+
+    def Settings(self, **kwargs):  # noqa: N802 - wandb's name
+        return kwargs
+
+    def init(self, **kwargs):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        if self.fail:
+            raise RuntimeError("no wandb service")
+        fake = self
+
+        class Run:
+            dir = str(Path(kwargs["dir"]) / "wandb" / "offline-run-x" / "files")
+            summary = {}
+
+            def log(self, data):
+                fake.logged.append(data)
+
+            def finish(self, exit_code=0):
+                fake.logged.append({"exit_code": exit_code})
+
+        return Run()
+
+
+def tracker_with(fake, monkeypatch, tmp_path):
+    import sys
+
+    from replaceme_exp.config.schema import WandbConfig
+    from replaceme_exp.tracking import WandbRun
+
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    row = {"run_id": "r1", "config_hash": "c1", "alpha": 0.5, "status": "running"}
+    return WandbRun(WandbConfig(mode="offline"), {"alpha": 0.5}, row, tmp_path / "job"), row
+
+
+@pytest.mark.unit
+def test_the_wandb_run_opens_in_the_background_and_the_first_log_waits_for_it(tmp_path, monkeypatch):
+    fake = FakeWandb()
+    tracker, row = tracker_with(fake, monkeypatch, tmp_path)
+    tracker.start()
+    tracker.stage("load", 1.5)  # waits for the run
+    assert fake.threads == ["wandb-start"]  # not the job's thread
+    assert row["wandb_dir"] == str(tmp_path / "job" / "wandb" / "offline-run-x")
+    row["ppl_heldout"] = 12.5
+    tracker.finish({**row, "status": "finished"})
+    assert {"stage/load_s": 1.5} in [{k: v for k, v in d.items() if k != "job/elapsed_s"} for d in fake.logged]
+    assert any(d.get("ppl_heldout") == 12.5 for d in fake.logged) and fake.logged[-1] == {"exit_code": 0}
+
+
+@pytest.mark.unit
+def test_a_wandb_run_that_fails_to_open_costs_the_job_nothing(tmp_path, monkeypatch, caplog):
+    tracker, row = tracker_with(FakeWandb(fail=True), monkeypatch, tmp_path)
+    tracker.start()
+    tracker.stage("load", 1.5)
+    tracker.progress("capture", 1, 2)
+    tracker.finish({**row, "status": "finished"})
+    assert tracker.run is None and row.get("wandb_dir") is None
+    said = [r.getMessage() for r in caplog.records if "W&B run not started" in r.getMessage()]
+    assert said == ["W&B run not started: no wandb service"]

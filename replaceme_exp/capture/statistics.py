@@ -181,11 +181,37 @@ def add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor, precision
         total.add_(torch.mm(a.T, b).to(torch.float64))
 
 
+def gram_blocks(width: int) -> int:
+    """How many row blocks :func:`add_gram` splits a Gram of ``width`` columns into: blocks of at
+    least 128 columns (narrower products run below the BLAS's speed), at most 16."""
+    return max(1, min(width // 128, 16))
+
+
+def add_gram(total: torch.Tensor, x: torch.Tensor, precision: str, blocks: int | None = None) -> None:
+    """The lower triangle of ``total += x^T x`` for an (n, d) ``x`` and a float64 (d, d) ``total``
+    (products as :func:`add_product`): row block i of ``blocks`` (default :func:`gram_blocks`) takes
+    the columns up to its own end, (blocks + 1) / (2 blocks) of the full product's work. Above the
+    diagonal blocks ``total`` is left as it was: :func:`symmetrize` fills it."""
+    d = x.shape[1]
+    k = blocks or gram_blocks(d)
+    edges = [round(i * d / k) for i in range(k + 1)]
+    for lo, hi in zip(edges, edges[1:]):
+        add_product(total[lo:hi, :hi], x[:, lo:hi], x[:, :hi], precision)
+
+
+def symmetrize(total: torch.Tensor) -> torch.Tensor:
+    """``total`` (d, d) made symmetric in place from its lower triangle (what :func:`add_gram`
+    accumulates); returns it."""
+    total.copy_(total.tril() + total.tril(-1).T)
+    return total
+
+
 class LinearStatistics:
     """Accumulates :class:`LinearStats` in float64 for every requested cut. Cuts sharing a start
     share one ``M^T M`` (unless the token rule depends on the cut's end); each batch's input is
     converted once per start: to float64, or with ``precision="float32"`` to float32, each
-    batch's products then being summed in float64 (:func:`add_product`).
+    batch's products then being summed in float64 (:func:`add_product`). ``mtm`` holds the lower
+    triangle of each ``M^T M`` (:func:`add_gram`) until :meth:`result` makes it symmetric.
 
     ``placement="fused"``: input ``M_{start-1}``, target ``L_{end-1} - Y_{start-1}`` (T fused into
     the down-projection). ``placement="separate"``: input ``L_{start-1}``, target ``L_{end-1}``
@@ -233,34 +259,49 @@ class LinearStatistics:
         return out
 
     def _accumulate_input(self, group, x: torch.Tensor) -> None:
-        add_product(self.mtm[group], x, x, self.precision)
+        add_gram(self.mtm[group], x, self.precision)
         self.n_tokens[group] += x.shape[0]
+
+    def _entering(self, act: torch.Tensor, mask) -> torch.Tensor:
+        """The rows of ``act`` that enter under ``mask``: scaled ones in the statistics' dtype;
+        selected or all ones as they are when that dtype holds theirs (the arithmetic that takes
+        them converts them exactly, without a converted copy)."""
+        if (mask is not None and mask.dtype != torch.bool) or torch.promote_types(act.dtype, self.dtype) != self.dtype:
+            return kept(act.to(self.dtype), mask)
+        return kept(act, mask)
+
+    def _inputs(self, acts: dict, start: int, mask) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(M in the statistics' dtype, Y_{start-1} or None) of the tokens ``mask`` keeps: M is
+        M_{start-1} (fused) or L_{start-1} (separate)."""
+        prev = self._entering(acts[("L", start - 1)], mask)
+        if self.placement == "fused":
+            x = self._entering(acts[("M", start - 1)], mask).to(self.dtype)
+            return x, torch.sub(prev, x)  # Y_{start-1}, in the statistics' dtype
+        return prev.to(self.dtype), None
 
     def _updater(self, start: int, cuts: list[Cut]):
         def update(acts: dict, tokens: BatchTokens) -> None:
             prev = acts[("L", start - 1)]
             shared = None if self.rule.per_cut else self.rule.keep(tokens, prev)
-            inputs = {}  # (M or L_{start-1}, Y_{start-1} or None) in float64, by mask
+            inputs = None
             for cut in cuts:
                 after = acts[("L", cut[1] - 1)]
                 mask = self.rule.keep(tokens, prev, after) if self.rule.per_cut else shared
-                if self.rule.per_cut or not inputs:
-                    p = kept(prev.to(self.dtype), mask)
-                    if self.placement == "fused":
-                        x = kept(acts[("M", start - 1)].to(self.dtype), mask)
-                        inputs = {"x": x, "base": p - x}  # Y_{start-1}
-                    else:
-                        inputs = {"x": p, "base": None}
-                    self._accumulate_input(self._group(cut), inputs["x"])
-                r = kept(after.to(self.dtype), mask)
-                if inputs["base"] is not None:
-                    r = r - inputs["base"]
-                add_product(self.mtr[cut], inputs["x"], r, self.precision)
-                self.r_sq[cut] += float(r.double().pow(2).sum())
+                if self.rule.per_cut or inputs is None:
+                    inputs = self._inputs(acts, start, mask)
+                    self._accumulate_input(self._group(cut), inputs[0])
+                x, base = inputs
+                r = self._entering(after, mask)
+                r = torch.sub(r, base) if base is not None else r.to(self.dtype)
+                add_product(self.mtr[cut], x, r, self.precision)
+                flat = r.reshape(-1).double()
+                self.r_sq[cut] += float(torch.dot(flat, flat))
 
         return update
 
     def result(self) -> dict[Cut, LinearStats]:
+        for mtm in self.mtm.values():
+            symmetrize(mtm)
         out = {}
         for cut in self.cuts:
             group = self._group(cut)

@@ -20,11 +20,25 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from replaceme_exp.results.row import encode_cell
 from replaceme_exp.storage import HOST, atomic_path, left_by_killed_writer, pid_alive, temporary_writer
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+
+    class _Pandas:
+        """pandas, imported at its first use: a job reads rows only when some exist and writes its
+        own at its end, so its first stage need not wait for the import."""
+
+        def __getattr__(self, name: str):
+            import pandas
+
+            return getattr(pandas, name)
+
+    pd = _Pandas()
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +65,27 @@ class ResultsStore:
         folder = self.skips if row.get("status") == SKIPPED else self.runs
         return folder / row["config_hash"] / f"{row['run_id']}.parquet"
 
+    def row_files(self, config_hash_: str) -> list[Path]:
+        """The files of a configuration's rows (none before its first run)."""
+        return sorted((self.runs / config_hash_).glob("*.parquet"))
+
     def rows_for(self, config_hash_: str) -> pd.DataFrame:
-        return _read_rows(sorted((self.runs / config_hash_).glob("*.parquet")))
+        return _read_rows(self.row_files(config_hash_))
 
     def next_run_seq(self, config_hash_: str) -> int:
         """The ``run_seq`` of a new run of a configuration: 1 + the largest among its rows (1 for its
         first run, or when its rows predate the column). The caller holds the configuration's lock
         (:func:`replaceme_exp.runtime.locks.config_lock`), so two runs never take the same one."""
+        if not self.row_files(config_hash_):  # its first run: no table to read (nor pandas to import)
+            return 1
         seqs = _run_seqs(self.rows_for(config_hash_)).dropna()
         return 1 + int(seqs.max()) if not seqs.empty else 1
 
     def finished_row(self, config_hash_: str) -> dict | None:
         """The latest finished run of a configuration (a later failed rerun does not hide it),
         or None when it has none."""
+        if not self.row_files(config_hash_):
+            return None
         rows = self.rows_for(config_hash_)
         if rows.empty or "status" not in rows.columns:
             return None

@@ -194,9 +194,9 @@ def run_and_record(
     row["job_dir"] = str(paths.job_dir)
     row["row_path"] = str(store.row_path(row))
     started = time.perf_counter()
+    row["wandb_dir"] = None  # the run's folder once it is open (WandbRun.ready)
     try:
         tracker.start()
-        row["wandb_dir"] = tracker.directory
     except Exception as err:  # noqa: BLE001 - tracking must not cost the job
         log.warning("W&B run not started: %s", err)
         tracker.run = None

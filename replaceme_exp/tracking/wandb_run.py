@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,11 +100,14 @@ def samples_table(value) -> tuple[list[str], list[list]] | None:
 class WandbRun:
     """The job's W&B run (a no-op when ``tracking.wandb.mode=disabled``), recording ``config``.
 
-    ``start`` opens it; while the job runs, ``stage`` (a stage ended), ``progress`` (a loop's
-    progress), ``samples`` (a published table, :mod:`replaceme_exp.samples`) and ``stage_starts``
-    (a stage observer, :func:`replaceme_exp.stages.observed_by`) log what the row gained since the
-    last log; ``finish`` closes it with the row. ``row`` is the job's row, filled in place as the
-    job runs. ``directory`` is the run's offline folder (None when disabled)."""
+    ``start`` opens it in a background thread (importing wandb and starting its service take about
+    a second that the job's first stage need not wait for); :meth:`ready` waits for it. While the
+    job runs, ``stage`` (a stage ended), ``progress`` (a loop's progress), ``samples`` (a published
+    table, :mod:`replaceme_exp.samples`) and ``stage_starts`` (a stage observer,
+    :func:`replaceme_exp.stages.observed_by`) log what the row gained since the last log (the
+    observer and ``progress`` skip it while the run is opening); ``finish`` closes it with the row.
+    ``row`` is the job's row, filled in place as the job runs (``wandb_dir``: the run's offline
+    folder, once open). ``directory`` is that folder (None when disabled or not open yet)."""
 
     def __init__(
         self, settings: WandbConfig, config: dict, row: dict, job_dir: str | os.PathLike, run_name: str | None = None
@@ -115,6 +119,8 @@ class WandbRun:
         self.run_name = run_name
         self.run = None
         self.directory: str | None = None
+        self._opening: threading.Thread | None = None
+        self._open_error: BaseException | None = None
         self._started = time.monotonic()
         self._settings_keys: set[str] = set()  # the row's columns set at start: settings, not measurements
         self._logged: dict = {}  # what has been logged of each row column
@@ -123,15 +129,15 @@ class WandbRun:
     def enabled(self) -> bool:
         return self.settings.mode != "disabled"
 
-    def start(self) -> None:
+    def start(self, wait: bool = False) -> None:
+        """Open the run in a background thread (``wait``: in this one), with the config and
+        settings of the row as it is now."""
         if not self.enabled:
             return
-        import wandb
-
         self.job_dir.mkdir(parents=True, exist_ok=True)
         config = dict(self.config)
         config.update({k: self.row.get(k) for k in IDENTITY_KEYS}, setting=setting_config(self.row))
-        self.run = wandb.init(
+        init = dict(
             project=self.settings.project,
             entity=self.settings.entity,
             group=self.settings.group or self.row.get("sweep_group") or "single",
@@ -141,20 +147,50 @@ class WandbRun:
             dir=str(self.job_dir),
             mode=self.settings.mode,
             config=config,
-            settings=wandb.Settings(silent=True, quiet=True, console="off", show_info=False),
         )
-        self._started = time.monotonic()
         self._settings_keys = {k for k, v in self.row.items() if v is not None}
-        self.directory = self.run.dir and str(Path(self.run.dir).parent)
-        self.run.summary.update({"status": "running", **{k: self.row.get(k) for k in IDENTITY_KEYS}})
+        summary = {"status": "running", **{k: self.row.get(k) for k in IDENTITY_KEYS}}
+        self._opening = threading.Thread(target=self._open, args=(init, summary), name="wandb-start", daemon=True)
+        self._opening.start()
+        if wait:
+            self.ready()
+
+    def _open(self, init: dict, summary: dict) -> None:
+        try:
+            import wandb
+
+            settings = wandb.Settings(silent=True, quiet=True, console="off", show_info=False)
+            run = wandb.init(**init, settings=settings)
+            self._started = time.monotonic()
+            self.directory = run.dir and str(Path(run.dir).parent)
+            run.summary.update(summary)
+            self.run = run
+        except BaseException as err:  # noqa: BLE001 - said where the job waits for the run (ready)
+            self._open_error = err
+
+    def ready(self, wait: bool = True) -> bool:
+        """Whether the run is open, waiting for its start unless ``wait`` is false; a start that
+        failed is said once (a warning: tracking must not cost the job) and leaves no run."""
+        opening = self._opening
+        if opening is None or (not wait and opening.is_alive()):
+            return self.run is not None
+        opening.join()
+        self._opening = None
+        if self._open_error is not None:
+            log.warning("W&B run not started: %s", self._open_error)
+            self._open_error = None
+        if self.directory is not None:
+            self.row["wandb_dir"] = self.directory
+        return self.run is not None
 
     def _log(self, data: dict) -> None:
         self.run.log({**data, "job/elapsed_s": time.monotonic() - self._started})
 
     def log_new_columns(self) -> None:
         """Log what the row gained or changed since the last call: its numbers (one step), its
-        loss curves, distance profile and generation samples."""
-        if self.run is None:
+        loss curves, distance profile and generation samples (nothing while the run is opening:
+        the next call logs it)."""
+        if not self.ready(wait=False):
             return
         row, settings = self.row, self._settings_keys
         fresh = {k: v for k, v in scalar_columns(row).items() if k not in settings and self._logged.get(k) != v}
@@ -191,7 +227,7 @@ class WandbRun:
 
     def stage(self, name: str, seconds: float, energy_kwh: float | None = None) -> None:
         """A stage ended after ``seconds`` (``stage/<name>_s``; its energy ``stage/<name>_kwh``)."""
-        if self.run is not None:
+        if self.ready():
             key = f"stage/{name.replace(' ', '_')}"
             data = {f"{key}_s": seconds}
             if energy_kwh is not None:
@@ -200,20 +236,21 @@ class WandbRun:
             self.log_new_columns()
 
     def progress(self, desc: str, done: int, total: int | None) -> None:
-        """A loop's progress (``progress/<desc>``: the fraction done, or the count without a total)."""
-        if self.run is not None:
+        """A loop's progress (``progress/<desc>``: the fraction done, or the count without a total;
+        none while the run is opening)."""
+        if self.ready(wait=False):
             value = done / total if total else done
             self._log({f"progress/{desc.replace(' ', '_')}": value})
 
     def samples(self, name: str, columns: list[str], rows: list[list]) -> None:
         """A table of text samples (``samples/<name>``)."""
-        if self.run is not None:
+        if self.ready():
             import wandb
 
             self._log({f"samples/{name}": wandb.Table(columns=columns, data=rows)})
 
     def finish(self, row: dict) -> None:
-        if self.run is None:
+        if not self.ready():
             return
         self.row = row
         try:
