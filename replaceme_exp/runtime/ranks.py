@@ -23,6 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from replaceme_exp.capture import distributed
 from replaceme_exp.capture.distributed import Ranks, ranks_from_env
 from replaceme_exp.errors import first_line
+from replaceme_exp.pipeline import JobSpec
+from replaceme_exp.pipeline.job import PruningJob
+from replaceme_exp.pipeline.modality import JobPaths
 from replaceme_exp.runtime.log_files import prefix_logs
 from replaceme_exp.runtime.signals import stop_signals_raise
 
@@ -74,10 +77,6 @@ def start_ranks(cfg: DictConfig) -> Ranks | None:
 def follow(cfg: DictConfig, job_dir: str) -> int:
     """A rank other than 0: its share of the calibration captures of the job rank 0 runs. Returns the
     exit code (0 also when rank 0 runs no job: rank 0 says why)."""
-    from replaceme_exp.pipeline import JobSpec
-    from replaceme_exp.pipeline.job import PruningJob
-    from replaceme_exp.pipeline.modality import JobPaths
-
     ranks = distributed.ranks()
     try:
         with stop_signals_raise():
