@@ -40,7 +40,7 @@ write_conf() {
   mkdir -p "$dir/state" "$dir/spool" "$dir/log"
   cat > "$conf" <<CONF
 ClusterName=replaceme
-SlurmctldHost=$node
+SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 SlurmUser=root
@@ -66,7 +66,7 @@ ReturnToService=2
 KillWait=5
 MinJobAge=300
 RebootProgram=/bin/true
-NodeName=$node CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 PartitionName=cpu Nodes=$node Default=YES MaxTime=INFINITE State=UP PriorityTier=1
@@ -96,7 +96,7 @@ CONF
 start_database() {
   running "$dir/mariadb.pid" && return 0
   if [ ! -d "$dir/db/mysql" ]; then
-    mariadb-install-db --user=root --datadir="$dir/db" --auth-root-authentication-method=socket >/dev/null
+    mariadb-install-db --user=root --datadir="$dir/db" --auth-root-authentication-method=socket >>"$dir/log/mariadb.out" 2>&1
   fi
   mariadbd --user=root --datadir="$dir/db" --socket="$dir/mysql.sock" --pid-file="$dir/mariadb.pid" \
     --bind-address=127.0.0.1 --port=$((port + 3)) --log-error="$dir/log/mariadb.log" </dev/null >>"$dir/log/mariadb.out" 2>&1 &
