@@ -53,23 +53,21 @@ def prefix_console(prefix: str) -> None:
     """Start every line the root logger's console handlers print with ``prefix`` (the log files'
     lines stay as they are); idempotent for one prefix."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) or not isinstance(handler, logging.StreamHandler):
-            continue
-        current = handler.formatter
-        if isinstance(current, _Prefixed):
-            current.prefix = prefix
-        else:
-            handler.setFormatter(_Prefixed(current, prefix))
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            _prefix_handler(handler, prefix)
 
 
 def prefix_logs(prefix: str) -> None:
     """Start every line of the root logger's handlers, console and files, with ``prefix`` (a rank's
     ``[rank r/N] ``); idempotent for one prefix."""
     for handler in logging.getLogger().handlers:
-        if not isinstance(handler, logging.StreamHandler):
-            continue
-        current = handler.formatter
-        if isinstance(current, _Prefixed):
-            current.prefix = prefix
-        else:
-            handler.setFormatter(_Prefixed(current, prefix))
+        if isinstance(handler, logging.StreamHandler):
+            _prefix_handler(handler, prefix)
+
+
+def _prefix_handler(handler: logging.Handler, prefix: str) -> None:
+    current = handler.formatter
+    if isinstance(current, _Prefixed):
+        current.prefix = prefix
+    else:
+        handler.setFormatter(_Prefixed(current, prefix))

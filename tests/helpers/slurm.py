@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from helpers.config import CACHE, ROOT
+from replaceme_exp.storage import pid_alive
 
 SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
 CLUSTER_DIR = Path(os.environ.get("REPLACEME_SLURM_DIR", "/tmp/replaceme-slurm"))
@@ -97,19 +98,11 @@ def leave_cluster() -> None:
     """Unregisters this process; the last user (dead ones do not count) stops a cluster the tests started.
     Under :func:`cluster_turn`."""
     (USERS / f"user-{os.getpid()}").unlink(missing_ok=True)
-    alive = [f for f in USERS.glob("user-*") if _alive(int(f.name.removeprefix("user-")))]
+    alive = [f for f in USERS.glob("user-*") if pid_alive(int(f.name.removeprefix("user-")))]
     if not alive and (USERS / "started").exists():
         subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=120)
         (USERS / "started").unlink()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
