@@ -96,12 +96,25 @@ CONF
 start_database() {
   running "$dir/mariadb.pid" && return 0
   if [ ! -d "$dir/db/mysql" ]; then
-    mariadb-install-db --user=root --datadir="$dir/db" --auth-root-authentication-method=socket >>"$dir/log/mariadb.out" 2>&1
+    mariadb-install-db --no-defaults --user=root --datadir="$dir/db" --auth-root-authentication-method=socket \
+      >>"$dir/log/mariadb.out" 2>&1
   fi
-  mariadbd --user=root --datadir="$dir/db" --socket="$dir/mysql.sock" --pid-file="$dir/mariadb.pid" \
-    --bind-address=127.0.0.1 --port=$((port + 3)) --log-error="$dir/log/mariadb.log" </dev/null >>"$dir/log/mariadb.out" 2>&1 &
-  for _ in $(seq 1 60); do [ -S "$dir/mysql.sock" ] && break; sleep 0.5; done
-  mariadb --socket="$dir/mysql.sock" -u root -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
+  rm -f "$dir/mysql.sock"  # a socket left by a killed server answers "connection refused" until the new one binds
+  mariadbd --no-defaults --user=root --datadir="$dir/db" --socket="$dir/mysql.sock" --pid-file="$dir/mariadb.pid" \
+    --bind-address=127.0.0.1 --port=$((port + 3)) --skip-name-resolve --log-error="$dir/log/mariadb.log" \
+    </dev/null >>"$dir/log/mariadb.out" 2>&1 &
+  local pid=$! client=(--no-defaults --socket="$dir/mysql.sock" -u root)
+  for _ in $(seq 1 120); do
+    mariadb-admin "${client[@]}" ping >/dev/null 2>&1 && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if ! mariadb-admin "${client[@]}" ping >/dev/null 2>&1; then
+    echo "slurm-cluster: MariaDB did not answer in 60 s; the end of its logs ($dir/log):" >&2
+    tail -n 20 "$dir/log/mariadb.out" "$dir/log/mariadb.log" >&2 2>/dev/null || true
+    return 1
+  fi
+  mariadb "${client[@]}" -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
     GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; CREATE DATABASE IF NOT EXISTS slurm_acct_db;"
 }
 
@@ -157,10 +170,14 @@ stop() {
     running "$dir/$daemon.pid" || continue
     pid="$(cat "$dir/$daemon.pid")"
     kill "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     kill -9 "$pid" 2>/dev/null || true
   done
-  if [ -f "$dir.munged-started-here" ]; then pkill -x munged || true; rm -f "$dir.munged-started-here"; fi
+  if [ -f "$dir.munged-started-here" ]; then  # gone before stop returns: a start right after starts its own
+    pkill -x munged || true
+    for _ in $(seq 1 60); do pgrep -x munged >/dev/null || break; sleep 0.5; done
+    rm -f "$dir.munged-started-here"
+  fi
 }
 
 case "${1:-}" in

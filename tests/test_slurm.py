@@ -7,13 +7,17 @@ of several tasks splits its captures over them."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from helpers.same_job import assert_same_job, run_job
-from helpers.slurm import cluster_turn, slurm, start_sweep, wait_for, waiting_env
+from helpers.slurm import SCRIPT, cluster_turn, slurm, start_sweep, wait_for, waiting_env
 
 from replaceme_exp.results.row import decode_cell
 from replaceme_exp.results.store import ResultsStore
@@ -140,3 +144,33 @@ def test_a_sweep_job_over_two_tasks_captures_on_both_and_finds_the_one_process_t
     assert_same_job(tmp_path / "one", tmp_path / "two")
     (log,) = (tmp_path / "two" / "hydra" / "multirun").glob("*/0/run.log")
     assert "[rank 1/2]" in log.read_text() and "calibration captures split over 2 ranks" in log.read_text()
+
+
+def test_a_cluster_whose_database_was_killed_starts_again_and_accounts_jobs(slurm_cluster, tmp_path):
+    """A second cluster (own folder and ports; munged is the running cluster's): its MariaDB killed with
+    SIGKILL leaves its socket behind, and the next start waits for the new server instead of connecting
+    to the dead socket ("Can't connect ... (111)", as a CI run saw)."""
+    folder = tmp_path / "cluster"
+    env = dict(os.environ, REPLACEME_SLURM_DIR=str(folder), REPLACEME_SLURM_PORT="17917")
+
+    def script(*args):
+        return subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300)
+
+    with cluster_turn():
+        try:
+            assert script("start").returncode == 0
+            database = int((folder / "mariadb.pid").read_text())
+            os.kill(database, signal.SIGKILL)
+            for _ in range(60):
+                if not Path(f"/proc/{database}").exists():
+                    break
+                time.sleep(0.5)
+            assert (folder / "mysql.sock").exists()
+            assert script("stop").returncode == 0
+            started = script("start")
+            assert started.returncode == 0, started.stderr
+            accounting = subprocess.run(["sacct", "-n", "-X"], env=dict(env, SLURM_CONF=str(folder / "slurm.conf")),
+                                        capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert accounting.returncode == 0, accounting.stderr
+        finally:
+            script("stop")

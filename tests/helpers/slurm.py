@@ -76,7 +76,7 @@ def start_cluster() -> str | None:
     """Starts the cluster (installing slurm-wlm and munge when missing, as root or with sudo); None, or why
     it did not start."""
     proc = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=900)
-    return None if proc.returncode == 0 else proc.stderr.strip()[-800:] or f"exit {proc.returncode}"
+    return None if proc.returncode == 0 else proc.stderr.strip()[-3000:] or f"exit {proc.returncode}"
 
 
 USERS = CLUSTER_DIR.with_name(CLUSTER_DIR.name + "-tests")  # who uses the cluster, and whether tests started it
@@ -102,8 +102,6 @@ def leave_cluster() -> None:
     if not alive and (USERS / "started").exists():
         subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=120)
         (USERS / "started").unlink()
-
-    return True
 
 
 @contextlib.contextmanager
