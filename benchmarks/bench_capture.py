@@ -7,9 +7,14 @@
 Prints progress, then as its last line one JSON object (``sections``: those that ran; the plain
 forward pass, every ratio's denominator, always runs):
 - capture_over_forward: wall time of all capture passes of the default job (selection and LS
-  statistics) / wall time of one plain forward pass over the same tokens through all blocks
-  (no hooks, nothing kept). Reported for the plan the job picks (``capture.passes=auto``) and,
-  separately, for one pass (every candidate's statistics) and two passes.
+  statistics, as ``select_and_capture`` runs them for the plan the job picks, ``capture.passes=auto``)
+  / wall time of one plain forward pass over the same tokens through all blocks (no hooks, nothing
+  kept), the two alternating in each of 3 rounds: the median of the rounds' ratios and their range
+  (``_min``, ``_max``). capture_one_pass_over_forward: the one-pass plan, candidates out of the
+  running dropping their statistics (``capture.drop_candidates``, the default;
+  capture_needed_second_pass: whether the selected cut had dropped out);
+  capture_every_candidate_over_forward: the same with every candidate's statistics to the end;
+  capture_two_passes_over_forward: distances first, then the chosen cut's statistics.
 - cosine_paper_*: the paper's Adam recipe for the cosine objective (lr 1e-4, batches of 1024
   tokens, 10 epochs, identity init) on the default cut's stored calibration tokens: fitting time
   and held-out mean cosine distance between L_{end-1} and Y + M T; cosine_fast_*: the fastest
@@ -58,10 +63,13 @@ forward pass, every ratio's denominator, always runs):
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,6 +87,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replaceme_exp.capture import CutDistances, LinearStatistics, plain_forward, run_capture  # noqa: E402
+from replaceme_exp.capture.cache import StatisticsCache  # noqa: E402
 from replaceme_exp.capture.execution import CaptureExecution, model_memory, plan_execution  # noqa: E402
 from replaceme_exp.capture.statistics import TokenCollector  # noqa: E402
 from replaceme_exp.capture.token_store import TokenStore  # noqa: E402
@@ -95,7 +104,8 @@ from replaceme_exp.evaluation.speed import METRICS, compare_speed  # noqa: E402
 from replaceme_exp.models import adapter_for, load_model  # noqa: E402
 from replaceme_exp.pipeline.spec import JobSpec  # noqa: E402
 from replaceme_exp.selection import candidate_cuts, cut_length, select_cuts  # noqa: E402
-from replaceme_exp.selection.passes import all_candidates_fit, cut_stats_bytes  # noqa: E402
+from replaceme_exp.selection.passes import all_candidates_fit, cut_stats_bytes, select_and_capture  # noqa: E402
+from replaceme_exp.stages import observed_by  # noqa: E402
 from replaceme_exp.surgery import prune  # noqa: E402
 
 
@@ -454,6 +464,24 @@ class Bench:
         run_capture(self.adapter, self.batches, [dist, stats], execution=execution)
         return select_cuts(dist.result(), self.cfg.num_lts, True)
 
+    def job_pass(self, drop_candidates: bool = True):
+        """The default job's selection and statistics as the job runs them with one pass
+        (:func:`select_and_capture`; ``drop_candidates``: candidates out of the running stop
+        gathering statistics, ``capture.drop_candidates``). Returns the cuts and whether the selected
+        cut needed a second pass."""
+        request = dataclasses.replace(self.spec.selection_request(), passes="one", drop_candidates=drop_candidates)
+        cache = StatisticsCache(tempfile.gettempdir(), "bench", "bench", enabled=False)
+        labels = []
+
+        @contextlib.contextmanager
+        def kept(kind, label):
+            labels.append(label)
+            yield
+
+        with observed_by(kept):
+            selection = select_and_capture(request, self.adapter, self.batches, cache, needs_stats=True)
+        return selection.cuts, "capture (statistics)" in labels
+
     def two_passes(self):
         dist = CutDistances(self.candidates)
         run_capture(self.adapter, self.batches, [dist])
@@ -470,12 +498,27 @@ class Bench:
         return self.cuts
 
 
+CAPTURE_ROUNDS = 3  # rounds of (plain forward, the job's capture, the capture of every candidate)
+
+
 def capture_section(b: Bench) -> dict:
-    one_s, cuts = timed(b.one_pass)
-    two_s, cuts_two = timed(b.two_passes)
-    assert cuts == cuts_two
+    """The job's capture against the plain forward pass, alternating in each of CAPTURE_ROUNDS rounds
+    (so that a change of the machine's load moves both sides of a ratio): the median of the rounds'
+    ratios, with their range."""
+    two_s, cuts = timed(b.two_passes)
+    rounds = []
+    for _ in range(CAPTURE_ROUNDS):
+        forward_s, _ = timed(lambda: plain_forward(b.adapter, b.batches))
+        racing_s, (cuts_racing, second_pass) = timed(b.job_pass)
+        full_s, (cuts_full, _) = timed(lambda: b.job_pass(drop_candidates=False))
+        assert cuts == cuts_racing == cuts_full
+        rounds.append((racing_s / forward_s, full_s / forward_s, two_s / forward_s))
+        print(
+            f"capture round: forward {forward_s:.2f} s, the job's one pass {racing_s:.2f} s (candidates out of the "
+            f"running dropped; a second pass: {second_pass}), every candidate's statistics {full_s:.2f} s",
+            flush=True,
+        )
     b.cuts = cuts
-    print(f"capture one pass: {one_s:.2f} s, two passes: {two_s:.2f} s (cuts {cuts})", flush=True)
     cfg, cache_dir = b.cfg, str(ROOT / ".cache")
     memory = model_memory(cfg.model, cache_dir)
     batch_size, seq_len = int(cfg.calibration.batch_size), int(cfg.calibration.seq_len)
@@ -484,12 +527,19 @@ def capture_section(b: Bench) -> dict:
     whole_peak = peak_live_bytes(b.one_pass, b.device) if b.device.type == "cuda" else None
     stats_bytes = len(b.candidates) * cut_stats_bytes(b.adapter.hidden_size)
     act_bytes = memory.forward_activations(batch_size, seq_len)
-    b.one_s, b.plan_bytes = one_s, (memory.largest_block, act_bytes + stats_bytes)
+    b.plan_bytes = (memory.largest_block, act_bytes + stats_bytes)
+    racing, full = sorted(r[0] for r in rounds), sorted(r[1] for r in rounds)
+    job = racing if auto_one else [two_s / b.forward_s]
     return {
         "capture_passes_auto": "one" if auto_one else "two",
-        "capture_over_forward": round((one_s if auto_one else two_s) / b.forward_s, 3),
-        "capture_one_pass_over_forward": round(one_s / b.forward_s, 3),
+        "capture_rounds": CAPTURE_ROUNDS,
+        "capture_over_forward": round(statistics.median(job), 3),
+        "capture_over_forward_min": round(job[0], 3),
+        "capture_over_forward_max": round(job[-1], 3),
+        "capture_one_pass_over_forward": round(statistics.median(racing), 3),
+        "capture_every_candidate_over_forward": round(statistics.median(full), 3),
         "capture_two_passes_over_forward": round(two_s / b.forward_s, 3),
+        "capture_needed_second_pass": second_pass,
         "capture_plan": plan.reason,
         # GPU only: peak memory of the one-pass capture against what the plan counts for it
         "whole_peak_gib": round(whole_peak / 2**30, 3) if whole_peak is not None else None,

@@ -58,13 +58,22 @@ def channel_cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=0).mean()
 
 
+def sequence_sums(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each sequence's sum of ``values`` (n,) over its ``lengths`` (batch,) consecutive rows: (batch,), on the CPU."""
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=values.device), lengths.to(values.device))
+    return values.new_zeros(len(lengths)).index_add_(0, sequence, values).cpu()
+
+
 class CutDistances:
     """Mean per-token distance between ``L_{start-1}`` and ``L_{end-1}`` for every cut.
 
     ``distance``: a per-token distance, (n, d), (n, d) -> (n,) (the selection metric's; default the
     paper's ``1 - cos``). ``tokens``: ``all`` non-padding tokens or each sequence's ``last``.
     ``sequence_distance``: instead, one distance per sequence, (n_i, d), (n_i, d) -> (), averaged
-    over sequences (every sequence counts once, whatever its length).
+    over sequences (every sequence counts once, whatever its length). ``per_sequence``: also keep,
+    for every cut, each sequence's share of the sum (``sequence_values[cut]``: a float64 tensor per
+    batch, (batch,): the sum of the sequence's token distances, its last token's distance, or its
+    sequence distance), what :class:`~replaceme_exp.selection.race.CandidateRace` compares.
     """
 
     takes_padding = False  # padded positions are not data: never compared
@@ -75,6 +84,7 @@ class CutDistances:
         distance: Callable = cosine_distance,
         tokens: str = "all",
         sequence_distance: Callable | None = None,
+        per_sequence: bool = False,
     ):
         if tokens not in ("all", "last"):
             raise ValueError(f"selection.tokens={tokens!r}: choose all or last")
@@ -82,6 +92,9 @@ class CutDistances:
         self.sequence_distance = sequence_distance
         self.sums = {cut: 0.0 for cut in self.cuts}
         self.counts = {cut: 0 for cut in self.cuts}
+        self.sequence_values: dict[Cut, list[torch.Tensor]] | None = (
+            {cut: [] for cut in self.cuts} if per_sequence else None
+        )
 
     def requests(self) -> list[Request]:
         return [(cut_keys(cut, with_mlp=False), self._updater(cut)) for cut in self.cuts]
@@ -91,21 +104,32 @@ class CutDistances:
 
         def update(acts: dict, tokens: BatchTokens) -> None:
             a, b = acts[before], acts[after]
+            ends = tokens.last_rows.long() + 1
+            lengths = torch.diff(ends, prepend=ends.new_zeros(1))
             if self.sequence_distance is not None:
-                ends = tokens.last_rows.long() + 1
-                lengths = torch.diff(ends, prepend=ends.new_zeros(1)).tolist()
-                for x, y in zip(a.split(lengths), b.split(lengths)):
+                values = []
+                for x, y in zip(a.split(lengths.tolist()), b.split(lengths.tolist())):
                     if x.shape[0]:
-                        self.sums[cut] += float(self.sequence_distance(x, y))
+                        values.append(float(self.sequence_distance(x, y)))
+                        self.sums[cut] += values[-1]
                         self.counts[cut] += 1
+                self._keep_sequences(cut, lambda: torch.tensor(values, dtype=torch.float64))
                 return
             if self.tokens == "last":
                 a, b = a[tokens.last_rows], b[tokens.last_rows]
-            dist = self.distance(a, b)
-            self.sums[cut] += float(dist.double().sum())
+            dist = self.distance(a, b).double()
+            self.sums[cut] += float(dist.sum())
             self.counts[cut] += dist.numel()
+            if self.tokens == "last":
+                self._keep_sequences(cut, lambda: dist.cpu())
+            else:
+                self._keep_sequences(cut, lambda: sequence_sums(dist, lengths))
 
         return update
+
+    def _keep_sequences(self, cut: Cut, values: Callable[[], torch.Tensor]) -> None:
+        if self.sequence_values is not None:
+            self.sequence_values[cut].append(values())
 
     def result(self) -> dict[Cut, float]:
         return {cut: self.sums[cut] / max(self.counts[cut], 1) for cut in self.cuts}
@@ -216,7 +240,10 @@ class LinearStatistics:
     ``placement="fused"``: input ``M_{start-1}``, target ``L_{end-1} - Y_{start-1}`` (T fused into
     the down-projection). ``placement="separate"``: input ``L_{start-1}``, target ``L_{end-1}``
     (T as its own module on the full block output). ``rule``: which tokens enter
-    (:class:`~replaceme_exp.capture.token_rules.TokenRule`; default all).
+    (:class:`~replaceme_exp.capture.token_rules.TokenRule`; default all). ``keeps``: asked before
+    each batch's update of a cut whether its statistics are still wanted (None: always); a cut it
+    answers no for once is dropped (``dropped``): never updated again, and left out of
+    :meth:`result`, so no partial statistics leave the accumulator.
     """
 
     def __init__(
@@ -227,12 +254,14 @@ class LinearStatistics:
         placement: str = "fused",
         rule: TokenRule | None = None,
         precision: str = "float64",
+        keeps: Callable[[Cut], bool] | None = None,
     ):
         if placement not in PLACEMENTS:
             raise ValueError(f"lt_placement={placement!r}: choose one of {PLACEMENTS}")
         if precision not in PRECISIONS:
             raise ValueError(f"capture.precision={precision!r}: choose one of {PRECISIONS}")
         self.cuts, self.placement, self.rule = list(cuts), placement, rule or TokenRule()
+        self.keeps, self.dropped = keeps, set()
         self.takes_padding = self.rule.padded_positions
         self.precision = precision
         self.dtype = torch.float64 if precision == "float64" else torch.float32
@@ -281,10 +310,14 @@ class LinearStatistics:
 
     def _updater(self, start: int, cuts: list[Cut]):
         def update(acts: dict, tokens: BatchTokens) -> None:
+            if self.keeps is not None:
+                self.dropped.update(cut for cut in cuts if cut not in self.dropped and not self.keeps(cut))
+                if all(cut in self.dropped for cut in cuts):
+                    return
             prev = acts[("L", start - 1)]
             shared = None if self.rule.per_cut else self.rule.keep(tokens, prev)
             inputs = None
-            for cut in cuts:
+            for cut in (cut for cut in cuts if cut not in self.dropped):
                 after = acts[("L", cut[1] - 1)]
                 mask = self.rule.keep(tokens, prev, after) if self.rule.per_cut else shared
                 if self.rule.per_cut or inputs is None:
@@ -300,10 +333,11 @@ class LinearStatistics:
         return update
 
     def result(self) -> dict[Cut, LinearStats]:
+        """Every cut's statistics but the dropped ones'."""
         for mtm in self.mtm.values():
             symmetrize(mtm)
         out = {}
-        for cut in self.cuts:
+        for cut in (cut for cut in self.cuts if cut not in self.dropped):
             group = self._group(cut)
             out[cut] = LinearStats(cut, self.mtm[group], self.mtr[cut], self.r_sq[cut], self.n_tokens[group])
         return out

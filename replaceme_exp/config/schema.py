@@ -556,6 +556,11 @@ class CaptureConfig:
     cache: bool = key(True, doc="content-addressed statistics cache")
     cache_dir: str = key(doc="where the statistics cache lives")
     search_steps: bool = key(True, doc="greedy searches keep finished steps under cache_dir/search_steps")
+    drop_candidates: bool = key(
+        True,
+        doc="a one-pass capture stops gathering the statistics of candidate cuts out of the running; no number "
+        "changes",
+    )
     timeout_s: float = key(
         1800,
         doc="a job over several processes (torchrun, srun): seconds a rank waits for the others in a "

@@ -492,6 +492,7 @@ class JobSpec:
             seed=int(c.seed),
             extra_blocks=self.requirements.extra_blocks,
             folds=self.requirements.statistic_folds,
+            drop_candidates=bool(c.capture.drop_candidates),
         )
 
     def fit_request(self, execution: CaptureExecution | None = None) -> FitRequest:

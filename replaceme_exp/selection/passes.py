@@ -9,7 +9,7 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from replaceme_exp.capture import CutDistances, LinearStatistics, run_capture
+from replaceme_exp.capture import CutDistances, LinearStatistics, distributed, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, CaptureExecution, gib
 from replaceme_exp.capture.folds import FoldedLinearStatistics
@@ -29,6 +29,7 @@ from replaceme_exp.selection.cuts import (
     validate_cuts,
 )
 from replaceme_exp.selection.metrics import SelectionMetric
+from replaceme_exp.selection.race import CandidateRace
 from replaceme_exp.selection.search import BlockStates, SearchContext, search_stage
 from replaceme_exp.selection.search_steps import SearchSteps, no_steps
 from replaceme_exp.stages import stage
@@ -49,7 +50,8 @@ class SelectionRequest:
     ``ls_residual`` selection; ``passes`` and ``max_stats_gb``: ``capture.passes`` and
     ``capture.max_stats_gb``; ``execution``: the capture plan (how the passes run and the statistics
     budget; None: whole-model, the default budget); ``settings`` and ``seed``: the ``selection``
-    option's typed config and the job's seed (what a search reads)."""
+    option's typed config and the job's seed (what a search reads); ``drop_candidates``:
+    ``capture.drop_candidates`` (:func:`races`)."""
 
     cuts: list[Cut] | None
     n_prune: int | float
@@ -70,6 +72,7 @@ class SelectionRequest:
     seed: int = 0
     extra_blocks: int = 0  # blocks a cut spans beyond those it removes (LLM-Streamline's layer: 1)
     folds: int = 0  # >= 2: the chosen cuts' statistics per fold of whole sequences (capture.folds)
+    drop_candidates: bool = True  # capture.drop_candidates: a one-pass capture races the candidates (race.py)
 
 
 @dataclass
@@ -106,15 +109,16 @@ def distance_criterion(request: SelectionRequest) -> str:
 
 
 def distance_accumulators(
-    request: SelectionRequest, adapter, candidates: list[Cut]
+    request: SelectionRequest, adapter, candidates: list[Cut], per_sequence: bool = False
 ) -> tuple[CutDistances | None, SimilarityStatistics | None]:
     """What the selection pass gathers for the metric (None: nothing of that kind): the distances of
-    each candidate (``distance`` and ``sequence`` metrics), or the moments of a ``similarity`` one."""
+    each candidate (``distance`` and ``sequence`` metrics; ``per_sequence``: kept per sequence too,
+    for a :class:`CandidateRace`), or the moments of a ``similarity`` one."""
     metric, hidden = request.metric, adapter.hidden_size
     if metric.kind == "distance":
-        return CutDistances(candidates, metric.token_distance, request.tokens), None
+        return CutDistances(candidates, metric.token_distance, request.tokens, per_sequence=per_sequence), None
     if metric.kind == "sequence":
-        return CutDistances(candidates, sequence_distance=metric.sequence_distance), None
+        return CutDistances(candidates, sequence_distance=metric.sequence_distance, per_sequence=per_sequence), None
     if metric.kind != "similarity":
         return None, None
     similarity = SimilarityStatistics(candidates, hidden, input_device(adapter, request.execution), request.precision)
@@ -132,17 +136,43 @@ def statistics_groups(request: SelectionRequest, hidden: int, candidates: list[C
     return [candidates] if fit else []
 
 
+def races(request: SelectionRequest, groups: list[list[Cut]]) -> bool:
+    """Whether the one-pass capture races the candidates (:class:`CandidateRace`): with
+    ``capture.drop_candidates``, when one pass gathers every candidate's statistics for a single
+    cut chosen by a distance of the activations (not by the statistics themselves, an
+    ``ls_residual`` selection), in one process, batch after batch through the whole model (a
+    layer-wise capture runs each block over all batches before the next)."""
+    execution = request.execution
+    return (
+        request.drop_candidates
+        and len(groups) == 1
+        and len(groups[0]) > 1
+        and request.num_lts == 1
+        and request.metric.kind in ("distance", "sequence")
+        and not request.metric.uses_statistics
+        and (execution is None or execution.mode == "whole")
+        and distributed.shared() is None
+    )
+
+
 def selection_passes(
-    request: SelectionRequest, adapter, calibration: TokenBatches, groups: list[list[Cut]], riders: list
+    request: SelectionRequest,
+    adapter,
+    calibration: TokenBatches,
+    groups: list[list[Cut]],
+    riders: list,
+    race: CandidateRace | None = None,
 ) -> tuple[dict[Cut, float], dict[Cut, LinearStats]]:
     """One capture pass per group of candidates, gathering their LS statistics (one pass without any
     for no group), ``riders`` in the first. Returns the distances an ``ls_residual`` metric computes
-    from the statistics and, when one pass gathered every candidate's, those statistics."""
+    from the statistics and, when one pass gathered every candidate's, those statistics: of the
+    candidates still in ``race`` at its end, with one."""
     metric, rule, precision = request.metric, request.rule, request.precision
     hidden, device = adapter.hidden_size, input_device(adapter, request.execution)
+    keeps = race.still_in if race is not None else None
     stats, distances = {}, {}
     for i, group in enumerate(groups or [[]]):
-        linear = LinearStatistics(group, hidden, device, request.placement, rule, precision) if group else None
+        linear = LinearStatistics(group, hidden, device, request.placement, rule, precision, keeps) if group else None
         accumulators = (riders if i == 0 else []) + ([linear] if linear is not None else [])
         label = "capture (selection)" if len(groups) < 2 else f"capture (selection, {i + 1}/{len(groups)})"
         with stage("capture", label):
@@ -155,6 +185,11 @@ def selection_passes(
                 distances.update(metric.from_statistics(group_stats, float(request.alpha)))
         if len(groups) == 1:  # kept for the chosen cuts only when one pass gathered every candidate
             stats = group_stats
+    if race is not None and race.dropped:
+        log.info(
+            "capture: statistics of %d of %d candidate cuts dropped once out of the running (after %s sequences)",
+            len(race.dropped), len(groups[0]), min(race.dropped.values()),
+        )  # fmt: skip
     return distances, stats
 
 
@@ -175,10 +210,12 @@ def selection_distances(
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}
-    cut_distances, similarity = distance_accumulators(request, adapter, candidates)
-    riders = [s for s in (cut_distances, similarity) if s is not None] + list(extra_statistics)
     groups = statistics_groups(request, adapter.hidden_size, candidates, needs_stats)
-    distances, stats = selection_passes(request, adapter, calibration, groups, riders)
+    racing = races(request, groups)
+    cut_distances, similarity = distance_accumulators(request, adapter, candidates, per_sequence=racing)
+    riders = [s for s in (cut_distances, similarity) if s is not None] + list(extra_statistics)
+    race = CandidateRace(cut_distances) if racing else None
+    distances, stats = selection_passes(request, adapter, calibration, groups, riders, race)
     if similarity is not None:
         with stage("estimate", f"selection ({request.metric.name})"):
             distances = {cut: 1.0 - value for cut, value in request.metric.similarity(similarity).items()}
