@@ -10,15 +10,19 @@ with a one-line reason that the job logs.
 from __future__ import annotations
 
 import logging
+import math
+import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
 from replaceme_exp.capture.token_store import available_cpu_bytes
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.config.schema import CaptureConfig, JobConfig, ModelConfig
-from replaceme_exp.models.adapters import adapter_for
-from replaceme_exp.models.loading import resolve_dtype
+from replaceme_exp.models.adapters import adapter_class, adapter_for
+from replaceme_exp.models.embedded import embedded_checkpoint, embedded_model
+from replaceme_exp.models.loading import is_vision_config, resolve_dtype, tensor_shapes
 from replaceme_exp.models.shape import meta_model, model_config
 
 log = logging.getLogger(__name__)
@@ -101,26 +105,64 @@ class ModelMemory:
         return (dense + scores) * self.itemsize
 
 
+BLOCK_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a decoder block's tensor: model.layers.<i>.…
+
+
+def checkpoint_folder(model_cfg: ModelConfig, cache_dir: str) -> Path | None:
+    """The folder of the safetensors files of an embedded or local text model (None: another
+    source, or a vision model whose checkpoint holds a text tower's blocks too)."""
+    if is_vision_config(model_cfg):
+        return None
+    if model_cfg.source == "embedded":
+        return embedded_checkpoint(cache_dir, embedded_model(model_cfg.pretrained))
+    if model_cfg.source == "local":
+        return Path(str(model_cfg.pretrained)).expanduser()
+    return None
+
+
+def parameter_counts(model_cfg: ModelConfig, cache_dir: str) -> tuple[int, int] | None:
+    """(parameters, the largest block's parameters) of ``model_cfg``'s checkpoint from its
+    safetensors headers (no weight read, no modeling code imported); None where there is no such
+    checkpoint on this machine."""
+    folder = checkpoint_folder(model_cfg, cache_dir)
+    shapes = tensor_shapes(folder) if folder is not None else None
+    if not shapes:
+        return None
+    blocks: dict[int, int] = {}
+    for name, shape in shapes.items():
+        if found := BLOCK_TENSOR.search(name):
+            blocks[int(found.group(1))] = blocks.get(int(found.group(1)), 0) + math.prod(shape)
+    if not blocks:
+        return None
+    return sum(math.prod(shape) for shape in shapes.values()), max(blocks.values())
+
+
 def model_memory(model_cfg: ModelConfig, cache_dir: str = ".cache") -> ModelMemory | None:
-    """The parameter bytes of ``model_cfg``'s model from its config alone (instantiated on the
-    meta device: nothing is allocated or downloaded beyond the config). None when the config
-    cannot be read (the load that follows reports why)."""
+    """The parameter bytes of ``model_cfg``'s model from its config alone: an embedded or local
+    checkpoint's counted from its safetensors headers, another's instantiated on the meta device
+    (nothing is allocated or downloaded beyond the config). None when the config cannot be read
+    (the load that follows reports why)."""
     try:
         config = model_config(model_cfg, cache_dir)
-        model = meta_model(model_cfg, config) if config is not None else None
+        counts = parameter_counts(model_cfg, cache_dir) if config is not None else None
+        model = meta_model(model_cfg, config) if config is not None and counts is None else None
     except Exception as err:  # noqa: BLE001 - planning falls back to the whole-model capture
         log.info("capture plan: the model's size is unknown (%s)", err)
         return None
-    if model is None:
+    if config is None:
         log.info("capture plan: the model's size is unknown (its config cannot be read before the load)")
         return None
+    if counts is None:
+        adapter = adapter_for(model)
+        counts = (
+            sum(p.numel() for p in model.parameters()),
+            max(sum(p.numel() for p in layer.parameters()) for layer in adapter.layers),
+        )
     itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
-    adapter = adapter_for(model)
-    block = max(sum(p.numel() for p in layer.parameters()) for layer in adapter.layers)
-    text = adapter.config  # the blocks' own config (a CLIP's vision config)
+    text = adapter_class(config).block_config(config)  # the blocks' own config (a CLIP's vision config)
     return ModelMemory(
-        weights=sum(p.numel() for p in model.parameters()) * itemsize,
-        largest_block=block * itemsize,
+        weights=counts[0] * itemsize,
+        largest_block=counts[1] * itemsize,
         hidden=int(text.hidden_size),
         intermediate=int(
             getattr(text, "intermediate_size", None) or getattr(text, "ffn_hidden_size", None) or 4 * text.hidden_size

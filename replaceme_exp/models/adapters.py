@@ -46,9 +46,15 @@ class DecoderAdapter:
     def __init__(self, model: nn.Module):
         self.model = model
 
+    @classmethod
+    def block_config(cls, config):
+        """The part of a model's ``config`` that sizes its blocks (``num_hidden_layers``,
+        ``hidden_size``): the config itself, or a sub-config of families that nest one."""
+        return config
+
     @property
     def config(self):
-        return self.model.config
+        return type(self).block_config(self.model.config)
 
     @property
     def backbone(self) -> nn.Module:
@@ -172,9 +178,9 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
-def adapter_for(model: nn.Module) -> DecoderAdapter:
-    """The adapter for ``model`` (a ``*ForCausalLM``); a clear error for other families."""
-    model_type = getattr(model.config, "model_type", None)
+def adapter_class(config) -> type[DecoderAdapter]:
+    """The adapter family of a model whose config is ``config``; a clear error for other families."""
+    model_type = getattr(config, "model_type", None)
     if model_type in UNSUPPORTED:
         raise UnsupportedModelError("model.config.model_type", model_type, UNSUPPORTED[model_type])
     if model_type not in ADAPTERS:
@@ -184,7 +190,12 @@ def adapter_for(model: nn.Module) -> DecoderAdapter:
             f"no adapter for this model family; supported: {ADAPTERS.names()} "
             "(add one: docs/extending/model-family.md)",
         )
-    return ADAPTERS.get(model_type)(model)
+    return ADAPTERS.get(model_type)
+
+
+def adapter_for(model: nn.Module) -> DecoderAdapter:
+    """The adapter for ``model`` (a ``*ForCausalLM``); a clear error for other families."""
+    return adapter_class(model.config)(model)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -85,17 +85,37 @@ def load_tokenizer(cfg: ModelConfig, cache_dir: str | os.PathLike):
     return tok
 
 
+def safetensors_header(file: Path) -> tuple[int, dict]:
+    """(header length, the JSON header) of a ``*.safetensors`` file: 8 bytes of header length, then
+    the header (``{name: {"dtype", "shape", "data_offsets"}}`` and ``__metadata__``)."""
+    with open(file, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        if not 0 < header_len <= 100 * 2**20:
+            raise ValueError(f"header length {header_len}")
+        return header_len, json.loads(f.read(header_len))
+
+
+def tensor_shapes(folder: str | os.PathLike) -> dict[str, list[int]] | None:
+    """Every tensor's shape in the ``*.safetensors`` files of ``folder``, from their headers (no
+    weight read); None when the folder has none or one cannot be read."""
+    files = sorted(Path(folder).expanduser().glob("*.safetensors"))
+    shapes: dict[str, list[int]] = {}
+    try:
+        for file in files:
+            header = safetensors_header(file)[1]
+            shapes.update({name: list(v["shape"]) for name, v in header.items() if name != "__metadata__"})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return shapes or None
+
+
 def check_safetensors_files(key: str, folder: str | os.PathLike) -> None:
     """Every ``*.safetensors`` file of ``folder`` whole, from its header alone (8 bytes of header
     length, the JSON header, then the tensors' bytes up to the largest end offset): a truncated or
     garbled file raises :class:`ConfigError` naming it, before the load."""
     for file in sorted(Path(folder).expanduser().glob("*.safetensors")):
         try:
-            with open(file, "rb") as f:
-                header_len = int.from_bytes(f.read(8), "little")
-                if not 0 < header_len <= 100 * 2**20:
-                    raise ValueError(f"header length {header_len}")
-                header = json.loads(f.read(header_len))
+            header_len, header = safetensors_header(file)
             end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
             size = file.stat().st_size
             if size < 8 + header_len + end:

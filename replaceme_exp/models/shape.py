@@ -18,7 +18,7 @@ from torch import nn
 
 from replaceme_exp.config.schema import ModelConfig
 from replaceme_exp.errors import ConfigError, first_line
-from replaceme_exp.models.adapters import adapter_for
+from replaceme_exp.models.adapters import adapter_class, adapter_for
 from replaceme_exp.models.embedded import embedded_checkpoint, embedded_model
 from replaceme_exp.models.loading import check_safetensors_files, is_vision_config, resolve_dtype
 
@@ -35,7 +35,7 @@ class ModelShape:
 
     num_layers: int
     max_positions: int | None
-    model: nn.Module  # on the meta device: parameter counts and block structure, no storage
+    model: nn.Module | None  # a random-weight config's model on the meta device (no storage); None for a checkpoint
     hidden_size: int | None = None
     unfusable_reason: str | None = None
 
@@ -43,12 +43,14 @@ class ModelShape:
 _IMPORTS = threading.Lock()
 
 
-def _transformers():
-    """transformers' auto classes, imported under a lock: its lazy module is not safe to import
-    from two threads at once (identical jobs started together)."""
+def _transformers(*names: str) -> list:
+    """transformers' classes ``names``, imported under a lock: its lazy module is not safe to import
+    from two threads at once (identical jobs started together). Reading a config imports no
+    modeling code; a model class imports its family's (and transformers' shared modeling modules)."""
     with _IMPORTS:
-        from transformers import AutoConfig, AutoModelForCausalLM, CLIPModel
-    return AutoConfig, AutoModelForCausalLM, CLIPModel
+        import transformers
+
+        return [getattr(transformers, name) for name in names]
 
 
 def _named(cfg: ModelConfig, field: str | None = None) -> tuple[str, object]:
@@ -89,7 +91,7 @@ def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
     """The transformers config of ``cfg``'s model, without its weights. A random-weight config
     transformers refuses raises :class:`ConfigError` naming ``model.config``; a config that cannot
     be read (not cached offline, no network) gives None: the load says why."""
-    AutoConfig, _, _ = _transformers()
+    (AutoConfig,) = _transformers("AutoConfig")
     if cfg.source == "random":
         check_random_config(cfg)
         try:
@@ -113,36 +115,45 @@ def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
 def meta_model(cfg: ModelConfig, config) -> nn.Module:
     """``cfg``'s model built from ``config`` on the meta device; a shape transformers cannot
     build raises :class:`ConfigError` naming the model's config."""
-    _, AutoModelForCausalLM, CLIPModel = _transformers()
+    vision = is_vision_config(cfg)
+    (model_class,) = _transformers("CLIPModel" if vision else "AutoModelForCausalLM")
     key, value = _named(cfg)
     try:
         with torch.device("meta"):
-            if is_vision_config(cfg):
-                return CLIPModel(config)
-            return AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(cfg.dtype))
+            if vision:
+                return model_class(config)
+            return model_class.from_config(config, dtype=resolve_dtype(cfg.dtype))
     except Exception as err:  # noqa: BLE001 - impossible shapes fail with several error types
         raise ConfigError(key, value, f"describes a model that cannot be built: {first_line(err)}") from err
 
 
 def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> ModelShape | None:
-    """The shape of ``cfg``'s model (None when its config cannot be read before the load)."""
+    """The shape of ``cfg``'s model (None when its config cannot be read before the load). A
+    random-weight config is built on the meta device (so that a shape transformers cannot build is
+    refused here) and its blocks counted; a checkpoint's config, which transformers built the
+    checkpoint from, is read as its family's adapter reads it (:meth:`DecoderAdapter.block_config`),
+    without importing the family's modeling code: the load does that."""
     if cfg.source == "local":
         check_safetensors_files("model.pretrained", cfg.pretrained)
     config = model_config(cfg, cache_dir)
     if config is None:
         return None
-    model = meta_model(cfg, config)
     key, value = _named(cfg)
+    model = meta_model(cfg, config) if cfg.source == "random" else None
     try:
-        adapter = adapter_for(model)
-        num_layers = adapter.num_layers
+        if model is not None:
+            family = adapter_for(model)
+            num_layers = family.num_layers
+        else:
+            family = adapter_class(config)
+            num_layers = int(family.block_config(config).num_hidden_layers)
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - a family's structure the adapter cannot read
         raise ConfigError(key, value, f"has no blocks the adapter can read: {first_line(err)}") from err
     if num_layers < 2:
         raise ConfigError(key, value, f"has {num_layers} block(s); pruning needs at least 2")
-    text = adapter.config
+    text = family.block_config(config)
     kv_heads = getattr(text, "num_key_value_heads", None)
     if kv_heads and text.num_attention_heads % kv_heads:
         reason = f"num_attention_heads={text.num_attention_heads} is not a multiple of num_key_value_heads={kv_heads}"
@@ -154,5 +165,5 @@ def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> Mo
         max_positions=positions,
         model=model,
         hidden_size=hidden,
-        unfusable_reason=getattr(adapter, "unfusable_reason", None),
+        unfusable_reason=family.unfusable_reason,
     )

@@ -20,9 +20,8 @@ class ClipVisionAdapter(DecoderAdapter):
     mlp_projection_names = ("fc1", "fc2")
     per_layer_config_fields = ()
 
-    @property
-    def config(self):
-        config = self.model.config
+    @classmethod
+    def block_config(cls, config):
         return getattr(config, "vision_config", config)
 
     @property
