@@ -192,3 +192,22 @@ def test_the_race_runs_only_where_one_pass_gathers_every_candidate_for_one_cut(c
         patch.setattr(passes, "selection_passes", spy)
         selected(model, batches, **changes)
     assert seen == [races]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_jobs_row_counts_the_dropped_candidates_and_its_numbers_are_those_of_the_full_capture(tmp_path):
+    from helpers.jobs import job_config
+
+    from replaceme_exp.results.row import decode_cell
+    from replaceme_exp.runtime import run_recorded
+
+    real = ("model=smollm2_135m", "save_model=false")  # a random model's candidates are all close: none drops
+    rows = {
+        drop: run_recorded(job_config(tmp_path / str(drop), *real, f"capture.drop_candidates={drop}"))
+        for drop in (True, False)
+    }
+    assert rows[True]["config_hash"] == rows[False]["config_hash"]  # a setting that changes no number
+    assert rows[True]["capture_candidates_dropped"] > 0 and rows[False]["capture_candidates_dropped"] is None
+    for column in ("cuts", "transform_rms", "candidate_distances", "ppl_heldout"):
+        assert decode_cell(rows[True][column]) == decode_cell(rows[False][column]), column

@@ -147,7 +147,7 @@ def test_streamed_cka_and_cca_equal_a_direct_computation_on_explicit_activations
     )
     cache = StatisticsCache("unused", "model", "data", enabled=False)
     batches = batches_of(sequences, 4, side)
-    distances, _ = selection_distances(request, adapter_for(model), batches, cache, CUTS, needs_stats=False)
+    distances, _, _ = selection_distances(request, adapter_for(model), batches, cache, CUTS, needs_stats=False)
     assert distances == {cut: pytest.approx(1.0 - value) for cut, value in cka.items()}
     assert len({round(v, 6) for v in cka.values()}) == len(CUTS)  # the cuts really differ
 

@@ -156,6 +156,8 @@ MEASURED_COLUMNS: dict[str, str] = {
     "fit_tokens": "Per cut, the tokens that entered its fit.",
     "capture_mode": "`whole` or `layerwise` capture.",
     "capture_plan": "The capture plan's one-line reason.",
+    "capture_candidates_dropped": "Candidate cuts whose LS statistics the one-pass capture stopped gathering once "
+    "out of the running (`capture.drop_candidates`; a selected one is captured again; None: no race ran).",
     "world_size": "Processes the calibration captures were split over (torchrun / srun ranks; 1: one process). "
     "Their sums are added in another order: the statistics agree with one process's to float64 rounding.",
     "capture_timeout_s": "With several processes, `capture.timeout_s`: how long a rank waited for the others "

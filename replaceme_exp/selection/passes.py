@@ -185,10 +185,10 @@ def selection_passes(
                 distances.update(metric.from_statistics(group_stats, float(request.alpha)))
         if len(groups) == 1:  # kept for the chosen cuts only when one pass gathered every candidate
             stats = group_stats
-    if race is not None and race.dropped:
+    if race is not None and (dropped := set(group) - set(stats)):
         log.info(
             "capture: statistics of %d of %d candidate cuts dropped once out of the running (after %s sequences)",
-            len(race.dropped), len(groups[0]), min(race.dropped.values()),
+            len(dropped), len(group), min(race.dropped[cut] for cut in dropped),
         )  # fmt: skip
     return distances, stats
 
@@ -203,13 +203,15 @@ def selection_distances(
     extra_statistics=(),
 ) -> tuple[dict[Cut, float], dict[Cut, LinearStats]]:
     """Distance of every candidate cut under the request's metric (cached), and, when one pass
-    gathered them, the LS statistics of every candidate. ``extra_statistics`` ride along when a
-    pass runs. Returns (distances, {cut: stats})."""
+    gathered them, the LS statistics of every candidate (of those still in the running, with a
+    :class:`CandidateRace`). ``extra_statistics`` ride along when a pass runs. Returns (distances,
+    {cut: stats}, the row's columns of the pass: ``capture_candidates_dropped``, how many candidates'
+    statistics a race dropped, None without a race)."""
     length = candidates[0][1] - candidates[0][0]
     criterion = distance_criterion(request)
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
-        return distances, {}
+        return distances, {}, {}
     groups = statistics_groups(request, adapter.hidden_size, candidates, needs_stats)
     racing = races(request, groups)
     cut_distances, similarity = distance_accumulators(request, adapter, candidates, per_sequence=racing)
@@ -222,7 +224,8 @@ def selection_distances(
     elif cut_distances is not None:
         distances = cut_distances.result()
     cache.put_distances(length, criterion, distances)
-    return distances, stats
+    dropped = len(candidates) - len(stats) if race is not None else None
+    return distances, stats, {"capture_candidates_dropped": dropped}
 
 
 def select(
@@ -259,7 +262,7 @@ def select(
             if not candidates:
                 reason = f"selection={request.metric.name} compares no cut ending at the last block; none is left"
                 raise ConfigError("n_prune", request.n_prune, reason)
-        distances, stats = selection_distances(
+        distances, stats, columns = selection_distances(
             request, adapter, calibration, cache, candidates, gather_stats, extra_statistics
         )
         cuts = select_cuts(distances, request.num_lts, request.merge_consecutive, request.touching_cuts)
