@@ -88,16 +88,23 @@ def progress_listener(listener: Callable[[str, int, "int | None"], None]) -> Ite
 
 
 def quiet_library_bars() -> None:
-    """Turn off the tqdm bars of transformers (``Loading weights``) and datasets when progress is
-    not a bar: in a log file they are lines of carriage returns.
+    """Turn off the tqdm bars of transformers (``Loading weights``), huggingface_hub and datasets
+    when progress is not a bar: in a log file they are lines of carriage returns.
 
-    datasets is not imported for this (most jobs never load it): already imported, its bars are
-    turned off; otherwise ``HF_DATASETS_DISABLE_PROGRESS_BARS=1`` (unless set) turns them off when it is."""
+    Nothing is imported for this (the load imports transformers; most jobs never load datasets):
+    a library already imported has its bars turned off; otherwise an environment variable it reads
+    when imported does it (``HF_HUB_DISABLE_PROGRESS_BARS=1``, which transformers follows, and
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS=1``), unless it is set."""
     if resolved_mode() == "bar":
         return
-    import transformers
+    if (transformers := sys.modules.get("transformers")) is not None:
+        transformers.utils.logging.disable_progress_bar()
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
 
-    transformers.utils.logging.disable_progress_bar()
+        disable_progress_bars()
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     datasets = sys.modules.get("datasets")
     if datasets is not None and hasattr(datasets, "disable_progress_bars"):
         datasets.disable_progress_bars()

@@ -251,3 +251,36 @@ def test_a_wandb_run_that_fails_to_open_costs_the_job_nothing(tmp_path, monkeypa
     assert tracker.run is None and row.get("wandb_dir") is None
     said = [r.getMessage() for r in caplog.records if "W&B run not started" in r.getMessage()]
     assert said == ["W&B run not started: no wandb service"]
+
+
+@pytest.mark.integration
+def test_codecarbon_writes_its_files_when_it_stops_and_imports_no_network_output(tmp_path):
+    """The tracker is made without an output (CodeCarbon would import its HTTP, Prometheus and
+    Logfire outputs: about 0.6 s of every job's start-up); its stop writes the job's total
+    (emissions.csv) and one line per stage (emissions_<experiment>_<run>.csv), as before."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from replaceme_exp.tracking import StageEmissions
+emissions = StageEmissions(enabled=True, output_dir={str(tmp_path / "cc")!r})
+with emissions.stage("load"):
+    sum(i * i for i in range(200_000))
+with emissions.stage("capture"):
+    sum(i * i for i in range(200_000))
+outputs = sorted(m for m in sys.modules if m.startswith("codecarbon.output_methods."))
+emissions.close()
+print(outputs)
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = done.stdout.strip().splitlines()[-1]
+    assert not any(name in imported for name in ("http", "prometheus", "logfire")), imported
+    import pandas as pd
+
+    total = pd.read_csv(tmp_path / "cc" / "emissions.csv")
+    assert len(total) == 1 and total["energy_consumed"].iloc[0] > 0
+    (tasks,) = (tmp_path / "cc").glob("emissions_*_*.csv")
+    stages = pd.read_csv(tasks)
+    assert list(stages["task_name"]) == ["load", "capture"] and (stages["energy_consumed"] > 0).all()

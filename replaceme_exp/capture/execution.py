@@ -13,7 +13,6 @@ import logging
 import math
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
@@ -21,9 +20,8 @@ from replaceme_exp.capture.token_store import available_cpu_bytes
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.config.schema import CaptureConfig, JobConfig, ModelConfig
 from replaceme_exp.models.adapters import adapter_class, adapter_for
-from replaceme_exp.models.embedded import embedded_checkpoint, embedded_model
-from replaceme_exp.models.loading import is_vision_config, resolve_dtype, tensor_shapes
-from replaceme_exp.models.shape import meta_model, model_config
+from replaceme_exp.models.loading import checkpoint_folder, resolve_dtype, tensor_shapes
+from replaceme_exp.models.shape import meta_model, model_config, preload_config
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +106,6 @@ class ModelMemory:
 BLOCK_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a decoder block's tensor: model.layers.<i>.…
 
 
-def checkpoint_folder(model_cfg: ModelConfig, cache_dir: str) -> Path | None:
-    """The folder of the safetensors files of an embedded or local text model (None: another
-    source, or a vision model whose checkpoint holds a text tower's blocks too)."""
-    if is_vision_config(model_cfg):
-        return None
-    if model_cfg.source == "embedded":
-        return embedded_checkpoint(cache_dir, embedded_model(model_cfg.pretrained))
-    if model_cfg.source == "local":
-        return Path(str(model_cfg.pretrained)).expanduser()
-    return None
-
-
 def parameter_counts(model_cfg: ModelConfig, cache_dir: str) -> tuple[int, int] | None:
     """(parameters, the largest block's parameters) of ``model_cfg``'s checkpoint from its
     safetensors headers (no weight read, no modeling code imported); None where there is no such
@@ -143,8 +129,9 @@ def model_memory(model_cfg: ModelConfig, cache_dir: str = ".cache") -> ModelMemo
     (nothing is allocated or downloaded beyond the config). None when the config cannot be read
     (the load that follows reports why)."""
     try:
-        config = model_config(model_cfg, cache_dir)
-        counts = parameter_counts(model_cfg, cache_dir) if config is not None else None
+        counts = parameter_counts(model_cfg, cache_dir)
+        # counted from the headers, the sizes need only the saved config; else the meta model is counted
+        config = preload_config(model_cfg, cache_dir) if counts is not None else model_config(model_cfg, cache_dir)
         model = meta_model(model_cfg, config) if config is not None and counts is None else None
     except Exception as err:  # noqa: BLE001 - planning falls back to the whole-model capture
         log.info("capture plan: the model's size is unknown (%s)", err)

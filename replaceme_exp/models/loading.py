@@ -151,6 +151,18 @@ def is_vision_config(cfg: ModelConfig) -> bool:
     return cfg.source == "hub_clip_vision" or config.get("model_type") == "clip"
 
 
+def checkpoint_folder(model_cfg: ModelConfig, cache_dir: str) -> Path | None:
+    """The folder of the safetensors files of an embedded or local text model (None: another
+    source, or a vision model whose checkpoint holds a text tower's blocks too)."""
+    if is_vision_config(model_cfg):
+        return None
+    if model_cfg.source == "embedded":
+        return embedded_checkpoint(cache_dir, embedded_model(model_cfg.pretrained))
+    if model_cfg.source == "local":
+        return Path(str(model_cfg.pretrained)).expanduser()
+    return None
+
+
 def load_vision_model(cfg: ModelConfig, cache_dir: str | os.PathLike, weights: dict) -> LoadedModel:
     """A ``CLIPModel`` (both towers: the text tower makes the zero-shot classifiers), its
     tokenizer and its image processor. ``hub_clip_vision`` and ``local`` (a saved CLIP

@@ -1,9 +1,10 @@
 """A model's shape from its config alone: depth, widths and positions, read before any weight loads.
 
-The model is instantiated on the meta device (nothing allocated, nothing downloaded beyond the
-config), so the checks that need the depth (cuts, ``n_prune``, ``num_lts``) or the positions
-(sequence lengths) run before the load, and a random config transformers cannot build is refused
-in one line instead of failing in the load.
+The checks that need the depth (cuts, ``n_prune``, ``num_lts``) or the positions (sequence lengths)
+run before the load. A checkpoint on this machine is read from its ``config.json`` as saved (no
+transformers import: the load does that), another one through transformers' ``AutoConfig``; a
+random config is instantiated on the meta device (nothing allocated), so that one transformers
+cannot build is refused in one line instead of failing in the load.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -20,7 +22,13 @@ from replaceme_exp.config.schema import ModelConfig
 from replaceme_exp.errors import ConfigError, first_line
 from replaceme_exp.models.adapters import adapter_class, adapter_for
 from replaceme_exp.models.embedded import embedded_checkpoint, embedded_model
-from replaceme_exp.models.loading import check_safetensors_files, is_vision_config, resolve_dtype
+from replaceme_exp.models.loading import (
+    check_safetensors_files,
+    checkpoint_config,
+    checkpoint_folder,
+    is_vision_config,
+    resolve_dtype,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +120,52 @@ def model_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
         return None
 
 
+# What the checks before the load read of a text model's block config (model_shape, and the capture
+# plan's sizes: replaceme_exp/capture/execution.py). A saved config.json states the fields its model
+# was built with, except those left at their class default or named the legacy way (``n_layer``):
+# a config missing one of these is read through transformers, which fills them.
+PRELOAD_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+
+
+def _attributes(value):
+    """A JSON object as attributes (nested objects too, as a sub-config), like a transformers config."""
+    if isinstance(value, dict):
+        return SimpleNamespace(**{str(k): _attributes(v) for k, v in value.items()})
+    return value
+
+
+def saved_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> SimpleNamespace | None:
+    """An embedded or local text checkpoint's ``config.json`` as saved, as attributes, when it
+    states its model type and every field of :data:`PRELOAD_FIELDS` in its family's block config
+    (:meth:`DecoderAdapter.block_config`); None otherwise (another source, a vision model, a field
+    transformers would fill)."""
+    folder = checkpoint_folder(cfg, str(cache_dir))
+    if folder is None or not (data := checkpoint_config(folder)).get("model_type"):
+        return None
+    config = _attributes(data)
+    try:
+        blocks = adapter_class(config).block_config(config)
+    except ConfigError:
+        return None  # an unsupported family: transformers' config says so in the usual words
+    if any(type(getattr(blocks, name, None)) is not int for name in PRELOAD_FIELDS):
+        return None
+    return config
+
+
+def preload_config(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache"):
+    """The config the checks before the load read: :func:`saved_config` where it has what they
+    read, else :func:`model_config` (None when that cannot be read either)."""
+    if cfg.source != "random" and (saved := saved_config(cfg, cache_dir)) is not None:
+        return saved
+    return model_config(cfg, cache_dir)
+
+
 def meta_model(cfg: ModelConfig, config) -> nn.Module:
     """``cfg``'s model built from ``config`` on the meta device; a shape transformers cannot
     build raises :class:`ConfigError` naming the model's config."""
@@ -130,12 +184,12 @@ def meta_model(cfg: ModelConfig, config) -> nn.Module:
 def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> ModelShape | None:
     """The shape of ``cfg``'s model (None when its config cannot be read before the load). A
     random-weight config is built on the meta device (so that a shape transformers cannot build is
-    refused here) and its blocks counted; a checkpoint's config, which transformers built the
-    checkpoint from, is read as its family's adapter reads it (:meth:`DecoderAdapter.block_config`),
-    without importing the family's modeling code: the load does that."""
+    refused here) and its blocks counted; a checkpoint's config (:func:`preload_config`) is read as
+    its family's adapter reads it (:meth:`DecoderAdapter.block_config`), without importing the
+    family's modeling code: the load does that."""
     if cfg.source == "local":
         check_safetensors_files("model.pretrained", cfg.pretrained)
-    config = model_config(cfg, cache_dir)
+    config = preload_config(cfg, cache_dir)
     if config is None:
         return None
     key, value = _named(cfg)
