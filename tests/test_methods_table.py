@@ -229,6 +229,34 @@ def test_a_method_whose_run_failed_says_why_under_the_table_instead_of_no_run():
 
 
 @pytest.mark.unit
+def test_a_method_whose_search_stopped_short_says_so_under_the_table_instead_of_a_cell():
+    """A finished run that asked for 25% (n_prune_asked 0.25: 8 of 30 blocks) and removed 3 fills no
+    cell of the 25% table (not equal compression) and is named under it; a run that asked for 3
+    blocks, and one from before the column existed, are not this table's."""
+    runs = frame(
+        smollm2_run(1, "UIDL", ppl_heldout=62.2, n_prune_asked=0.25),
+        smollm2_run(2, "LaCo", selection_threshold=0.45, n_prune=3, n_prune_asked=0.25, cuts=[[14, 17]]),
+        smollm2_run(3, "LinearPatch", n_prune=3, n_prune_asked=3),  # asked for 3 blocks: another compression
+        smollm2_run(4, "ShortGPT", n_prune=3),  # a row from before n_prune_asked: nothing to say
+    )
+    table = build_table(SPEC, runs, load_quoted())
+    assert cells(table, "LaCo")["Runs"] == 0 and cells(table, "LaCo")["Held-out ppl"] == MISSING
+    assert cells(table, "UIDL")["Runs"] == 1
+    assert table.attrs["failures"] == [
+        "LaCo: no run at this compression; its latest run asked for 8 of 30 blocks (n_prune=0.25) and removed 3 "
+        "(cuts [[14, 17]])"
+    ]
+    assert "- LaCo: no run at this compression" in to_markdown(SPEC, table)
+
+
+@pytest.mark.unit
+def test_a_row_records_the_compression_as_asked():
+    for given, asked in (("n_prune=0.375", 0.375), ("n_prune=8", 8), ("cuts=[[20,28]]", None)):
+        spec = JobSpec.from_config(compose_config([given]))
+        assert spec.setting_columns()["n_prune_asked"] == asked
+
+
+@pytest.mark.unit
 def test_the_table_renders_for_another_model_calibration_and_suite():
     """MODEL=tiny_llama CALIBRATION=pydoc EVAL=heldout: 25% is 2 of its 6 blocks, the calibration its
     default size, the suite's own accuracies (heldout: none), the held-out perplexity kept."""

@@ -122,6 +122,17 @@ class FractionOfDepth:
         blocks = pd.to_numeric(table["n_prune"], errors="coerce")
         return blocks == depths.map(wanted)
 
+    def asked(self, table: pd.DataFrame) -> pd.Series:
+        """The runs that asked for this fraction (``n_prune_asked``: the fraction itself, or the
+        blocks it removes of their ``num_layers``), whatever they removed; none for rows written
+        before the column existed."""
+        if "n_prune_asked" not in table.columns:
+            return pd.Series(False, index=table.index)
+        given = pd.to_numeric(table["n_prune_asked"], errors="coerce")
+        as_fraction = (given - float(self.fraction)).abs() < 1e-12
+        wanted = self.mask(table.assign(n_prune=given))
+        return as_fraction | wanted
+
     def __str__(self) -> str:
         return f"{100 * self.fraction:g}% of num_layers"
 
@@ -328,4 +339,3 @@ def best_first(runs: pd.DataFrame, prefer: dict | None = None) -> pd.DataFrame:
     started = runs["started_at"].map(lambda v: "" if _missing(v) else str(v)) if "started_at" in runs else ""
     order = pd.DataFrame({"score": score, "started": started}, index=runs.index)
     return runs.loc[order.sort_values(["score", "started"], kind="mergesort").index]
-

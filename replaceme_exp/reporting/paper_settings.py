@@ -150,6 +150,23 @@ def latest_failure(runs: pd.DataFrame, conditions: dict, modality: str | None = 
     return found.sort_values("started_at").iloc[-1] if "started_at" in found.columns else found.iloc[-1]
 
 
+def latest_short_run(runs: pd.DataFrame, conditions: dict, modality: str | None = None) -> pd.Series | None:
+    """The latest finished pruning run that matches ``conditions`` but for the blocks it removed:
+    it asked for a :class:`FractionOfDepth` condition's compression (``n_prune_asked``) and removed
+    another number (a search that stopped short). None when there is none, or no such condition."""
+    depth = {k: v for k, v in conditions.items() if isinstance(v, FractionOfDepth)}
+    if not depth:
+        return None
+    finished = finished_runs(runs, modality)
+    mask = matches(finished, {k: v for k, v in conditions.items() if k not in depth})
+    for value in depth.values():
+        mask &= value.asked(finished) & ~value.mask(finished)
+    found = finished[mask]
+    if found.empty:
+        return None
+    return found.sort_values("started_at").iloc[-1] if "started_at" in found.columns else found.iloc[-1]
+
+
 # Columns only a vision encoder's run records (pipeline/vision.py): a row from before the
 # ``modality`` column is a vision run when it has one of them.
 VISION_ONLY_COLUMNS = ("eval_benchmarks", "vision_compression_ratio")

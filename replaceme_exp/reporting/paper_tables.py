@@ -43,6 +43,7 @@ from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import (
     DEFAULTS_FOR_MISSING_COLUMNS,  # noqa: F401  (kept importable here)
     PREFERRED_SETTINGS,
+    FractionOfDepth,
     best_first,
     choose_setting,
     preference_rule,
@@ -59,12 +60,14 @@ from replaceme_exp.reporting.paper_settings import (
     baseline_columns,
     finished_runs,
     latest_failure,
+    latest_short_run,
     read_config,
     select_cell,
 )
 from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, interval_of, mark_column, stderr_of
 from replaceme_exp.results.store import ResultsStore
+from replaceme_exp.selection.cuts import blocks_to_prune
 
 MISSING = "—"
 # A row whose method says its training did not act (a run's ``untrained`` column, set by the method's
@@ -345,6 +348,20 @@ def _condition_key(conditions: dict) -> str:
     return json.dumps(conditions, sort_keys=True, default=str)
 
 
+def _short_line(label: str, short: pd.Series | None, conditions: dict) -> str | None:
+    """``<row>: no run at this compression; its latest run asked for <n> of <depth> blocks
+    (n_prune=<as given>) and removed <m> (cuts <cuts>)`` (None: no such run)."""
+    if short is None:
+        return None
+    depth = next(v for v in conditions.values() if isinstance(v, FractionOfDepth))
+    layers = int(short["num_layers"])
+    asked = blocks_to_prune(float(depth.fraction), layers)
+    return (
+        f"{label}: no run at this compression; its latest run asked for {asked} of {layers} blocks "
+        f"(n_prune={short['n_prune_asked']}) and removed {int(short['n_prune'])} (cuts {short.get('cuts')})"
+    )
+
+
 def _failure_line(label: str, failure: pd.Series | None) -> str | None:
     """``<row>: no finished run; its latest run failed in stage <stage>: <error>`` (None: no failure)."""
     if failure is None:
@@ -406,8 +423,11 @@ def build_table(
             cells["Runs"] = len(set().union(*(frame.index for frame in shown.values()))) if shown else 0
             if not cells["Runs"]:
                 conditions = retarget.conditions({**spec.where, **row.conditions})
-                failure = latest_failure(runs, conditions, spec.modality)
-                if (line := _failure_line(row.shown_label, failure)) is not None:
+                short = latest_short_run(runs, conditions, spec.modality)
+                line = _short_line(row.shown_label, short, conditions)
+                if line is None:
+                    line = _failure_line(row.shown_label, latest_failure(runs, conditions, spec.modality))
+                if line is not None:
                     rendering.failures.append(line)
             _fill_measured_cells(cells, columns, shown, rendering)
             _mark_row(cells, shown, rendering)

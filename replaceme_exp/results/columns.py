@@ -120,6 +120,9 @@ SETTING_COLUMNS: dict[str, str] = {
     "seed": "The job's seed.",
     "num_lts": "Number of transforms (cuts) selected.",
     "n_prune": "Number of blocks removed.",
+    "n_prune_asked": "`n_prune` as the config gave it (a fraction of the depth or a number of blocks; None with "
+    "explicit `cuts`): a search that stops short (LaCo) removes fewer, and the methods tables then say so "
+    "instead of showing the run at the compression asked.",
     "selection_metric": "The selection criterion as it acts (`cosine`, `angular_last`, `ls_residual`, "
     "`cka`, ...); None with explicit `cuts`.",
     "eval": "The eval suite option (`eval.name`).",
