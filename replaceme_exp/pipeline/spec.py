@@ -411,7 +411,7 @@ class JobSpec:
             "num_lts": c.num_lts,
             "n_prune": c.n_prune,
             # as given (a fraction of the depth or a count; None with explicit cuts): n_prune becomes the
-            # blocks removed, which a search that stops short (LaCo) leaves below what was asked
+            # blocks removed, which a search that stops short leaves below what was asked
             "n_prune_asked": c.n_prune if c.cuts is None else None,
             "selection_metric": e.selection_metric,
             **self.selection_setting_columns(),

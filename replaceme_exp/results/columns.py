@@ -121,7 +121,7 @@ SETTING_COLUMNS: dict[str, str] = {
     "num_lts": "Number of transforms (cuts) selected.",
     "n_prune": "Number of blocks removed.",
     "n_prune_asked": "`n_prune` as the config gave it (a fraction of the depth or a number of blocks; None with "
-    "explicit `cuts`): a search that stops short (LaCo) removes fewer, and the methods tables then say so "
+    "explicit `cuts`): a search that stops short removes fewer, and the methods tables then say so "
     "instead of showing the run at the compression asked.",
     "selection_metric": "The selection criterion as it acts (`cosine`, `angular_last`, `ls_residual`, "
     "`cka`, ...); None with explicit `cuts`.",
