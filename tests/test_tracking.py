@@ -284,3 +284,19 @@ print(outputs)
     (tasks,) = (tmp_path / "cc").glob("emissions_*_*.csv")
     stages = pd.read_csv(tasks)
     assert list(stages["task_name"]) == ["load", "capture"] and (stages["energy_consumed"] > 0).all()
+
+
+@pytest.mark.integration
+def test_a_codecarbon_without_output_handlers_still_stops_and_keeps_the_energy(tmp_path, caplog):
+    """Attaching the file output at stop uses CodeCarbon's output-handler list; a CodeCarbon whose
+    handlers are not a list gets a warning that its CSV files are not written, and its tracker
+    still stops with the stages' energy kept."""
+    emissions = StageEmissions(enabled=True, output_dir=tmp_path / "cc")
+    with emissions.stage("load"):
+        sum(i * i for i in range(100_000))
+    emissions.tracker._output_handlers = ()  # not a list this code can add to
+    with caplog.at_level("WARNING", logger="replaceme_exp.tracking.emissions"):
+        emissions.close()
+    assert "CSV files not written" in caplog.text and "did not stop cleanly" not in caplog.text
+    assert emissions.tracker._start_time is None  # stopped
+    assert emissions.columns()["energy_kwh_load"] > 0 and not (tmp_path / "cc" / "emissions.csv").exists()

@@ -227,7 +227,11 @@ class StageEmissions:
         Logfire: about 0.6 s of each job's start-up) and rewrites the files at every stage's end."""
         from codecarbon.output_methods.file import FileOutput
 
-        self.tracker._output_handlers.append(FileOutput("emissions.csv", str(self.output_dir), "append"))
+        handlers = getattr(self.tracker, "_output_handlers", None)
+        if not isinstance(handlers, list):  # another CodeCarbon: the energy columns stay, the files do not
+            log.warning("CodeCarbon's CSV files not written: this CodeCarbon has no output handlers to add to")
+            return
+        handlers.append(FileOutput("emissions.csv", str(self.output_dir), "append"))
 
     def close(self) -> None:
         if self.tracker is not None:
