@@ -107,3 +107,25 @@ def test_the_command_writes_markdown_and_json_and_names_a_wrong_reference(tmp_pa
     with pytest.raises(SystemExit, match="--reference 'SLEB': no run of that method"):
         main(["--results", str(tmp_path / "results"), "--reference", "SLEB"])
     assert to_markdown(paired_table(runs(), "LinearPatch"), "LinearPatch") in capsys.readouterr().out
+
+
+def test_a_collapsed_runs_perplexity_and_ratio_print_with_four_significant_digits():
+    frame = pd.DataFrame(
+        [
+            measured(1, "LinearPatch", 1.0, (300, 200)),
+            measured(3, "ShortGPT", 1.05, (290, 200)),
+            measured(7, "LLM-Streamline (FFN)", 14.0, (100, 50)),
+        ]
+    )
+    table = paired_table(frame, "LinearPatch").set_index("label")
+    lines = to_markdown(table.reset_index(), "LinearPatch").splitlines()
+    collapsed = table.loc["LLM-Streamline (FFN)"]
+    assert collapsed["ppl_heldout"] > 1e6 and collapsed["ppl_heldout_vs"] > 1e6
+    line = next(line for line in lines if line.startswith("| LLM-Streamline"))
+    low, high = collapsed["ppl_heldout_ci_low"], collapsed["ppl_heldout_ci_high"]
+    assert f"| {collapsed['ppl_heldout']:.4g} [{low:.4g}, {high:.4g}] |" in line
+    assert f"| {collapsed['ppl_heldout_vs']:.4g} [" in line and "behind" in line
+    assert ".0 [" not in line  # no run of integer digits ending in a decimal
+    ordinary = next(line for line in lines if line.startswith("| ShortGPT"))
+    assert f"| {table.loc['ShortGPT', 'ppl_heldout']:.1f} [" in ordinary  # ordinary values keep their decimals
+    assert f"| {table.loc['ShortGPT', 'ppl_heldout_vs']:.3f} [" in ordinary

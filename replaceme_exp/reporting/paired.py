@@ -117,11 +117,21 @@ behind). Groups without a reference run are left out."""
     return pd.DataFrame(out)
 
 
-def _interval(value, low, high, digits: int) -> str:
+def _number(value: float, digits: int, sign: str = "") -> str:
+    """``value`` with ``digits`` decimals, or from a million up with 4 significant digits (1.371e+18):
+    a collapsed run's perplexity would otherwise print all its integer digits."""
+    if abs(value) >= 1e6:
+        return f"{value:{sign}.4g}"
+    return f"{value:{sign}.{digits}f}"
+
+
+def _interval(value, low, high, digits: int, sign: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
-    shown = f"{value:.{digits}f}"
-    return shown + (f" [{low:.{digits}f}, {high:.{digits}f}]" if low is not None and high is not None else "")
+    shown = _number(value, digits, sign)
+    if low is None or high is None:
+        return shown
+    return f"{shown} [{_number(low, digits, sign)}, {_number(high, digits, sign)}]"
 
 
 def to_markdown(table: pd.DataFrame, reference: str, metrics: Sequence[str] = METRICS) -> str:
@@ -145,7 +155,7 @@ def to_markdown(table: pd.DataFrame, reference: str, metrics: Sequence[str] = ME
                 elif isinstance(verdict_, str):
                     sign = "" if on_log_scale(metric) else "+"
                     vs, low, high = (row[f"{metric}_vs{end}"] for end in ("", "_low", "_high"))
-                    cells.append(f"{vs:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}] {verdict_}")
+                    cells.append(f"{_interval(vs, low, high, 3, sign)} {verdict_}")
                 else:
                     cells.append("—")
             level = row.get("level")
