@@ -129,3 +129,19 @@ def test_a_collapsed_runs_perplexity_and_ratio_print_with_four_significant_digit
     ordinary = next(line for line in lines if line.startswith("| ShortGPT"))
     assert f"| {table.loc['ShortGPT', 'ppl_heldout']:.1f} [" in ordinary  # ordinary values keep their decimals
     assert f"| {table.loc['ShortGPT', 'ppl_heldout_vs']:.3f} [" in ordinary
+
+
+def test_runs_of_one_method_that_differ_in_its_own_setting_are_named_by_it():
+    frame = runs()
+    frame["replacement_epochs"] = None
+    frame["replacement_settings"] = None
+    for i, epochs in ((3, 1), (2, 37)):
+        frame.loc[i, ["method", "replacement_epochs", "replacement_settings"]] = (
+            "LLM-Streamline (FFN)",
+            epochs,
+            json.dumps({"epochs": epochs, "lr": 2e-4}),
+        )
+    named = labels(frame)
+    assert named[3] == "LLM-Streamline (FFN) [replacement_epochs=1]"  # not its JSON settings
+    assert named[2] == "LLM-Streamline (FFN) [replacement_epochs=37]"
+    assert named[0] == "LinearPatch [objective=ls]"  # no other method's columns in its label

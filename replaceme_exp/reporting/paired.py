@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from replaceme_exp.methods import METHODS
 from replaceme_exp.reporting.ties import Cell, compare_cells, higher_is_better, interval_of, on_log_scale
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.results.row import format_cuts
@@ -44,12 +45,26 @@ LABEL_SETTINGS = (
 AHEAD, TIE, BEHIND = "ahead", "tie", "behind"
 
 
+def label_settings() -> tuple[str, ...]:
+    """:data:`LABEL_SETTINGS`, then every method's own setting columns (its plugin's ``setting_columns``:
+    LLM-Streamline's ``replacement_epochs`` tells its scaled recipe from the authors')."""
+    own = [name for _, method in METHODS.items() for name in method.setting_columns]
+    return LABEL_SETTINGS + tuple(dict.fromkeys(c for c in own if c not in LABEL_SETTINGS))
+
+
+def _nameable(values: pd.Series) -> bool:
+    """Whether a column's values fit in a label: numbers, flags or one-word names, not JSON or prose."""
+    words = [v for v in values if isinstance(v, str)]
+    return all(len(v) <= 40 and not v.startswith(("{", "[")) and " " not in v for v in words)
+
+
 def labels(runs: pd.DataFrame) -> pd.Series:
-    """Each run's method, with the :data:`LABEL_SETTINGS` in which it differs from another run of
-    the same method (``<method> [objective=<objective>]``)."""
+    """Each run's method, with the settings (:func:`label_settings`) in which it differs from another
+    run of the same method (``<method> [objective=<objective>]``)."""
     out = runs["method"].astype(str).copy()
+    settings = label_settings()
     for _, group in runs.groupby("method", sort=False):
-        varying = [c for c in LABEL_SETTINGS if c in group and group[c].astype(str).nunique() > 1]
+        varying = [c for c in settings if c in group and group[c].astype(str).nunique() > 1 and _nameable(group[c])]
         for index, run in group.iterrows():
             if varying:
                 out[index] += " [" + ", ".join(f"{c}={run[c]}" for c in varying) + "]"
