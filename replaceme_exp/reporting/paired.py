@@ -46,8 +46,8 @@ AHEAD, TIE, BEHIND = "ahead", "tie", "behind"
 
 
 def label_settings() -> tuple[str, ...]:
-    """:data:`LABEL_SETTINGS`, then every method's own setting columns (its plugin's ``setting_columns``:
-    LLM-Streamline's ``replacement_epochs`` tells its scaled recipe from the authors')."""
+    """:data:`LABEL_SETTINGS`, then every method's own setting columns (its plugin's ``setting_columns``),
+    so two recipes of one method that differ only in the method's own settings get different labels."""
     own = [name for _, method in METHODS.items() for name in method.setting_columns]
     return LABEL_SETTINGS + tuple(dict.fromkeys(c for c in own if c not in LABEL_SETTINGS))
 
