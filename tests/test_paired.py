@@ -92,6 +92,20 @@ def test_labels_name_only_the_settings_that_differ_within_a_method():
     assert named[0] == "LinearPatch [objective=ls]" and named[1] == "LinearPatch [objective=other]"
 
 
+def test_a_setting_that_differs_only_between_compressions_names_nothing():
+    frame = pd.DataFrame(
+        [
+            measured(1, "SLEB", 1.0, (300, 200), n_prune=8, num_lts=4),
+            measured(2, "SLEB", 1.5, (250, 200), n_prune=11, num_lts=3),
+            measured(3, "ReplaceMe LS", 1.0, (300, 200), n_prune=11, num_lts=1),
+            measured(4, "ReplaceMe LS", 0.9, (300, 200), n_prune=11, num_lts=3),
+        ]
+    )
+    named = labels(frame)
+    assert list(named[:2]) == ["SLEB", "SLEB"]  # 4 and 3 cuts: what each compression found
+    assert list(named[2:]) == ["ReplaceMe LS [num_lts=1]", "ReplaceMe LS [num_lts=3]"]  # beside each other
+
+
 def test_the_command_writes_markdown_and_json_and_names_a_wrong_reference(tmp_path, capsys):
     store = ResultsStore(tmp_path / "results")
     for _, row in runs().iterrows():

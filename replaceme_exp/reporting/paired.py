@@ -60,10 +60,13 @@ def _nameable(values: pd.Series) -> bool:
 
 def labels(runs: pd.DataFrame) -> pd.Series:
     """Each run's method, with the settings (:func:`label_settings`) in which it differs from another
-    run of the same method (``<method> [objective=<objective>]``)."""
+    run of the same method that it is compared beside (same model and number of blocks removed):
+    ``<method> [objective=<objective>]``. A setting that only follows the compression (the number of
+    cuts a selection found at 25% and at 37.5%) names nothing."""
     out = runs["method"].astype(str).copy()
     settings = label_settings()
-    for _, group in runs.groupby("method", sort=False):
+    beside = [c for c in ("model", "n_prune") if c in runs] + ["method"]
+    for _, group in runs.groupby(beside, sort=False, dropna=False):
         varying = [c for c in settings if c in group and group[c].astype(str).nunique() > 1 and _nameable(group[c])]
         for index, run in group.iterrows():
             if varying:
