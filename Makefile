@@ -11,6 +11,7 @@
 # make paper-tables : the paper's tables (Markdown + LaTeX) and figures (PNG + CSV) from the results store
 # make docs : the documentation site (mkdocs-material), built offline and strictly into site/
 # make offline-tasks : rebuild the offline lm-eval tasks' items from the installed sources
+# make heldout-documents : rebuild the held-out perplexity's shipped abstracts from the installed lm-eval
 # make slurm-cluster : a one-node SLURM cluster on this machine (installs slurm-wlm, slurmdbd, munge, MariaDB as root
 #   or through sudo), then `export SLURM_CONF=...` as it prints and try hydra/launcher=slurm_cpu; make slurm-cluster-stop
 # make lm-eval-0.4.8 : a separate environment (.venv-lm-eval-0.4.8) with the official code's lm-eval 0.4.8 and
@@ -172,6 +173,12 @@ self-generated-answers: setup
 .PHONY: offline-tasks
 offline-tasks: setup
 	$(OFFLINE) "$$PY" -m replaceme_exp.evaluation.offline_items
+
+# The held-out documents' abstracts (eval.text=documents), shipped built from the installed lm-eval's task READMEs
+# (docs/guides/offline-tasks.md#held-out-documents): rebuild when tests/test_heldout_documents.py says lm-eval moved.
+.PHONY: heldout-documents
+heldout-documents: setup
+	$(OFFLINE) "$$PY" -m replaceme_exp.data.heldout_documents
 
 # The pruned checkpoint of a job that saved its transforms (save_model=transform, the default): the base model
 # reloaded, the job's cuts and transforms applied, saved under RESULTS/models/RUN (RUN: the row's config_hash).

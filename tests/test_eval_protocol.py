@@ -222,6 +222,7 @@ def test_offline_harness_returns_stderr_task_versions_and_its_settings(tmp_path,
         "eval_bootstrap_iters": 1000,
         "eval_metrics": {**dict.fromkeys(tasks, "acc"), "replaceme_pydoc_ppl": "word_perplexity"},
         "lm_eval_version": settings["lm_eval_version"],
+        "eval_item_clusters": {"replaceme_world_mc": "answer"},
         "eval_tasks_digest": settings["eval_tasks_digest"],
     }
     assert settings["lm_eval_version"].count(".") >= 1

@@ -104,7 +104,8 @@ def test_a_jobs_row_carries_both_perplexities_intervals_and_windows(tmp_path):
     row = run_recorded(job_config(tmp_path, "save_model=false"))
     assert row["status"] == "finished", row["error"]
     assert row["ppl_heldout_windows"] == 4 and row["ppl_heldout_tokens"] == sum(row["ppl_heldout_window_tokens"])
-    assert row["ppl_heldout_interval"].startswith("95% percentile bootstrap over windows")
+    assert row["ppl_heldout_interval"].startswith("95% percentile bootstrap over documents")
+    assert row["ppl_heldout_documents"] == 4 and len(row["ppl_heldout_window_documents"]) == 4
     for name in ("ppl_heldout", "ppl_heldout_baseline"):
         nll = window_nll_of(row[f"{name}_window_nll"])
         assert len(nll) == 4

@@ -106,6 +106,7 @@ def test_each_job_of_the_template_fills_exactly_one_row_and_each_row_one_job():
         "llm_streamline_scaled": "LLM-Streamline (FFN)",
         "ls_ridge_identity": "ReplaceMe LS ridge-to-I",
         "replaceme_ls_shortgpt_cuts": "ReplaceMe LS on ShortGPT cuts",
+        "replaceme_recipe": "ReplaceMe LS ridge-to-I on ShortGPT cuts",
     }
 
 
@@ -167,6 +168,8 @@ def test_the_table_renders_one_row_per_method_and_a_method_without_runs_as_missi
         "RP",
         "Decode speedup (batch 1)",
         "Prefill speedup",
+        "FLOPs ratio",
+        "Weight bytes ratio",
         "Compression time (s)",
         "CO2 (kg)",
     ]
@@ -272,7 +275,8 @@ def test_the_table_renders_for_another_model_calibration_and_suite():
     table = build_table(SPEC, runs, target=target)
     assert list(table.columns) == [
         *("Setting", "Preset", "Runs", "Held-out ppl", "Avg-acc", "RP"),
-        *("Decode speedup (batch 1)", "Prefill speedup", "Compression time (s)", "CO2 (kg)"),
+        *("Decode speedup (batch 1)", "Prefill speedup", "FLOPs ratio", "Weight bytes ratio"),
+        *("Compression time (s)", "CO2 (kg)"),
     ]
     assert cells(table, "Unpruned")["Held-out ppl"] == "30"
     assert cells(table, "UIDL")["Held-out ppl"] == "40" and cells(table, "ReplaceMe LS")["Held-out ppl"] == "35"
@@ -636,3 +640,28 @@ def test_rows_whose_training_did_not_act_are_marked_and_a_rows_note_is_said_unde
     assert laco.note and f"- LaCo: {laco.note.rstrip('.')}." in markdown and "keeps nothing" in laco.note
     trained = build_table(SPEC, frame(smollm2_run(1, layer, ppl_heldout=500.0, untrained=False)), load_quoted())
     assert layer in list(trained["Setting"]) and "(untrained)" not in to_markdown(SPEC, trained)
+
+
+@pytest.mark.unit
+def test_a_tasks_score_at_its_floor_or_ceiling_is_marked_with_a_note():
+    metrics = json.dumps({t: "acc" for t in ("replaceme_world_mc", "replaceme_doc_cloze", "replaceme_doc_pairs")})
+    runs = frame(
+        smollm2_run(
+            1,
+            "UIDL",
+            ppl_heldout=62.0,
+            eval_metrics=metrics,
+            acc_replaceme_doc_cloze=0.01,
+            score_range_replaceme_doc_cloze="floor",
+            acc_replaceme_doc_pairs=0.95,
+            score_range_replaceme_doc_pairs="ceiling",
+            acc_replaceme_world_mc=0.6,
+            score_range_replaceme_world_mc=None,
+        )
+    )
+    table = build_table(SPEC, runs)
+    uidl = cells(table, "UIDL")
+    assert uidl["replaceme_doc_cloze (acc)"].endswith(" (floor)")
+    assert uidl["replaceme_doc_pairs (acc)"].endswith(" (ceiling)")
+    assert "(" not in uidl["replaceme_world_mc (acc)"]
+    assert "(floor): the task's score is within noise of its floor" in to_markdown(SPEC, table)

@@ -316,7 +316,8 @@ def loglikelihood(model, tokenizer, context: str, continuation: str) -> tuple[fl
     are those of the whole text after the context's."""
     import torch
 
-    encode = lambda s: tokenizer.encode(s, add_special_tokens=False)
+    def encode(s):
+        return tokenizer.encode(s, add_special_tokens=False)
     if context == "":
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         ctx, cont = [prefix], encode(continuation)
@@ -373,3 +374,25 @@ def test_lm_eval_scores_each_task_as_its_file_says(smollm2, smollm2_tokenizer, t
         assert scores[f"acc_stderr_{task}"] == pytest.approx(math.sqrt(p * (1 - p) / (n - 1))), task
     assert scores["avg_acc"] == pytest.approx(sum(right.values()) / (3 * n))
     assert scores["eval_task_versions"] == dict.fromkeys(sorted(TASKS), 1.0)
+    # each task's floors, read from lm-eval's samples, against the items: chance, and the answer most
+    # frequent among the other items' answers (brute force, ties at random)
+    golds = {
+        "replaceme_world_mc": [(i["choices"][i["answer"]], i["choices"]) for i in shipped("replaceme_world_mc")[:n]],
+        "replaceme_doc_cloze": [(i["target"], None) for i in shipped("replaceme_doc_cloze")[:n]],
+        "replaceme_doc_pairs": [(i["good"], [i["good"], i["bad"]]) for i in shipped("replaceme_doc_pairs")[:n]],
+    }
+    for task, items in golds.items():
+        expected = 0.0
+        for k, (gold, choices) in enumerate(items):
+            others = [g for j, (g, _) in enumerate(items) if j != k]
+            candidates = choices if choices is not None else sorted({g for g, _ in items})
+            votes = {c: others.count(c) for c in candidates}
+            tied = [c for c, v in votes.items() if v == max(votes.values())]
+            expected += (gold in tied) / len(tied)
+        assert scores[f"floor_majority_{task}"] == pytest.approx(expected / n), task
+    assert scores["floor_chance_replaceme_world_mc"] == 0.25 and scores["floor_chance_replaceme_doc_pairs"] == 0.5
+    assert scores["floor_chance_replaceme_doc_cloze"] is None
+    answers = [g for g, _ in golds["replaceme_world_mc"]]
+    numbered: dict = {}
+    assert scores["item_clusters_replaceme_world_mc"] == [numbered.setdefault(a, len(numbered)) for a in answers]
+    assert scores["item_clusters_replaceme_doc_pairs"] is None

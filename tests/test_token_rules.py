@@ -344,7 +344,7 @@ def test_paper_presets_and_templates_fit_on_every_token():
     experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
     assert "replaceme_official" in experiments
     # the project's own presets beyond the paper, on its default sink-aware estimation on purpose
-    own = {"replaceme_ls_sink_aware", "ls_ridge_identity", "replaceme_ls_shortgpt_cuts"}
+    own = {"replaceme_ls_sink_aware", "ls_ridge_identity", "replaceme_ls_shortgpt_cuts", "replaceme_recipe"}
     for name in own:
         assert compose_config([f"experiment={name}"]).estimation.tokens == "rescale_massive", name
     experiments = [e for e in experiments if e not in own]

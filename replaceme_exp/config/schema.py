@@ -109,6 +109,15 @@ def harness_limit(v) -> str | None:
     return "must be null, a positive number of documents or a fraction in (0, 1]"
 
 
+ITEM_CLUSTERS = ("answer",)
+
+
+def item_clusters(v) -> str | None:
+    if isinstance(v, dict) and all(isinstance(k, str) and c in ITEM_CLUSTERS for k, c in v.items()):
+        return None
+    return f"must map task names to one of {list(ITEM_CLUSTERS)}"
+
+
 def non_empty_text(v) -> str | None:
     return None if isinstance(v, str) and v.strip() else "must be a non-empty string"
 
@@ -200,6 +209,12 @@ class CalibrationConfig:
     n_samples: int = key(doc="sequences (or images)", check=positive_int)
     batch_size: int = key(doc="sequences per capture batch", check=positive_int)
     seed: int = key(doc="draws the samples (follows the top-level seed)")
+    draw: int = key(
+        0,
+        doc="which calibration draw: 0 the sample the seed draws; k > 0 another sample (another subset and order, "
+        "or the k-th slice of records read in order), every other seed kept: a replicate axis",
+        check=non_negative_int,
+    )
 
 
 @Group
@@ -325,6 +340,7 @@ class MixPartConfig:
     order: Literal["shuffled", "first"] = key("shuffled", doc="seeded draw, or the first records")
     chat_turns: Literal["all", "first_pair"] = key("all", doc="every turn, or the first pair")
     empty_records: Literal["drop", "keep"] = key("drop", doc="records of blank text dropped or kept")
+    draw: int = key(0, doc="the mix's calibration.draw (set by the mix; records read in order skip draw x share)")
 
 
 @Group
@@ -477,6 +493,12 @@ class HarnessConfig:
     fewshot_seed: int = key(
         1234, doc="lm-eval's few-shot sampling seed (its default, as the official code ran it; not the job's seed)"
     )
+    clusters: dict[str, str] = key(
+        {},
+        doc="task -> what its items share, resampled together in intervals (answer: items with the same gold "
+        "answer; the offline world facts)",
+        check=item_clusters,
+    )
 
 
 @Group
@@ -501,15 +523,29 @@ class SpeedConfig:
     )
     rounds: int = key(3, doc="timed rounds; each metric is their median", check=positive_int)
     warmup: int = key(1, doc="untimed rounds before them", check=non_negative_int)
+    jobs_per_architecture: int = key(
+        3,
+        doc="jobs that measure a pruned architecture on one machine before later jobs reuse their figures "
+        "(capture.cache_dir/speed); 0: every job measures",
+        check=non_negative_int,
+    )
 
 
 @Group
 class EvalConfig:
     name: str = key(doc="the suite's name in rows and tables")
-    text: Literal["pydoc_heldout", "text_file"] = key("pydoc_heldout", doc="held-out perplexity text")
+    text: Literal["documents", "pydoc_heldout", "text_file"] = key(
+        "documents",
+        doc="held-out perplexity text: documents (sections of held-out pydoc and lm-eval's task abstracts, one "
+        "window set per document, resampled by document), pydoc_heldout (consecutive windows of held-out pydoc, "
+        "as rows before 2026-12-07) or text_file",
+    )
     path: Optional[str] = key(None, doc="the held-out text file (text=text_file)")
     seq_len: int = key(256, doc="tokens per held-out window", check=positive_int)
-    max_windows: int = key(32, doc="held-out windows", check=positive_int)
+    max_windows: int = key(48, doc="held-out windows", check=positive_int)
+    windows_per_document: int = key(
+        1, doc="windows taken from each document at most (text=documents)", check=positive_int
+    )
     batch_size: int = key(4, doc="windows per batch", check=positive_int)
     harness: Optional[HarnessConfig] = key(None, doc="lm-eval suite (null: perplexity only)")
     samples: Optional[SamplesConfig] = key(None, doc="greedy answers shown side by side (null: none)")
@@ -558,8 +594,7 @@ class CaptureConfig:
     search_steps: bool = key(True, doc="greedy searches keep finished steps under cache_dir/search_steps")
     drop_candidates: bool = key(
         True,
-        doc="a one-pass capture stops gathering the statistics of candidate cuts out of the running; no number "
-        "changes",
+        doc="a one-pass capture stops gathering the statistics of candidate cuts out of the running; no number changes",
     )
     timeout_s: float = key(
         1800,

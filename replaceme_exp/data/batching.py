@@ -45,8 +45,12 @@ def position_ids_for(mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class TokenBatches:
+    """Batches of sequences of at most ``seq_len`` tokens. ``documents``, optional: the document each
+    sequence comes from, in sequence order (held-out windows: what a perplexity interval resamples)."""
+
     batches: list[TokenBatch]
     seq_len: int
+    documents: list[str] | None = None
 
     def __iter__(self):
         return iter(self.batches)
@@ -92,6 +96,8 @@ class TokenBatches:
                 if batch.position_ids is not None:  # which tokens a masked copy hides
                     h.update(b"@" + batch.position_ids[row][mask.bool()].numpy().astype("int64").tobytes())
                 h.update(b"|")
+        if self.documents is not None:  # which windows belong together
+            h.update(("documents:" + "\n".join(self.documents)).encode())
         return h.hexdigest()[:16]
 
 
@@ -174,3 +180,41 @@ def pack_windows(documents: list[str], tokenizer, seq_len: int, max_windows: int
     windows = [prefix + stream[i * step : (i + 1) * step] for i in range(n_windows)]
     batches = [pad_sequences(windows[i : i + batch_size], eos or 0, "right") for i in range(0, n_windows, batch_size)]
     return TokenBatches(batches, seq_len)
+
+
+def document_windows(
+    documents: list[tuple[str, str]],
+    tokenizer,
+    seq_len: int,
+    max_windows: int,
+    windows_per_document: int,
+    batch_size: int,
+) -> TokenBatches:
+    """Windows cut from each document on its own: ``documents`` as ``(id, text)`` in the order taken;
+    each document's tokens (then EOS) give up to ``windows_per_document`` consecutive windows of
+    ``seq_len`` tokens (BOS first when the tokenizer has one, as :func:`pack_windows`), until
+    ``max_windows`` windows are taken. A document's first window is kept even when the document is
+    shorter (right-padded, masked); a later window only when full. No window spans two documents, so
+    the windows of each document can be resampled together (``TokenBatches.documents``)."""
+    eos = tokenizer.eos_token_id
+    bos = getattr(tokenizer, "bos_token_id", None)
+    prefix = [] if bos is None else [bos]
+    step = seq_len - len(prefix)
+    if step < 1:
+        raise ValueError(f"seq_len={seq_len} leaves no room for text after the BOS token")
+    windows: list[list[int]] = []
+    owners: list[str] = []
+    for name, text in documents:
+        if len(windows) >= max_windows:
+            break
+        stream = tokenizer(text, add_special_tokens=False)["input_ids"] + ([] if eos is None else [eos])
+        for k in range(windows_per_document):
+            piece = stream[k * step : (k + 1) * step]
+            if len(windows) >= max_windows or not piece or (k and len(piece) < step):
+                break
+            windows.append(prefix + piece)
+            owners.append(name)
+    batches = [
+        pad_sequences(windows[i : i + batch_size], eos or 0, "right") for i in range(0, len(windows), batch_size)
+    ]
+    return TokenBatches(batches, seq_len, owners)

@@ -11,6 +11,7 @@ one YAML under ``conf/calibration``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import random
 from dataclasses import dataclass
@@ -21,9 +22,10 @@ from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import protocol_rule
 from replaceme_exp.config.validate import build
 from replaceme_exp.data import files
-from replaceme_exp.data.batching import TokenBatches, pack_windows, tokenize_documents
+from replaceme_exp.data.batching import TokenBatches, document_windows, pack_windows, tokenize_documents
 from replaceme_exp.data.files import JsonRecords, check_text
 from replaceme_exp.data.generated import check_prompts, prompts_hub_datasets, self_generated_documents
+from replaceme_exp.data.heldout_documents import heldout_documents
 from replaceme_exp.data.hub import HubDataset
 from replaceme_exp.data.sources import (
     document_as_chat,
@@ -104,7 +106,7 @@ def too_few(count: int, n_samples: int, source: str, seq_len: int) -> ConfigErro
     return ConfigError("calibration.n_samples", n_samples, f"{reason}; lower n_samples or give more text")
 
 
-def drawn(documents: list[str], n_samples: int, seed: int, source: str, seq_len: int) -> list[str]:
+def drawn_documents(documents: list[str], n_samples: int, seed: int, source: str, seq_len: int) -> list[str]:
     """``n_samples`` of ``documents`` in an order drawn by ``seed``."""
     if refusal := too_few(len(documents), n_samples, source, seq_len):
         raise refusal
@@ -116,14 +118,16 @@ def drawn(documents: list[str], n_samples: int, seed: int, source: str, seq_len:
 @calibration_source("pydoc", "text", schema.TextCalibrationConfig)
 def pydoc_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """The calibration part of ``pydoc_data.topics`` (English prose shipped with Python)."""
-    return drawn(pydoc_documents("calibration", cfg.seq_len * CHARS_PER_TOKEN), n_samples, seed, "pydoc", cfg.seq_len)
+    return drawn_documents(
+        pydoc_documents("calibration", cfg.seq_len * CHARS_PER_TOKEN), n_samples, seed, "pydoc", cfg.seq_len
+    )
 
 
 @calibration_source("pydoc_chat", "text", schema.TextCalibrationConfig)
 def pydoc_chat_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """The documents ``pydoc`` draws with the same seed, each rendered as a user/assistant chat."""
     documents = pydoc_documents("calibration", cfg.seq_len * CHARS_PER_TOKEN)
-    chosen = drawn(documents, n_samples, seed, "pydoc_chat", cfg.seq_len)
+    chosen = drawn_documents(documents, n_samples, seed, "pydoc_chat", cfg.seq_len)
     return [document_as_chat(d, tokenizer) for d in chosen]
 
 
@@ -142,7 +146,7 @@ def check_text_file(cfg, key: str, n_samples: int | None) -> None:
 def text_file_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """A user's plain text, paragraphs packed into documents of about ``seq_len`` tokens."""
     documents = text_file_documents(cfg.path, cfg.seq_len * CHARS_PER_TOKEN)
-    return drawn(documents, n_samples, seed, "text_file", cfg.seq_len)
+    return drawn_documents(documents, n_samples, seed, "text_file", cfg.seq_len)
 
 
 def check_json_records(cfg, key: str, n_samples: int | None) -> None:
@@ -202,6 +206,7 @@ def dataset_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None
         seed=seed,
         streaming=bool(cfg.streaming),
         tokenizer=tokenizer,
+        skip=int(getattr(cfg, "draw", 0) or 0) * n_samples,
     )
 
 
@@ -231,6 +236,7 @@ def mix_parts(cfg, n_samples: int) -> list[tuple[str, schema.MixPartConfig, int]
         part = build(schema.MixPartConfig, raw, f"calibration.parts.{name}")
         if part.seq_len is None:
             part = dataclasses.replace(part, seq_len=cfg.seq_len)
+        part = dataclasses.replace(part, draw=int(getattr(cfg, "draw", 0) or 0))
         taken = sum(share for _, _, share in out)
         share = rounded(n_samples * Fraction(str(part.fraction))) if i < len(parts) - 1 else n_samples - taken
         out.append((name, part, share))
@@ -325,9 +331,30 @@ def records_as_the_protocol_reads_them(config: schema.JobConfig) -> dict[str, An
     }
 
 
+def sample_seed(cfg: schema.CalibrationConfig) -> int:
+    """The seed that draws the calibration sample: ``calibration.seed`` for draw 0 (the sample every row had
+    before draws existed), else a seed derived from (seed, draw) by SHA-256, so that no (seed, draw) pair
+    draws the sample of another."""
+    draw = int(getattr(cfg, "draw", 0) or 0)
+    if draw == 0:
+        return int(cfg.seed)
+    return int(hashlib.sha256(f"calibration draw {int(cfg.seed)}:{draw}".encode()).hexdigest()[:8], 16)
+
+
+def drawn(cfg):
+    """``cfg`` (a calibration option) as its draw reads it: its ``seed`` the draw's sample seed, and records
+    read in order (``order: first``) starting ``draw x n_samples`` records in (the draw-th slice)."""
+    draw = int(getattr(cfg, "draw", 0) or 0)
+    if draw == 0:
+        return cfg
+    return dataclasses.replace(cfg, seed=sample_seed(cfg))
+
+
 def build_calibration(cfg: schema.TextCalibrationConfig, tokenizer, answerer: Answerer | None = None) -> TokenBatches:
     """Padded calibration batches: ``n_samples`` sequences of at most ``seq_len`` tokens from the
-    configured source (``answerer``: the model that answers the prompts of ``source: generated``)."""
+    configured source as its draw reads it (:func:`drawn`; ``answerer``: the model that answers the
+    prompts of ``source: generated``)."""
+    cfg = drawn(cfg)
     documents = CALIBRATION_SOURCES.get(cfg.source).read(cfg, tokenizer, cfg.n_samples, int(cfg.seed), answerer)
     batches = tokenize_documents(
         documents,
@@ -345,8 +372,18 @@ def build_calibration(cfg: schema.TextCalibrationConfig, tokenizer, answerer: An
 
 
 def heldout_windows(cfg: schema.EvalConfig, tokenizer) -> TokenBatches:
-    """Full windows of held-out text for perplexity and held-out distances (``eval`` group)."""
+    """Windows of held-out text for perplexity and held-out distances (``eval`` group): each held-out
+    document's own windows (``documents``: :func:`~replaceme_exp.data.batching.document_windows`), or
+    full windows of one stream of text (``pydoc_heldout``, ``text_file``)."""
     max_chars = cfg.seq_len * CHARS_PER_TOKEN
+    if cfg.text == "documents":
+        documents = [(d.id, d.text) for d in heldout_documents()]
+        windows = document_windows(
+            documents, tokenizer, cfg.seq_len, cfg.max_windows, cfg.windows_per_document, cfg.batch_size
+        )
+        if len(windows) == 0:
+            raise ConfigError("eval.max_windows", cfg.max_windows, "no held-out document gave a window")
+        return windows
     if cfg.text == "pydoc_heldout":
         documents = pydoc_documents("heldout", max_chars)
     else:

@@ -202,11 +202,13 @@ def dataset_records(
     shuffle_buffer: int = 10_000,
     order: str = "shuffled",
     key: str = "calibration.path",
+    skip: int = 0,
 ) -> list[dict[str, Any]]:
     """Up to ``n_records`` records of a ``datasets`` loader (a hub id, or ``json`` with local
     ``data_files``): drawn reproducibly by ``seed`` (``order="shuffled"``; streaming datasets
     through a seeded shuffle buffer), or the first ``n_records`` in the dataset's order
-    (``order="first"``, as the official ReplaceMe loader's ``select(range(n))``)."""
+    (``order="first"``, as the official ReplaceMe loader's ``select(range(n))``; ``skip``: the
+    ``n_records`` after the first ``skip``, another calibration draw's slice)."""
     if order not in ORDERS:
         raise ConfigError("calibration.order", order, f"choose one of {ORDERS}")
     import datasets
@@ -224,8 +226,8 @@ def dataset_records(
         kwargs["data_files"] = [str(Path(str(f)).expanduser()) for f in files]
     dataset = datasets.load_dataset(path, **kwargs)
     if order == "first":
-        first = range(min(n_records, len(dataset))) if not streaming else None
-        records: Iterable[dict] = dataset.take(n_records) if streaming else (dataset[i] for i in first)
+        first = range(min(skip, len(dataset)), min(skip + n_records, len(dataset))) if not streaming else None
+        records: Iterable[dict] = dataset.skip(skip).take(n_records) if streaming else (dataset[i] for i in first)
     elif streaming:
         records = dataset.shuffle(seed=seed, buffer_size=shuffle_buffer).take(n_records)
     else:
@@ -253,6 +255,7 @@ def hf_dataset_documents(
     chat_turns: str = "all",
     pair_fields: Any = None,
     keep_empty: bool = False,
+    skip: int = 0,
 ) -> list[str]:
     """Up to ``n_records`` rendered records (:func:`dataset_records`, :func:`render_record`); those
     of blank text dropped, or with ``keep_empty`` kept (as the official loader keeps them)."""
@@ -266,6 +269,7 @@ def hf_dataset_documents(
         streaming=streaming,
         shuffle_buffer=shuffle_buffer,
         order=order,
+        skip=skip,
     )
     documents = [
         render_record(r, text_field, chat_field, tokenizer, text_template, chat_turns, pair_fields) for r in records

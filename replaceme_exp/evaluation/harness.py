@@ -19,12 +19,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.config.schema import HarnessConfig
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.evaluation.intervals import mean_interval
+from replaceme_exp.evaluation.item_floors import chance, cluster_codes, item_of, majority, score_range
 from replaceme_exp.evaluation.scored_positions import ScoredPositionsMixin
 from replaceme_exp.progress import progress_counter, resolved_mode
 
@@ -179,26 +182,56 @@ def _leaf_tasks(task: str, subtasks: dict[str, list[str]]) -> list[str]:
     return [leaf for child in children for leaf in _leaf_tasks(child, subtasks)]
 
 
-def _sample_values(samples: list[dict], metric: str) -> tuple[list[float], list[str]]:
-    """The ``metric`` of each item, by ``doc_id``, and the items' document hashes (of one filter:
-    ``none`` when lm-eval ran it, else the first)."""
+def _kept_samples(samples: list[dict]) -> list[dict]:
+    """The samples of one filter (``none`` when lm-eval ran it, else the first), by ``doc_id``."""
     filters = [s.get("filter") for s in samples]
     chosen = "none" if "none" in filters else (filters[0] if filters else None)
-    kept = sorted((s for s in samples if s.get("filter") == chosen), key=lambda s: s["doc_id"])
+    return sorted((s for s in samples if s.get("filter") == chosen), key=lambda s: s["doc_id"])
+
+
+def _sample_values(samples: list[dict], metric: str) -> tuple[list[float], list[str]]:
+    """The ``metric`` of each item, by ``doc_id``, and the items' document hashes (:func:`_kept_samples`)."""
+    kept = _kept_samples(samples)
     return [float(s[metric]) for s in kept], [str(s.get("doc_hash")) for s in kept]
 
 
-def collect_items(out: dict[str, Any], metrics: dict[str, str]) -> dict[str, Any]:
+def floor_columns(task: str, samples: list[dict], values: list[float], cluster: str | None) -> dict[str, Any]:
+    """What ``task``'s items can show (:mod:`~replaceme_exp.evaluation.item_floors`): ``floor_chance_<task>``,
+    ``floor_majority_<task>``, ``item_clusters_<task>`` (each item's cluster when the suite declares one,
+    else None), the score's 95% interval over its items (by cluster where declared:
+    ``score_<task>_ci_low`` / ``_ci_high``) and ``score_range_<task>`` (``floor``, ``ceiling`` or None)."""
+    items = [item_of(s) for s in samples] if all("target" in s for s in samples) else None
+    codes = cluster_codes(items, cluster) if cluster and items else None
+    floors = {"chance": chance(items), "majority": majority(items)} if items else {"chance": None, "majority": None}
+    low, high = mean_interval([np.asarray(values)], clusters=[codes]) if values else (None, None)
+    known = [f for f in floors.values() if f is not None]
+    score = sum(values) / len(values) if values else None
+    return {
+        f"floor_chance_{task}": floors["chance"],
+        f"floor_majority_{task}": floors["majority"],
+        f"item_clusters_{task}": codes,
+        f"score_{task}_ci_low": low,
+        f"score_{task}_ci_high": high,
+        f"score_range_{task}": score_range(score, low, max(known) if known else None),
+    }
+
+
+def collect_items(
+    out: dict[str, Any], metrics: dict[str, str], clusters: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Item-level columns from lm-eval's output with ``log_samples``: for each declared task whose
     metric is not a perplexity, ``score_items_<task>`` (the declared metric of each item, in document
     order: :func:`encode_items`), ``items_hash_<task>`` (the items' documents: rows with the same hash
-    were scored on the same items, in the same order) and ``n_items_<task>``; for a perplexity task
+    were scored on the same items, in the same order), ``n_items_<task>`` and its floors and interval
+    (:func:`floor_columns`; ``clusters``: task -> what its items share); for a perplexity task
     ``n_items_<task>`` (its documents). With every accuracy task itemised: ``avg_acc_items`` and
-    ``avg_acc_ci_low`` / ``avg_acc_ci_high`` (95% bootstrap over each task's items)."""
+    ``avg_acc_ci_low`` / ``avg_acc_ci_high`` (95% bootstrap over each task's items, by cluster where a
+    task declares them)."""
     samples, subtasks = out.get("samples") or {}, out.get("group_subtasks") or {}
     counts = out.get("n-samples") or {}
+    clusters = clusters or {}
     columns: dict[str, Any] = {}
-    itemised = []
+    itemised, codes = [], []
     for task, metric in metrics.items():
         leaves = _leaf_tasks(task, subtasks)
         if metric in PERPLEXITY_METRICS:
@@ -207,19 +240,22 @@ def collect_items(out: dict[str, Any], metrics: dict[str, str]) -> dict[str, Any
             continue
         if not all(leaf in samples for leaf in leaves):
             continue
-        values, hashes = [], []
+        values, hashes, kept = [], [], []
         for leaf in leaves:
             found, digests = _sample_values(samples[leaf], metric)
             values += found
             hashes += [f"{leaf}:{d}" for d in digests]
+            kept += _kept_samples(samples[leaf])
         columns[f"score_items_{task}"] = encode_items(values)
         columns[f"items_hash_{task}"] = hashlib.sha256("\n".join(hashes).encode()).hexdigest()[:16]
         columns[f"n_items_{task}"] = len(values)
+        columns.update(floor_columns(task, kept, values, clusters.get(task)))
         itemised.append(decode_items(columns[f"score_items_{task}"]))
+        codes.append(columns[f"item_clusters_{task}"])
     accuracy = [t for t, m in metrics.items() if m not in PERPLEXITY_METRICS]
     if accuracy and len(itemised) == len(accuracy):
         columns["avg_acc_items"] = sum(len(v) for v in itemised)
-        columns["avg_acc_ci_low"], columns["avg_acc_ci_high"] = mean_interval(itemised)
+        columns["avg_acc_ci_low"], columns["avg_acc_ci_high"] = mean_interval(itemised, clusters=codes)
     return columns
 
 
@@ -299,6 +335,7 @@ def harness_settings(cfg: HarnessConfig) -> dict[str, Any]:
         "eval_bootstrap_iters": bootstrap_iters(cfg),
         "eval_metrics": declared_metrics(cfg),
         "lm_eval_version": lm_eval_version(),
+        "eval_item_clusters": dict(cfg.clusters or {}),
         "eval_tasks_digest": offline_tasks_digest() if cfg.local_tasks else None,
     }
 
@@ -485,7 +522,7 @@ def _run_suite(model, tokenizer, cfg: HarnessConfig, manager, metrics: dict[str,
         for part in logged:
             logged[part].update(out.get(part) or {})
     scores: dict[str, Any] = collect_scores(results, metrics, ppl_names)
-    scores.update(collect_items(logged, metrics))
+    scores.update(collect_items(logged, metrics, dict(cfg.clusters or {})))
     shown = {k: v for k, v in scores.items() if isinstance(v, float)}
     log.info("harness: %s", {k: round(v, 4) if math.isfinite(v) else v for k, v in shown.items()})
     scores["eval_task_versions"] = dict(sorted(versions.items()))

@@ -37,16 +37,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from replaceme_exp.data.generated import SHIPPED_ANSWERS, load_prompts, shipped_entries
-from replaceme_exp.data.sources import CHAT_PROMPT, pydoc_text
+from replaceme_exp.data.heldout_documents import NGRAM, calibration_texts, heldout_documents, ngrams
+from replaceme_exp.data.sources import pydoc_text
 
 OFFLINE_TASKS = Path(__file__).parent / "offline_tasks"
 MANIFEST = OFFLINE_TASKS / "offline_items.json"
 # Bump when the builder's rules change (the items then change with the same sources).
 BUILDER_VERSION = 1
 SEED = 20261126
-# An item sharing a sequence of this many words with a calibration or held-out text is dropped.
-NGRAM = 8
+# An item sharing a sequence of NGRAM words with a calibration or held-out text is dropped.
 CLOZE_ITEMS = 400
 PAIR_ITEMS = 400
 # The cloze context: at least 20 and at most 60 words of the docstring before the sentence.
@@ -91,7 +90,6 @@ STDLIB_EXCLUDED = frozenset(
 )
 _SENTENCE = re.compile(r"^[A-Z][a-z]*(?:[ ,;'-]+[A-Za-z]+)*\.$")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-_WORD = re.compile(r"[a-z0-9]+")
 AGREEMENT = {
     **{"is": "are", "was": "were", "has": "have", "does": "do"},
     **{"are": "is", "were": "was", "have": "has", "do": "does"},
@@ -360,25 +358,14 @@ def item_texts(task: str, item: dict) -> list[str]:
 # --- the overlap filter ------------------------------------------------------------------------
 
 
-def ngrams(text: str, n: int = NGRAM) -> set[str]:
-    """The ``n``-word sequences of ``text``: lower case, words = runs of ASCII letters and digits
-    (punctuation, markup and the chat template's tokens split words and are ignored)."""
-    words = _WORD.findall(text.lower())
-    return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
 def reference_texts() -> dict[str, list[str]]:
-    """Every offline calibration text and the held-out perplexity text, by name: the pydoc
-    calibration part (``calibration=pydoc``, ``pydoc_chat``, healing's ``pydoc``) and its chat
-    prompt, the held-out part (``eval.text=pydoc_heldout`` and the rolling-perplexity task), the
-    shipped instruction prompts (``self_generated``; ``orca_generated`` offline without a prompts
-    file) and the embedded model's shipped answers to them."""
-    answers = [a for entry in shipped_entries(SHIPPED_ANSWERS).values() for a in entry["value"]["answers"]]
+    """Every offline calibration text (:func:`~replaceme_exp.data.heldout_documents.calibration_texts`)
+    and the held-out perplexity texts, by name: the held-out pydoc part (``eval.text=pydoc_heldout`` and
+    the rolling-perplexity task) and the held-out documents (``eval.text=documents``)."""
     return {
-        "pydoc_calibration": [pydoc_text("calibration"), CHAT_PROMPT],
+        **calibration_texts(),
         "pydoc_heldout": [pydoc_text("heldout")],
-        "shipped_prompts": load_prompts(None),
-        "shipped_answers": answers,
+        "heldout_documents": [d.text for d in heldout_documents()],
     }
 
 

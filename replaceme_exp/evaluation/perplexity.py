@@ -15,17 +15,20 @@ from replaceme_exp.evaluation.intervals import LEVEL, RESAMPLES, perplexity_inte
 from replaceme_exp.progress import progress
 
 INTERVAL = f"{LEVEL:.0%} percentile bootstrap over windows ({RESAMPLES} resamples)"
+DOCUMENT_INTERVAL = f"{LEVEL:.0%} percentile bootstrap over documents, each with its windows ({RESAMPLES} resamples)"
 
 
 @dataclass(frozen=True)
 class WindowPerplexity:
     """A model's next-token losses on held-out windows: ``nll`` (windows,) each window's summed NLL in
     nats, ``tokens`` (windows,) its predicted tokens, ``windows_hash`` the windows' content (rows with
-    the same hash were scored on the same tokens and may be compared window by window)."""
+    the same hash were scored on the same tokens and may be compared window by window), ``documents``
+    (windows,) each window's document (None: windows of one text, each resampled alone)."""
 
     nll: np.ndarray
     tokens: np.ndarray
     windows_hash: str | None = None
+    documents: tuple[str, ...] | None = None
 
     @property
     def value(self) -> float:
@@ -33,8 +36,9 @@ class WindowPerplexity:
         return math.exp(float(self.nll.sum()) / float(self.tokens.sum()))
 
     def interval(self) -> tuple[float, float]:
-        """The value's 95% percentile bootstrap interval over windows."""
-        return perplexity_interval(self.nll, self.tokens)
+        """The value's 95% percentile bootstrap interval over documents (each with all its windows), or
+        over windows when they have no documents."""
+        return perplexity_interval(self.nll, self.tokens, clusters=self.documents)
 
     def columns(self, name: str) -> dict:
         """Row columns of this perplexity under ``name`` (``ppl_heldout``, ``ppl_heldout_baseline``):
@@ -50,20 +54,36 @@ class WindowPerplexity:
 
     def unit_columns(self) -> dict:
         """What the intervals rest on, shared by every perplexity of the job on these windows."""
+        documents = list(self.documents) if self.documents is not None else None
         return {
-            "ppl_heldout_interval": INTERVAL,
+            "ppl_heldout_interval": INTERVAL if documents is None else DOCUMENT_INTERVAL,
             "ppl_heldout_windows": int(len(self.tokens)),
             "ppl_heldout_tokens": int(self.tokens.sum()),
             "ppl_heldout_window_tokens": [int(x) for x in self.tokens],
             "ppl_heldout_windows_hash": self.windows_hash,
+            "ppl_heldout_documents": len(set(documents)) if documents is not None else None,
+            "ppl_heldout_window_documents": documents,
+            "ppl_heldout_domains": domain_counts(documents) if documents is not None else None,
         }
 
     def to_json(self) -> dict:
         return {"nll": [float(x) for x in self.nll], "tokens": [int(x) for x in self.tokens]}
 
     @classmethod
-    def from_json(cls, data: dict, windows_hash: str | None = None) -> "WindowPerplexity":
-        return cls(np.asarray(data["nll"], dtype=np.float64), np.asarray(data["tokens"]), windows_hash)
+    def from_json(
+        cls, data: dict, windows_hash: str | None = None, documents: list[str] | None = None
+    ) -> "WindowPerplexity":
+        found = tuple(documents) if documents is not None else None
+        return cls(np.asarray(data["nll"], dtype=np.float64), np.asarray(data["tokens"]), windows_hash, found)
+
+
+def domain_counts(documents: list[str]) -> dict[str, int]:
+    """How many distinct documents of each domain (a document id's part before ``:``)."""
+    counts: dict[str, int] = {}
+    for name in dict.fromkeys(documents):
+        domain = name.split(":", 1)[0]
+        counts[domain] = counts.get(domain, 0) + 1
+    return counts
 
 
 def window_nll_of(cell) -> np.ndarray | None:
@@ -122,4 +142,5 @@ def window_perplexity(model, windows: TokenBatches) -> WindowPerplexity:
         ).view(targets.shape)
         nll += loss.double().sum(dim=1).tolist()
         count += (targets != -100).sum(dim=1).tolist()
-    return WindowPerplexity(np.asarray(nll), np.asarray(count), windows.content_hash())
+    documents = tuple(windows.documents) if windows.documents is not None else None
+    return WindowPerplexity(np.asarray(nll), np.asarray(count), windows.content_hash(), documents)

@@ -69,6 +69,8 @@ SPEED_COLUMNS: dict[str, str] = {
     "(`eval.speed.batch`).",
     "speed_rounds": "Speed: timed rounds; every speed metric is a median over them (`eval.speed.rounds`).",
     "speed_warmup": "Speed: untimed rounds before them (`eval.speed.warmup`).",
+    "speed_jobs_per_architecture": "Speed: jobs that measure an architecture on one machine before later jobs "
+    "reuse their figures (`eval.speed.jobs_per_architecture`; 0: every job measures).",
     "speed_threads": "Speed: torch's intra-op CPU threads while measuring.",
     "speed_device": "Speed: the device both models ran on.",
     "speed_dtype": "Speed: the models' weights' dtype.",
@@ -372,6 +374,7 @@ def setting_columns(settings: SpeedConfig, device: torch.device, dtype: torch.dt
         "speed_batch": settings.batch,
         "speed_rounds": settings.rounds,
         "speed_warmup": settings.warmup,
+        "speed_jobs_per_architecture": settings.jobs_per_architecture,
         "speed_threads": torch.get_num_threads(),
         "speed_device": str(device),
         "speed_dtype": str(dtype).removeprefix("torch."),
@@ -489,3 +492,20 @@ def compare_speed(
         ratios = ", ".join(f"{m} {comparison.speedup(m, name, names[0])[0]:.2f}x" for m in METRICS)
         log.info("speed of %s against %s: %s", name, names[0], ratios)
     return comparison
+
+
+def across_jobs(rows: list[dict]) -> dict:
+    """The speed figures of several jobs' measurements of one architecture (their speed rows): each
+    speedup and throughput the median over the jobs, a speedup's ``_min`` / ``_max`` the range of the
+    jobs' speedups (the spread between jobs); every other column the first job's. Rounds' times are the
+    jobs' own, so none is kept."""
+    out = dict(rows[0])
+    for metric in METRICS:
+        for column in (f"speed_{metric}_tok_s", f"speed_{metric}_tok_s_baseline", f"speed_{metric}_speedup"):
+            values = [r[column] for r in rows if r.get(column) is not None]
+            out[column] = statistics.median(values) if values else None
+        speedups = [r[f"speed_{metric}_speedup"] for r in rows if r.get(f"speed_{metric}_speedup") is not None]
+        out[f"speed_{metric}_speedup_min"] = min(speedups) if speedups else None
+        out[f"speed_{metric}_speedup_max"] = max(speedups) if speedups else None
+    out["speed_round_times"] = None
+    return out

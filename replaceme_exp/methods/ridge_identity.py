@@ -54,7 +54,7 @@ register(
         docs="ridge-to-identity.md",
         label=lambda job: fitted_on("ReplaceMe LS ridge-to-I", job),
         estimators=(RidgeToIdentityEstimator,),
-        presets=("ls_ridge_identity",),
+        presets=("ls_ridge_identity", "replaceme_recipe"),
         check=folds_hold_sequences,
         setting_columns={
             "ridge_criterion": "`objective=ls_ridge_identity`: how the strength of the ridge toward I is chosen: "

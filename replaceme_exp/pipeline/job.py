@@ -29,10 +29,11 @@ from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
 from replaceme_exp.estimation.estimators import Estimator
 from replaceme_exp.estimation.fitting import Fit, fit_transforms, label
+from replaceme_exp.evaluation.architecture import Machine, SpeedStore, architecture_signature, forward_flops_per_token
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.calibration_similarity import calibration_similarity_columns
 from replaceme_exp.evaluation.heldout import HeldoutDistances, heldout_distances, sequential_checks
-from replaceme_exp.evaluation.speed import compare_speed, resident_bytes, room_for_a_copy
+from replaceme_exp.evaluation.speed import across_jobs, compare_speed, resident_bytes, room_for_a_copy
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows, teacher_targets
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.loading import LoadedModel, resolve_dtype
@@ -498,12 +499,45 @@ class PruningJob:
                 return {"speed_skipped": problem}
             unpruned = load_model(self.config.model, self.paths.cache_dir, self.spec.weights)
             try:
-                comparison = compare_speed({"unpruned": unpruned.model, "pruned": model}, settings)
+                return self.speed_of_architecture(model, unpruned.model, settings)
             finally:
                 del unpruned
                 gc.collect()
                 torch.cuda.empty_cache()
-        return comparison.row()
+
+    def speed_of_architecture(self, model, unpruned, settings) -> dict:
+        """The speed row of ``model``'s architecture against ``unpruned``'s on this machine: measured
+        (:func:`~replaceme_exp.evaluation.speed.compare_speed`) while fewer than
+        ``eval.speed.jobs_per_architecture`` jobs have measured it, else the figures of those that did
+        (:func:`~replaceme_exp.evaluation.speed.across_jobs`); with the analytic FLOPs of both."""
+        device = next(model.parameters()).device
+        machine = Machine.here(device, next(model.parameters()).dtype)
+        architecture = {
+            "speed_architecture": architecture_signature(model),
+            "speed_architecture_baseline": architecture_signature(unpruned),
+        }
+        key = {**architecture, "settings": dataclasses.asdict(settings), "machine": dataclasses.asdict(machine)}
+        key["settings"].pop("jobs_per_architecture")
+        key["settings"].pop("enabled")
+        store = SpeedStore(Path(self.config.capture.cache_dir) / "speed")
+        measured = store.measured(key) if settings.jobs_per_architecture else []
+        flops = (
+            forward_flops_per_token(model, settings.prompt_len),
+            forward_flops_per_token(unpruned, settings.prompt_len),
+        )
+        analytic = {
+            **architecture,
+            "speed_processor": machine.processor,
+            "flops_per_token": flops[0],
+            "flops_per_token_baseline": flops[1],
+            "flops_ratio": flops[0] / flops[1],
+        }
+        if settings.jobs_per_architecture and len(measured) >= settings.jobs_per_architecture:
+            log.info("speed of this architecture measured by %d jobs on this machine: reused", len(measured))
+            return {**across_jobs(measured), **analytic, "speed_reused": True, "speed_jobs": len(measured)}
+        row = compare_speed({"unpruned": unpruned, "pruned": model}, settings).row()
+        jobs = len(store.add(key, row)) if settings.jobs_per_architecture else 1
+        return {**row, **analytic, "speed_reused": False, "speed_jobs": jobs}
 
     def save(
         self, evaluated: Evaluated, selected: Selected, estimated: Estimated, pruned: Pruned, metadata: dict

@@ -278,7 +278,8 @@ def check_evaluation(c: schema.JobConfig) -> None:
 
 
 def check_eval_suite(c: schema.JobConfig) -> None:
-    """The eval suite's own keys: one metric per lm-eval task, a readable held-out text file."""
+    """The eval suite's own keys: one metric per lm-eval task, clusters only of its tasks, a readable
+    held-out text file."""
     if c.eval.harness is not None and set(c.eval.harness.metrics) != set(c.eval.harness.tasks):
         metrics, tasks = c.eval.harness.metrics, list(c.eval.harness.tasks)
         raise ConfigError(
@@ -286,6 +287,12 @@ def check_eval_suite(c: schema.JobConfig) -> None:
             metrics,
             f"declare one metric per task of eval.harness.tasks {tasks} "
             f"(missing {sorted(set(tasks) - set(metrics))}, extra {sorted(set(metrics) - set(tasks))})",
+        )
+    if c.eval.harness is not None and set(c.eval.harness.clusters) - set(c.eval.harness.tasks):
+        clusters, tasks = c.eval.harness.clusters, list(c.eval.harness.tasks)
+        extra = sorted(set(clusters) - set(tasks))
+        raise ConfigError(
+            "eval.harness.clusters", clusters, f"names tasks {extra} that eval.harness.tasks {tasks} lacks"
         )
     if c.eval.text == "text_file":
         existing_file("eval.path", c.eval.path)

@@ -49,7 +49,7 @@ from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import settle
 from replaceme_exp.config.validate import typed_config
-from replaceme_exp.data.calibration import empty_records_act
+from replaceme_exp.data.calibration import empty_records_act, sample_seed
 from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.healing import HEALING_LABELS
@@ -186,6 +186,10 @@ class JobSpec:
             data["model"]["weights"] = self.weights
         data["eval"].pop("samples")  # what the job shows, not what it measures
         data["eval"].pop("speed")  # measures the machine, not the model (its settings are row columns)
+        if c.eval.text != "documents":  # acts only on documents' windows
+            data["eval"].pop("windows_per_document")
+        if not data["calibration"].get("draw"):  # draw 0: the sample rows had before draws existed
+            data["calibration"].pop("draw", None)
         self._estimation_as_it_acts(data)
         for method in job_methods(c):
             if method.identity is not None:
@@ -292,6 +296,8 @@ class JobSpec:
         evaluation = dataclasses.asdict(c.eval)
         evaluation.pop("samples")  # what the job shows, not what it measures
         evaluation.pop("speed")  # measures the machine, not the model
+        if c.eval.text != "documents":
+            evaluation.pop("windows_per_document")
         self.add_file_digests(evaluation)
         data = {"job": "evaluate", "model": model, "eval": evaluation, "semantics_version": SEMANTICS_VERSION}
         return _by_value(data)
@@ -314,12 +320,15 @@ class JobSpec:
     @property
     def setting_hash(self) -> str:
         """The config hash without the seed (``calibration.seed`` and ``healing.seed`` follow
-        ``seed``): runs that share it differ only in the seed, the only runs a cell may average."""
+        ``seed``) and the calibration draw: runs that share it differ only in the seed or the draw, the only
+        runs a cell may average."""
         data = self.identity()
         data.pop("seed", None)  # an evaluate job has none
         for group in ("calibration", "healing"):
             if group in data and data[group].get("seed") == self.config.seed:
                 data[group].pop("seed")
+        if "calibration" in data:  # calibration draws are replicates too
+            data["calibration"].pop("draw", None)
         return _digest(data)
 
     # ---- the row --------------------------------------------------------------------------------
@@ -372,6 +381,8 @@ class JobSpec:
             "capture_4bit": bool(c.model.capture_4bit),
             "calibration": c.calibration.name,
             "n_calib_samples": c.calibration.n_samples,
+            "calibration_draw": int(c.calibration.draw),
+            "calibration_sample_seed": sample_seed(c.calibration),
             "calib_seq_len": getattr(c.calibration, "seq_len", None),
             "calibration_order": getattr(c.calibration, "order", None),
             "calibration_chat_turns": getattr(c.calibration, "chat_turns", None),
@@ -438,8 +449,9 @@ class JobSpec:
     def eval_columns(self) -> dict[str, Any]:
         """What the held-out perplexity is measured on (text models; None for a vision encoder,
         whose ``eval.seq_len`` / ``max_windows`` / ``text`` do not act): ``eval_text`` (which text),
-        ``eval_seq_len`` and ``eval_max_windows`` (the windows: ``max_windows=8`` instead of 32
-        moves SmolLM2's unpruned perplexity from 21.21 to 22.45), and the text file's path and
+        ``eval_seq_len``, ``eval_max_windows`` and ``eval_windows_per_document`` (the windows:
+        ``max_windows=8`` instead of 32 moves SmolLM2's unpruned pydoc perplexity from 21.21 to 22.45),
+        and the text file's path and
         content (``eval_text_path``, ``eval_text_sha256``; None for the shipped pydoc text)."""
         e = self.config.eval
         text = self.modality == "text"
@@ -447,6 +459,7 @@ class JobSpec:
             "eval_text": e.text if text else None,
             "eval_seq_len": int(e.seq_len) if text else None,
             "eval_max_windows": int(e.max_windows) if text else None,
+            "eval_windows_per_document": int(e.windows_per_document) if text and e.text == "documents" else None,
             **self.file_columns("eval_text", e if text and e.text == "text_file" else None),
         }
 

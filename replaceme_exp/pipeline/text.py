@@ -55,7 +55,7 @@ class TextModality(Modality):
         key = {"model": loaded.identity_hash, "windows": heldout.content_hash(), "metric": "ppl_heldout"}
         with stage("eval", "baseline perplexity"):
             found = baselines.get_or_compute(key, lambda: finite_perplexity(model, heldout).to_json())
-            unpruned = WindowPerplexity.from_json(found, heldout.content_hash())
+            unpruned = WindowPerplexity.from_json(found, heldout.content_hash(), heldout.documents)
             columns = {**unpruned.columns("ppl_heldout_baseline"), **unpruned.unit_columns()}
         if (harness := c.eval.harness) is not None:
             with stage("eval", "baseline lm-eval"):

@@ -12,6 +12,7 @@ import torch
 
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.config.validate import build_option
+from replaceme_exp.data.calibration import drawn
 from replaceme_exp.data.images import build_image_calibration
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, evaluate_benchmark
@@ -48,7 +49,7 @@ class VisionModality(Modality):
     def calibration(self, loaded: LoadedModel, adapter) -> Calibration:
         with stage("data"):
             batches = build_image_calibration(
-                self.config.calibration, loaded.processor, self.patch_size(adapter), self.paths.cache_dir
+                drawn(self.config.calibration), loaded.processor, self.patch_size(adapter), self.paths.cache_dir
             )
         columns = {"n_calib_tokens": batches.n_tokens, "n_estimation_tokens": batches.n_tokens}
         columns["calib_seq_len"] = batches.seq_len  # image positions (patches and the class token)

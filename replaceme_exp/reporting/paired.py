@@ -1,15 +1,20 @@
-"""Every run against a reference method, paired: "is this variant at least tied with the best peer
+"""Every run against a reference method, paired: "is this variant at least level with the best peer
 on held-out perplexity and on the tasks at once?"
 
 For each (model, blocks removed), the reference is the best run of the reference method on each
 metric (lowest perplexity, highest accuracy). Each other run is compared with it on the same
-held-out windows and the same lm-eval items (:func:`~replaceme_exp.reporting.ties.compare_cells`):
+held-out documents and the same lm-eval items (:func:`~replaceme_exp.reporting.ties.compare_cells`):
 a perplexity as the ratio of the two (the exp of the paired log ratio) with its 95% interval, an
-accuracy as the difference. A comparison whose interval contains 0 (ratio 1) is a tie; a run tied
-or ahead on every metric is *level with* the reference.
+accuracy as the difference. Each comparison reads against a margin fixed in advance
+(:mod:`~replaceme_exp.reporting.verdicts`, ``margins.yaml``): ahead, level within the margin, behind, or
+inconclusive. A run ahead or level on every metric is *level with* the reference.
+
+``--picked <prefix>``: the runs whose method starts with the prefix are variants a claim picks the best
+of (the ReplaceMe variants of the lead); their intervals are simultaneous over all of them in the cell
+(max-T over the same resamples), so picking the best costs what it should.
 
     python -m replaceme_exp.reporting.paired --results results --results results_lead \\
-        --reference <method> --out results/paired.md
+        --reference <method> [--picked ReplaceMe] [--margin avg_acc=0.02] --out results/paired.md
 """
 
 from __future__ import annotations
@@ -22,8 +27,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from replaceme_exp.evaluation.intervals import Comparison
 from replaceme_exp.methods import METHODS
-from replaceme_exp.reporting.ties import Cell, compare_cells, higher_is_better, interval_of, on_log_scale
+from replaceme_exp.reporting import verdicts
+from replaceme_exp.reporting.ties import (
+    Cell,
+    compare_cells,
+    compare_family,
+    higher_is_better,
+    interval_of,
+    on_log_scale,
+)
 from replaceme_exp.results import ResultsStore
 from replaceme_exp.results.row import format_cuts
 
@@ -42,7 +56,6 @@ LABEL_SETTINGS = (
     "calibration",
     "n_calib_samples",
 )
-AHEAD, TIE, BEHIND = "ahead", "tie", "behind"
 
 
 def label_settings() -> tuple[str, ...]:
@@ -74,21 +87,44 @@ def labels(runs: pd.DataFrame) -> pd.Series:
     return out
 
 
-def verdict(metric: str, estimate: float, tie: bool) -> str:
-    """``ahead`` / ``tie`` / ``behind`` the reference, from a comparison's estimate (a - reference;
-    for a perplexity the log of their ratio)."""
-    if tie:
-        return TIE
-    better = estimate > 0 if higher_is_better(metric) else estimate < 0
-    return AHEAD if better else BEHIND
+def _comparisons(
+    group: pd.DataFrame, best: dict, metric: str, picked: str | None
+) -> dict[int, tuple[Comparison | None, bool]]:
+    """Each run of ``group`` (its index) against the reference's best run on ``metric``: (comparison,
+    simultaneous). The variants of ``picked`` together (max-T), when they share the reference's units;
+    every other run on its own."""
+    reference = group.loc[best[metric]]
+    out: dict[int, tuple[Comparison | None, bool]] = {}
+    family = [i for i in group.index if picked and str(group.loc[i, "method"]).startswith(picked) and i != best[metric]]
+    present = [i for i in family if pd.notna(pd.to_numeric(group.loc[i].get(metric), errors="coerce"))]
+    joint = compare_family([group.loc[i] for i in present], reference, metric) if len(present) > 1 else None
+    if joint is not None:
+        out.update({i: (c, True) for i, c in zip(present, joint)})
+    for index in group.index:
+        if index in out or index == best[metric]:
+            continue
+        value = pd.to_numeric(group.loc[index].get(metric), errors="coerce")
+        if pd.isna(value):
+            continue
+        cell = Cell(float(value), group.loc[[index]])
+        out[index] = (compare_cells(cell, Cell(float(reference[metric]), group.loc[[best[metric]]]), metric), False)
+    return out
 
 
-def paired_table(runs: pd.DataFrame, reference: str, metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+def paired_table(
+    runs: pd.DataFrame,
+    reference: str,
+    metrics: Sequence[str] = METRICS,
+    margins: dict[str, dict] | None = None,
+    picked: str | None = None,
+) -> pd.DataFrame:
     """One row per finished run that is not the reference on every metric, grouped by (model,
     n_prune): the run's value and interval, its comparison with the reference's best run
-    (``<metric>_vs``: ratio for a log-scale metric, difference otherwise, with ``_low`` / ``_high``
-    and ``_verdict``: ``reference`` where the run is the reference's best), and ``level`` (no metric
-behind). Groups without a reference run are left out."""
+    (``<metric>_vs``: ratio for a log-scale metric, difference otherwise, with ``_low`` / ``_high``,
+    ``_verdict`` (:func:`~replaceme_exp.reporting.verdicts.read` against ``margins``; ``reference`` where
+    the run is the reference's best) and ``_simultaneous`` (the interval holds jointly over the
+    ``picked`` variants)), and ``level`` (ahead or level on every metric). Groups without a reference
+    run are left out."""
     runs = runs[runs["status"] == "finished"].reset_index(drop=True).copy()
     runs = runs.assign(label=labels(runs))
     out = []
@@ -101,36 +137,39 @@ behind). Groups without a reference run are left out."""
             values = pd.to_numeric(ref[metric], errors="coerce")
             if values.notna().any():
                 best[metric] = values.idxmax() if higher_is_better(metric) else values.idxmin()
+        compared = {metric: _comparisons(group, best, metric, picked) for metric in best}
         for index, run in group.iterrows():
             if best and all(index == b for b in best.values()):
                 continue
             cuts = format_cuts(run.get("cuts"), missing="")
             row = {"model": model, "n_prune": n_prune, "label": run["label"], "cuts": cuts}
-            verdicts = []
+            found = []
             for metric in metrics:
                 value = pd.to_numeric(run.get(metric), errors="coerce")
                 row[metric] = None if pd.isna(value) else float(value)
                 row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = interval_of(run, metric)
                 if metric not in best or row[metric] is None:
                     continue
-                b = group.loc[best[metric]]
                 if index == best[metric]:
                     row[f"{metric}_verdict"] = "reference"
-                    verdicts.append("reference")
+                    found.append("reference")
                     continue
-                comparison = compare_cells(
-                    Cell(row[metric], group.loc[[index]]), Cell(float(b[metric]), group.loc[[best[metric]]]), metric
-                )
+                comparison, simultaneous = compared[metric].get(index, (None, False))
                 if comparison is None:
                     continue
+                margin = verdicts.margin_on_comparison_scale(metric, margins)
                 scale = math.exp if on_log_scale(metric) else float
                 row[f"{metric}_vs"] = scale(comparison.estimate)
                 row[f"{metric}_vs_low"], row[f"{metric}_vs_high"] = scale(comparison.low), scale(comparison.high)
                 row[f"{metric}_vs_method"] = comparison.method
-                row[f"{metric}_verdict"] = verdict(metric, comparison.estimate, comparison.tie)
-                verdicts.append(row[f"{metric}_verdict"])
-            # level: compared (or the reference itself) on every metric and behind on none
-            row["level"] = len(verdicts) == len(best) and BEHIND not in verdicts if verdicts else None
+                row[f"{metric}_simultaneous"] = simultaneous
+                if margin is None:
+                    raise ValueError(f"no margin for {metric}: give one (--margin {metric}=<value>)")
+                row[f"{metric}_verdict"] = verdicts.read(comparison, higher_is_better(metric), margin)
+                found.append(row[f"{metric}_verdict"])
+            # level: compared (or the reference itself) on every metric, and ahead or level on each
+            good = {verdicts.AHEAD, verdicts.LEVEL, "reference"}
+            row["level"] = (len(found) == len(best) and set(found) <= good) if found else None
             out.append(row)
     return pd.DataFrame(out)
 
@@ -152,9 +191,18 @@ def _interval(value, low, high, digits: int, sign: str = "") -> str:
     return f"{shown} [{_number(low, digits, sign)}, {_number(high, digits, sign)}]"
 
 
-def to_markdown(table: pd.DataFrame, reference: str, metrics: Sequence[str] = METRICS) -> str:
-    """The table as markdown, one section per (model, blocks removed)."""
-    lines = []
+def to_markdown(
+    table: pd.DataFrame, reference: str, metrics: Sequence[str] = METRICS, margins: dict[str, dict] | None = None
+) -> str:
+    """The table as markdown, one section per (model, blocks removed), under the margins it reads against.
+    An interval simultaneous over picked variants is marked ``*``."""
+    stated = ", ".join(f"{m}: {verdicts.margin_text(m, margins)}" for m in metrics)
+    lines = [
+        f"Margins (fixed in advance): {stated}. Verdicts: ahead (better beyond noise), level (a deficit larger "
+        "than the margin excluded), behind, inconclusive (the interval reaches past the margin and past 0). "
+        "`*`: an interval simultaneous over the picked variants of its cell (max-T).",
+        "",
+    ]
     for (model, n_prune), group in table.groupby(["model", "n_prune"], sort=True):
         lines += [f"### {model}, {int(n_prune)} blocks removed: each run against {reference}'s best", ""]
         head = ["run", "cuts"]
@@ -173,7 +221,8 @@ def to_markdown(table: pd.DataFrame, reference: str, metrics: Sequence[str] = ME
                 elif isinstance(verdict_, str):
                     sign = "" if on_log_scale(metric) else "+"
                     vs, low, high = (row[f"{metric}_vs{end}"] for end in ("", "_low", "_high"))
-                    cells.append(f"{_interval(vs, low, high, 3, sign)} {verdict_}")
+                    joint = "*" if row.get(f"{metric}_simultaneous") is True else ""
+                    cells.append(f"{_interval(vs, low, high, 3, sign)}{joint} {verdict_}")
                 else:
                     cells.append("—")
             level = row.get("level")
@@ -189,6 +238,25 @@ def load_runs(paths: Sequence[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def margins_given(given: Sequence[str]) -> dict[str, dict]:
+    """The shipped margins with ``metric=value`` entries replacing theirs (a perplexity or speedup's value is
+    a ratio, any other a difference); one line naming the bad entry otherwise."""
+    margins = dict(verdicts.shipped_margins())
+    for entry in given:
+        metric, _, value = entry.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            raise SystemExit(f"--margin {entry!r}: give metric=number") from None
+        kind = "ratio" if on_log_scale(metric) else "difference"
+        if not math.isfinite(number) or (number <= 1 if kind == "ratio" else number <= 0):
+            raise SystemExit(
+                f"--margin {entry!r}: a {kind} margin must be {'above 1' if kind == 'ratio' else 'positive'}"
+            )
+        margins[metric] = {"kind": kind, "value": number}
+    return margins
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", action="append", required=True, help="a results directory (repeatable)")
@@ -196,7 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="only runs of this model")
     parser.add_argument("--metrics", default=",".join(METRICS))
     parser.add_argument("--out", default=None, help="write the markdown here (and a .json beside it)")
+    parser.add_argument(
+        "--margin", action="append", default=[], help="metric=value: replaces that metric's margin (repeatable)"
+    )
+    parser.add_argument("--picked", default=None, help="method prefix of the variants a claim picks the best of")
     args = parser.parse_args(argv)
+    margins = margins_given(args.margin)
     runs = load_runs(args.results)
     if runs.empty:
         raise SystemExit(f"--results {args.results}: no runs there")
@@ -206,8 +279,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.reference not in set(runs["method"]):
         known = ", ".join(sorted(set(runs["method"].astype(str))))
         raise SystemExit(f"--reference {args.reference!r}: no run of that method (methods: {known})")
-    table = paired_table(runs, args.reference, metrics)
-    text = to_markdown(table, args.reference, metrics)
+    try:
+        table = paired_table(runs, args.reference, metrics, margins, args.picked)
+    except ValueError as err:
+        raise SystemExit(f"--margin: {err}") from err
+    text = to_markdown(table, args.reference, metrics, margins)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -771,7 +771,7 @@ FIGURES: dict[str, FigureSpec] = {
         FigureSpec("block_selection", block_selection, (Sweep("paper/block_selection", 72),)),
         FigureSpec("layer_distances", layer_distances, (Sweep("paper/layer_distances", 1),)),
         FigureSpec("leaderboard", leaderboard, (Sweep("paper/leaderboard", 6),)),
-        FigureSpec("methods_quality_speed", quality_speed, (Sweep("methods/equal_compression", 28),)),
+        FigureSpec("methods_quality_speed", quality_speed, (Sweep("methods/equal_compression", 30),)),
     )
 }
 for _figure in FIGURES.values():

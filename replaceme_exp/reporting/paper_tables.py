@@ -65,7 +65,8 @@ from replaceme_exp.reporting.paper_settings import (
     select_cell,
 )
 from replaceme_exp.reporting.paths import file_name
-from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, interval_of, mark_column, stderr_of
+from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, draws_interval, interval_of, mark_column, stderr_of
+from replaceme_exp.results.row import decode_cell, format_cuts
 from replaceme_exp.results.store import ResultsStore
 from replaceme_exp.selection.cuts import blocks_to_prune
 
@@ -267,7 +268,9 @@ def format_value(value: float) -> str:
 
 def format_cell(values: pd.Series, interval: tuple[float, float] | None = None) -> str:
     """One run: its value, with its 95% ``interval`` ``[low, high]`` when it has one; several runs
-    (seeds): ``mean ± std (n=k)``; none: ``—``."""
+    (seeds or calibration draws): ``mean ± std (n=k)``, the spread between them, with the 95% interval of
+    the mean over both levels (runs and evaluation units: ``mean [low, high] ± std (n=k)``) when it has
+    one; none: ``—``."""
     values = pd.to_numeric(values, errors="coerce").dropna()
     if values.empty:
         return MISSING
@@ -275,7 +278,81 @@ def format_cell(values: pd.Series, interval: tuple[float, float] | None = None) 
         shown = format_value(values.iloc[0])
         return f"{shown} [{format_value(interval[0])}, {format_value(interval[1])}]" if interval else shown
     std = values.std(ddof=1)
-    return f"{values.mean():.4g} ± {std:.2g} (n={len(values)})" if not math.isnan(std) else format_value(values.mean())
+    if math.isnan(std):
+        return format_value(values.mean())
+    mean = format_value(values.mean())
+    shown = f"{mean} [{format_value(interval[0])}, {format_value(interval[1])}]" if interval else mean
+    return f"{shown} ± {std:.2g} (n={len(values)})"
+
+
+# What a speed was measured with, besides the architectures: runs that share all of them measured the same thing.
+SPEED_CONDITIONS = (
+    "speed_architecture",
+    "speed_architecture_baseline",
+    "speed_processor",
+    "speed_device",
+    "speed_dtype",
+    "speed_threads",
+    "speed_prompt_len",
+    "speed_gen_len",
+    "speed_batch",
+    "speed_rounds",
+)
+
+
+def architecture_runs(finished: pd.DataFrame | None, run: pd.Series) -> pd.DataFrame | None:
+    """The runs that measured ``run``'s pruned architecture against the same unpruned one, with the same
+    speed settings on the same processor (not those that reused a figure: ``speed_reused``); None when
+    ``run`` records no architecture (rows before 2026-12-07)."""
+    if finished is None or not isinstance(run.get("speed_architecture"), str):
+        return None
+    if any(c not in finished.columns for c in SPEED_CONDITIONS):
+        return None
+    same = finished
+    for column in SPEED_CONDITIONS:
+        same = same[same[column].astype(str) == str(run.get(column))]
+    if "speed_reused" in same.columns:
+        same = same[~same["speed_reused"].map(lambda v: isinstance(v, (bool, np.bool_)) and bool(v))]
+    return same
+
+
+RANGE_NOTE = (
+    "(floor): the task's score is within noise of its floor, the larger of chance and the trivial baseline that "
+    "answers every item with the answer most frequent among the others (its interval reaches it); (ceiling): "
+    "0.9 or more, little room to show a difference (docs/guides/offline-tasks.md)."
+)
+
+
+def range_mark(runs: pd.DataFrame, metric: str) -> str | None:
+    """``floor`` or ``ceiling`` when every run of a cell of a task's score (``score_<task>``,
+    ``<metric>_<task>``) says its score sits there (``score_range_<task>``); None otherwise."""
+    marks = set()
+    for _, run in runs.iterrows():
+        declared = decode_cell(run.get("eval_metrics"))
+        if not isinstance(declared, dict):
+            return None
+        task = next((t for t, m in declared.items() if metric in (f"score_{t}", f"{m}_{t}")), None)
+        if task is None:
+            return None
+        marks.add(run.get(f"score_range_{task}"))
+    found = marks.pop() if len(marks) == 1 else None
+    return found if isinstance(found, str) else None
+
+
+def draws_line(label: str, runs: pd.DataFrame) -> str | None:
+    """``<label>: blocks removed per calibration draw: <cuts> (draw 0), ...`` for a row of several runs
+    that record their cuts (None otherwise): the spread of the selection itself."""
+    if len(runs) < 2 or "cuts" not in runs.columns:
+        return None
+    by_cuts: dict[str, list[str]] = {}
+    for _, run in runs.iterrows():
+        draw = run.get("calibration_draw")
+        name = f"draw {int(draw)}" if isinstance(draw, (int, np.integer, float)) and not pd.isna(draw) else "a run"
+        seed = run.get("seed")
+        name += f", seed {int(seed)}" if len(set(runs.get("seed", pd.Series(dtype=float)).dropna())) > 1 else ""
+        by_cuts.setdefault(format_cuts(run.get("cuts"), missing="none"), []).append(name)
+    parts = [f"{cuts} ({'; '.join(names)})" for cuts, names in by_cuts.items()]
+    return f"{label}: blocks removed by each of its {len(runs)} runs: " + ", ".join(parts)
 
 
 def run_interval(run: pd.Series, metric: str) -> tuple[float, float] | None:
@@ -383,10 +460,12 @@ class _Rendering:
     failures: list[str] = field(default_factory=list)
     row_notes: list[str] = field(default_factory=list)
     estimated: bool = False
+    ranges: bool = False  # a task's score at its floor or near its ceiling was marked
     off_version: bool = False
     untrained: bool = False
     ranked: dict[str, dict[int, Cell]] = field(default_factory=dict)  # header -> {id of the row's cells: cell}
     runs_of: dict[str, list[dict]] = field(default_factory=dict)
+    finished: pd.DataFrame | None = None  # every finished run, for a speed's architecture
 
 
 def build_table(
@@ -408,7 +487,7 @@ def build_table(
     for column in spec.column_specs(suite):
         metric, header = retarget.metric(column.metric)  # e.g. Lambada's perplexity -> the suite's
         columns.append(Column(header or column.header, metric, column.conditions))
-    rendering = _Rendering()
+    rendering = _Rendering(finished=finished)
     for row in spec.row_specs():
         cells = {"Setting": row.shown_label, **{t: row.text.get(t, "") for t in spec.text_columns}}
         if row.run_of is not None:
@@ -431,6 +510,9 @@ def build_table(
                     rendering.failures.append(line)
             _fill_measured_cells(cells, columns, shown, rendering)
             _mark_row(cells, shown, rendering)
+            widest = max(shown.values(), key=len) if shown else None
+            if widest is not None and (line := draws_line(row.shown_label, widest)) is not None:
+                rendering.row_notes.append(line)
         if row.note:
             rendering.row_notes.append(f"{row.shown_label}: {row.note.rstrip('.')}")
         rendering.out.append(cells)
@@ -447,6 +529,7 @@ def build_table(
         retargeted += " The quoted rows of other papers (the paper's model and suite) are left out."
     table.attrs.update(notes=rendering.notes, retargeted=retargeted, counts=tally.line(spec.name))
     table.attrs.update(estimated=rendering.estimated, failures=rendering.failures, off_version=rendering.off_version)
+    table.attrs.update(ranges=rendering.ranges)
     table.attrs.update(untrained=rendering.untrained, row_notes=rendering.row_notes)
     table.attrs.update(harness_rows=bool(rendering.runs_of), leaders=led)
     return table
@@ -505,9 +588,20 @@ def _fill_measured_cells(
     for column in columns:
         in_cell = shown[_condition_key(column.conditions)]
         metric = column.metric
+        same = architecture_runs(rendering.finished, in_cell.iloc[0]) if len(in_cell) == 1 else None
+        if metric.endswith("_speedup") and same is not None and metric in same.columns:
+            # one figure per architecture: the jobs that measured it (median, and their range)
+            values = pd.to_numeric(same[metric], errors="coerce").dropna()
+            if len(values) > 1:
+                low, high = format_value(values.min()), format_value(values.max())
+                cells[column.header] = f"{format_value(values.median())} [{low}, {high}] ({len(values)} jobs)"
+                ranked = rendering.ranked.setdefault(column.header, {})
+                ranked[id(cells)] = Cell(float(values.median()), same.loc[values.index])
+                continue
         if metric in in_cell.columns:
             values = pd.to_numeric(in_cell[metric], errors="coerce").dropna()
-            interval = run_interval(in_cell.iloc[0], metric) if len(values) == 1 else None
+            runs_ = in_cell.loc[values.index]
+            interval = run_interval(in_cell.iloc[0], metric) if len(values) == 1 else draws_interval(runs_, metric)
             cells[column.header] = format_cell(in_cell[metric], interval)
             mean = float(values.mean()) if not values.empty else None
             rendering.ranked.setdefault(column.header, {})[id(cells)] = Cell(mean, in_cell.loc[values.index])
@@ -516,6 +610,9 @@ def _fill_measured_cells(
         if is_energy_metric(metric) and any_estimated(in_cell):
             cells[column.header] = marked(cells[column.header], True)
             rendering.estimated = True
+        if (mark := range_mark(in_cell, metric)) is not None:
+            cells[column.header] = f"{cells[column.header]} ({mark})"
+            rendering.ranges = True
 
 
 def _with_quoted_rows(
@@ -565,9 +662,11 @@ def caption(spec: TableSpec, table: pd.DataFrame | None = None) -> str:
 
 def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = None, bullet: str = "") -> list[str]:
     lines = [
-        "Cells average the finished runs of one setting, which differ only in the seed "
-        f"(mean ± std (n)); a single run shows its 95% interval in brackets where it has one (held-out "
-        "perplexity and avg-acc: a bootstrap over windows / items; a task's score: ±1.96 lm-eval standard "
+        "Cells average the finished runs of one setting, which differ only in the seed or the calibration "
+        "draw (mean [95% interval over the runs and the documents or items, where they share them] ± std between "
+        f"the runs (n)); a single run shows its 95% interval in brackets where it has one (held-out "
+        "perplexity: a bootstrap over documents (windows for older rows); avg-acc: over items, by cluster where "
+        "a task declares them; a task's score: ±1.96 lm-eval standard "
         f"errors, within [0, 1]; a speedup: over its timing rounds); {MISSING} = no finished run; "
         "Runs counts the runs shown."
     ]
@@ -589,6 +688,8 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
         )
     if table is not None and table.attrs.get("estimated"):
         lines.append(ESTIMATED_NOTE)
+    if table is not None and table.attrs.get("ranges"):
+        lines.append(RANGE_NOTE)
     if table is not None and table.attrs.get("off_version"):
         lines.append(version_marks.NOTE)
     notes = table_notes(table) if table is not None else []

@@ -381,8 +381,8 @@ def failed_lines(group: Group) -> list[str]:
 # The overview's figures: (file stem, metrics, title, caption). A metric list with "score_*" /
 # "clip" expands to every such column the sweep records (one panel each).
 ERROR_NOTE = (
-    "Error bars: ±1 standard error (lm-eval's for a run; between the runs where several seeds share a point); "
-    "dashed: the unpruned model."
+    "Error bars: ±1 standard error (a run's: the one its recorded 95% interval implies, else lm-eval's; "
+    "between the runs where several seeds or calibration draws share a point); dashed: the unpruned model."
 )
 CLIP_PREFIXES_PLOTTED = CLIP_PREFIXES
 
@@ -410,8 +410,20 @@ def overview_figures(frame: pd.DataFrame, folder: Path) -> list[tuple[Path, str]
     """Draw the sweep's overview figures into ``folder``; returns (PNG, caption) of each drawn."""
     axes = sweep_axes(frame)
     plans = [
-        ("ppl_heldout", ["ppl_heldout"], True, "Held-out perplexity (bars: its 95% bootstrap interval over windows)."),
-        ("avg_acc", ["avg_acc"], True, "Average accuracy over the suite's tasks (its standard error from the tasks')."),
+        (
+            "ppl_heldout",
+            ["ppl_heldout"],
+            True,
+            "Held-out perplexity (bars: ±1 standard error, the one its 95% bootstrap interval over documents, or "
+            "windows for rows before 2026-12-07, implies; between the runs where several share a point).",
+        ),
+        (
+            "avg_acc",
+            ["avg_acc"],
+            True,
+            "Average accuracy over the suite's tasks (bars: ±1 standard error, the one its 95% bootstrap interval "
+            "over items implies; between the runs where several share a point).",
+        ),
         ("tasks", score_columns(frame) if len(score_columns(frame)) > 1 else [], False, "Each task's score."),
         ("cos_dist", ["cos_dist_after"], True, "Mean cosine distance across each cut on held-out text, with T."),
         ("clip", clip_columns(frame), False, "CLIP benchmarks."),

@@ -6,12 +6,16 @@ every other cell with it (:func:`compare_cells`):
 
 1. **Paired**, when both cells are one run each, scored on the same units: the same held-out windows
    (``ppl_heldout_windows_hash``; :func:`~replaceme_exp.evaluation.intervals.paired_perplexity` on the
-   log of their ratio) or the same lm-eval items (``items_hash_<task>``;
+   log of their ratio, drawn by document where the row names each window's) or the same lm-eval items
+   (``items_hash_<task>``;
    :func:`~replaceme_exp.evaluation.intervals.paired_means`).
-2. **Unpaired** otherwise: the normal approximation on the two cells' standard errors (several seeds:
+2. **Paired over calibration draws**, when both cells hold the same draws (seed, ``calibration_draw``),
+   every run scored on the same units: a two-level bootstrap (draws and documents or items resampled)
+   of the mean draw-by-draw difference.
+3. **Unpaired** otherwise: the normal approximation on the two cells' standard errors (several seeds:
    their standard deviation over ``sqrt(n)``; one run: lm-eval's standard error, or the one its
    recorded 95% interval implies, on the log scale for a perplexity or a speedup).
-3. **Not at all** when a cell has no uncertainty: it is neither marked best nor tied, and a column
+4. **Not at all** when a cell has no uncertainty: it is neither marked best nor tied, and a column
    whose best cell has none is not ranked (compression time, CO2: one measurement each).
 
 The best cell and every cell tied with it are the column's *leaders* (bold in the tables).
@@ -28,8 +32,14 @@ import pandas as pd
 from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, decode_items
 from replaceme_exp.evaluation.intervals import (
     Comparison,
+    draws_means,
+    draws_perplexity,
+    paired_draws_means,
+    paired_draws_perplexity,
     paired_means,
     paired_perplexity,
+    simultaneous_means,
+    simultaneous_perplexity,
     stderr_from_interval,
     unpaired,
 )
@@ -78,11 +88,13 @@ def _accuracy_tasks(run: pd.Series, metric: str) -> list[str] | None:
 @dataclass(frozen=True)
 class Units:
     """What one run's value of a metric rests on: ``kind`` (``windows`` or ``items``), ``key`` (equal
-    keys: the same units in the same order) and the per-unit data."""
+    keys: the same units in the same order), the per-unit data and the clusters a bootstrap draws
+    (windows: each window's document, or None; items: per task None or each item's cluster)."""
 
     kind: str
     key: tuple
     data: tuple
+    clusters: object = None
 
 
 def units_of(run: pd.Series, metric: str) -> Units | None:
@@ -93,18 +105,23 @@ def units_of(run: pd.Series, metric: str) -> Units | None:
         key = run.get("ppl_heldout_windows_hash")
         if nll is None or not isinstance(tokens, list) or not isinstance(key, str) or len(tokens) != len(nll):
             return None
-        return Units("windows", (key,), (nll, np.asarray(tokens, dtype=np.float64)))
+        documents = decode_cell(run.get("ppl_heldout_window_documents"))
+        documents = tuple(documents) if isinstance(documents, list) and len(documents) == len(nll) else None
+        return Units("windows", (key, documents), (nll, np.asarray(tokens, dtype=np.float64)), documents)
     tasks = _accuracy_tasks(run, metric)
     if not tasks:
         return None
-    items, keys = [], []
+    items, keys, clusters = [], [], []
     for task in tasks:
         values, key = decode_items(run.get(f"score_items_{task}")), run.get(f"items_hash_{task}")
         if values is None or not isinstance(key, str):
             return None
+        codes = decode_cell(run.get(f"item_clusters_{task}"))
+        codes = list(codes) if isinstance(codes, list) and len(codes) == len(values) else None
         items.append(values)
-        keys.append(f"{task}:{key}")
-    return Units("items", tuple(keys), tuple(items))
+        keys.append(f"{task}:{key}:{'clustered' if codes else 'items'}")
+        clusters.append(codes)
+    return Units("items", tuple(keys), tuple(items), clusters)
 
 
 def interval_of(run: pd.Series, metric: str) -> tuple[float | None, float | None]:
@@ -155,17 +172,73 @@ class Cell:
         return stderr_of(self.runs.iloc[0], metric) if len(self.runs) == 1 else None
 
 
+def _by_draw(runs: pd.DataFrame) -> dict | None:
+    """A cell's runs by (seed, calibration draw); None when two share one (or the rows do not say)."""
+    keys = [(run.get("seed"), run.get("calibration_draw", 0)) for _, run in runs.iterrows()]
+    if len(set(keys)) != len(keys):
+        return None
+    return {key: run for key, (_, run) in zip(keys, runs.iterrows())}
+
+
+def _draw_units(runs: list[pd.Series], metric: str) -> list[Units] | None:
+    """The units of several runs of one setting (its draws), when all rest on the same ones."""
+    found = [units_of(run, metric) for run in runs]
+    if any(u is None for u in found) or len({(u.kind, u.key) for u in found}) != 1:
+        return None
+    if found[0].kind == "windows" and not all(np.array_equal(u.data[1], found[0].data[1]) for u in found):
+        return None
+    return found
+
+
+def draws_interval(runs: pd.DataFrame, metric: str) -> tuple[float, float] | None:
+    """The 95% interval of a cell's mean over its calibration draws (several runs of one setting): a
+    two-level bootstrap over the draws and the documents or items they were all scored on; None when the
+    runs do not rest on the same units."""
+    units = _draw_units([run for _, run in runs.iterrows()], metric) if len(runs) > 1 else None
+    if units is None:
+        return None
+    if units[0].kind == "windows":
+        _, low, high = draws_perplexity(
+            np.stack([u.data[0] for u in units]), units[0].data[1], clusters=units[0].clusters
+        )
+    else:
+        _, low, high = draws_means([list(u.data) for u in units], clusters=units[0].clusters)
+    return low, high
+
+
+def compare_over_draws(a: Cell, b: Cell, metric: str) -> Comparison | None:
+    """Two cells of several calibration draws each, on the same draws (seed, draw) and the same units: the
+    mean over draws of their draw-by-draw paired difference, with a two-level bootstrap
+    (:func:`~replaceme_exp.evaluation.intervals.paired_draws_perplexity`,
+    :func:`~replaceme_exp.evaluation.intervals.paired_draws_means`); None otherwise."""
+    by_a, by_b = _by_draw(a.runs), _by_draw(b.runs)
+    if not by_a or not by_b or set(by_a) != set(by_b) or len(by_a) < 2:
+        return None
+    keys = sorted(by_a, key=str)
+    units = _draw_units([by_a[k] for k in keys] + [by_b[k] for k in keys], metric)
+    if units is None:
+        return None
+    ua, ub = units[: len(keys)], units[len(keys) :]
+    if ua[0].kind == "windows":
+        nll_a, nll_b = (np.stack([u.data[0] for u in side]) for side in (ua, ub))
+        return paired_draws_perplexity(nll_a, nll_b, ua[0].data[1], clusters=ua[0].clusters)
+    return paired_draws_means([list(u.data) for u in ua], [list(u.data) for u in ub], clusters=ua[0].clusters)
+
+
 def compare_cells(a: Cell, b: Cell, metric: str) -> Comparison | None:
     """``a`` against ``b`` on ``metric`` (see the module docstring); None when they cannot be compared."""
     if a.value is None or b.value is None:
         return None
+    if len(a.runs) > 1 or len(b.runs) > 1:
+        if (over_draws := compare_over_draws(a, b, metric)) is not None:
+            return over_draws
     if len(a.runs) == 1 and len(b.runs) == 1:
         ua, ub = units_of(a.runs.iloc[0], metric), units_of(b.runs.iloc[0], metric)
         if ua is not None and ub is not None and ua.kind == ub.kind and ua.key == ub.key:
             if ua.kind == "windows" and np.array_equal(ua.data[1], ub.data[1]):
-                return paired_perplexity(ua.data[0], ub.data[0], ua.data[1])
+                return paired_perplexity(ua.data[0], ub.data[0], ua.data[1], clusters=ua.clusters)
             if ua.kind == "items" and all(x.shape == y.shape for x, y in zip(ua.data, ub.data)):
-                return paired_means(list(ua.data), list(ub.data))
+                return paired_means(list(ua.data), list(ub.data), clusters=ua.clusters)
     se_a, se_b = a.stderr(metric), b.stderr(metric)
     if se_a is None or se_b is None:
         return None
@@ -174,6 +247,24 @@ def compare_cells(a: Cell, b: Cell, metric: str) -> Comparison | None:
             return None
         return unpaired(math.log(a.value), se_a, math.log(b.value), se_b)
     return unpaired(a.value, se_a, b.value, se_b)
+
+
+def compare_family(runs: list[pd.Series], reference: pd.Series, metric: str) -> list[Comparison] | None:
+    """Each of ``runs`` against ``reference`` on ``metric`` with intervals that hold for all of them at
+    once (max-T over the same resamples: :func:`~replaceme_exp.evaluation.intervals.simultaneous_perplexity`,
+    :func:`~replaceme_exp.evaluation.intervals.simultaneous_means`), for a claim that picks the best of
+    them. None unless every run was scored on the reference's units."""
+    ref = units_of(reference, metric)
+    found = [units_of(run, metric) for run in runs]
+    if ref is None or not runs or any(u is None or u.kind != ref.kind or u.key != ref.key for u in found):
+        return None
+    if ref.kind == "windows":
+        if not all(np.array_equal(u.data[1], ref.data[1]) for u in found):
+            return None
+        return simultaneous_perplexity([u.data[0] for u in found], ref.data[0], ref.data[1], clusters=ref.clusters)
+    if not all(all(x.shape == y.shape for x, y in zip(u.data, ref.data)) for u in found):
+        return None
+    return simultaneous_means([list(u.data) for u in found], list(ref.data), clusters=ref.clusters)
 
 
 def mark_column(cells: dict, metric: str) -> dict:
@@ -200,7 +291,8 @@ def mark_column(cells: dict, metric: str) -> dict:
 
 LEADERS_NOTE = (
     "Bold: the best value of a column and every value within noise of it (the 95% interval of the "
-    "difference contains 0: a paired bootstrap over the same held-out windows or lm-eval items, else "
+    "difference contains 0: a paired bootstrap over the same held-out documents or lm-eval items, drawn by "
+    "cluster where they share one, else "
     "the normal approximation on both standard errors); a column without uncertainty (one measurement "
     "each) is not ranked."
 )

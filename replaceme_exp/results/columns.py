@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from replaceme_exp.evaluation.architecture import ARCHITECTURE_COLUMNS
 from replaceme_exp.evaluation.speed import SPEED_COLUMNS
 
 # Identity and provenance: the columns every row starts with (results/row.py).
@@ -25,8 +26,8 @@ IDENTITY_COLUMNS: dict[str, str] = {
     "config_hash": "Hash of the job's effective settings, model weights by content and `SEMANTICS_VERSION`: "
     "a finished row with this hash makes a rerun skip (`invalid-<hash>` for a configuration refused before "
     "its settings could be derived).",
-    "setting_hash": "The config hash without the seed: rows that share it differ only in the seed (the only "
-    "runs a paper-table cell averages).",
+    "setting_hash": "The config hash without the seed and the calibration draw: rows that share it differ only in "
+    "them (the only runs a paper-table cell averages).",
     "status": "`running` while the job runs, then `finished` or `failed`; `skipped` in a skipped job's row "
     "(under `skips/`: not a run).",
     "finished_run_id": "A skipped job's row: the run id of the finished row of its configuration that made it "
@@ -62,6 +63,10 @@ SETTING_COLUMNS: dict[str, str] = {
     "capture_4bit": "Activations captured from an NF4 copy of the model (`model.capture_4bit`).",
     "calibration": "The calibration option (`calibration.name`).",
     "n_calib_samples": "Calibration samples asked for (`calibration.n_samples`).",
+    "calibration_draw": "Which calibration draw (`calibration.draw`): 0 the sample the seed draws, k > 0 another "
+    "sample with every other seed kept; rows that differ only in it (or the seed) share `setting_hash`.",
+    "calibration_sample_seed": "The seed that drew the calibration sample: `calibration.seed` for draw 0, else one "
+    "derived from (seed, draw).",
     "calib_seq_len": "Calibration sequence length in tokens (`calibration.seq_len`, where the source has one).",
     "calibration_order": "How records are drawn: `shuffled` or `first` (the official loader's order).",
     "calibration_chat_turns": "Which chat turns a record gives: `all` or `first_pair` (the official code's).",
@@ -113,6 +118,8 @@ SETTING_COLUMNS: dict[str, str] = {
     "eval_seq_len": "Tokens per held-out perplexity window; None for a vision model.",
     "eval_max_windows": "At most this many held-out windows (null: all); moves the perplexity. "
     "None for a vision model.",
+    "eval_windows_per_document": "At most this many held-out windows per document (`eval.text=documents`; null "
+    "otherwise).",
     "eval_text_path": "A local held-out text file, absolute; None for the shipped text.",
     "eval_text_sha256": "The content hash of `eval_text_path`.",
     "healing_data_path": "A local healing text file, absolute; None otherwise.",
@@ -186,12 +193,18 @@ MEASURED_COLUMNS: dict[str, str] = {
     "ppl_heldout_baseline": "The same of the unpruned model.",
     "ppl_heldout_before_healing": "The pruned model's held-out perplexity before healing.",
     "<ppl_heldout|ppl_heldout_baseline|ppl_heldout_before_healing>_<ci_low|ci_high>": "The 95% interval of that "
-    "held-out perplexity: a percentile bootstrap over the windows (`ppl_heldout_interval`).",
+    "held-out perplexity: a percentile bootstrap over its documents, each with all its windows (over windows "
+    "for `eval.text=pydoc_heldout` or `text_file`: `ppl_heldout_interval`).",
     "<ppl_heldout|ppl_heldout_baseline|ppl_heldout_before_healing>_window_nll": "JSON: each held-out window's "
     "summed next-token NLL (nats), in window order: what a paired comparison of two rows scored on the same "
     "windows (`ppl_heldout_windows_hash`) resamples.",
     "ppl_heldout_interval": "How the held-out perplexity's interval was obtained (95% percentile bootstrap over "
-    "windows, and the resamples).",
+    "documents or over windows, and the resamples).",
+    "ppl_heldout_documents": "Held-out documents the perplexity and its interval rest on (null: windows of one "
+    "text, `eval.text=pydoc_heldout` or `text_file`).",
+    "ppl_heldout_window_documents": "JSON: each held-out window's document (`<domain>:<name>`), in window order: "
+    "the clusters a paired comparison resamples.",
+    "ppl_heldout_domains": "JSON: the held-out documents per domain (`pydoc`, `abstracts`).",
     "ppl_heldout_windows": "Held-out windows the perplexity and its interval rest on.",
     "ppl_heldout_tokens": "Held-out tokens predicted (the perplexity's denominator).",
     "ppl_heldout_window_tokens": "JSON: the predicted tokens of each held-out window, in window order.",
@@ -215,6 +228,18 @@ MEASURED_COLUMNS: dict[str, str] = {
     "lm_eval_version_protocol": "The lm-eval version the job's protocol scored with (official: 0.4.8, the official "
     "code's pin); None where the protocol names none.",
     "lm_eval_off_protocol": "True when `lm_eval_version` differs from `lm_eval_version_protocol`: tables mark the row.",
+    "eval_item_clusters": "JSON: task -> what its items share (`eval.harness.clusters`; `answer`: items with the "
+    "same gold answer), resampled together by the tasks' and `avg_acc`'s intervals.",
+    "floor_chance_<task>": "The task's chance score: the mean of 1 / choices over its scored items (null for "
+    "generated answers).",
+    "floor_majority_<task>": "The trivial baseline's score: each item answered with the answer most frequent among "
+    "the other items' gold answers (among its choices; ties at random).",
+    "item_clusters_<task>": "JSON: each item's cluster (`eval.harness.clusters`), in document order; null when the "
+    "task declares none.",
+    "score_<task>_<ci_low|ci_high>": "The 95% interval of `score_<task>`: a bootstrap over its items, by cluster "
+    "where declared.",
+    "score_range_<task>": "`floor` when the score's interval reaches the task's floor (the larger of chance and the "
+    "trivial baseline), `ceiling` when the score is 0.9 or more; null otherwise.",
     "eval_tasks_digest": "The project's offline task files (YAMLs and items) by content, for a suite of local tasks "
     "(the unpruned scores are cached under it); None for hub tasks.",
     "<package>_version": "The installed version of a library a kind of job depends on.",
@@ -257,6 +282,7 @@ MEASURED_COLUMNS: dict[str, str] = {
 
 
 MEASURED_COLUMNS.update(SPEED_COLUMNS)
+MEASURED_COLUMNS.update(ARCHITECTURE_COLUMNS)
 MEASURED_COLUMNS["speed_skipped"] = (
     "Why the speed and memory were not measured (the unpruned copy they compare with did not fit beside the "
     "pruned model); None when measured or `eval.speed.enabled=false`."

@@ -26,6 +26,7 @@ TINY = [
     "eval.seq_len=64",
     "eval.max_windows=4",
     "eval=heldout",  # held-out perplexity only: the suite these rows were pinned with (then called quick)
+    "eval.text=pydoc_heldout",  # the text these rows were pinned with (before eval.text=documents, 2026-12-07)
     "tracking.wandb.mode=disabled",
     "tracking.codecarbon.enabled=false",
     "eval.samples=null",
