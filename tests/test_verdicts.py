@@ -118,3 +118,35 @@ def test_the_picked_variants_of_a_cell_get_simultaneous_intervals():
             assert picked.loc[label, "ppl_heldout_vs_low"] == alone.loc[label, "ppl_heldout_vs_low"]
     text = to_markdown(picked.reset_index(), "SLEB")
     assert "Margins (fixed in advance): ppl_heldout: ratio 1.05, avg_acc: 2 points" in text and "]* " in text
+
+
+def test_runs_of_one_setting_on_several_draws_are_one_row_compared_over_the_draws():
+    """Three calibration draws of each setting (one setting_hash): one row each, its value the mean over
+    the draws, its comparison paired draw by draw; picked variants on several draws get a Bonferroni level."""
+    rows = []
+    for draw in range(3):
+        rows.append(measured(10 + draw, "SLEB", 1.00 + 0.01 * draw, (300, 200), calibration_draw=draw, seed=42))
+        for k, scale in enumerate((1.01, 1.2)):
+            rows.append(
+                measured(
+                    20 + 3 * k + draw,
+                    "ReplaceMe LS",
+                    scale + 0.01 * draw,
+                    (300, 200),
+                    calibration_draw=draw,
+                    seed=42,
+                    alpha=k,
+                    setting_hash=f"ls{k}",
+                )
+            )
+    frame = pd.DataFrame(rows)
+    frame.loc[frame["method"] == "SLEB", "setting_hash"] = "sleb"
+    table = paired_table(frame, "SLEB", picked="ReplaceMe").set_index("label")
+    assert len(table) == 2 and set(table["runs"]) == {3}
+    near, far = table.iloc[0], table.iloc[1]
+    assert "3 draws" in near["ppl_heldout_vs_method"] and near["ppl_heldout_simultaneous"]
+    assert near["ppl_heldout_verdict"] == "level" and far["ppl_heldout_verdict"] == "behind"
+    alone = paired_table(frame, "SLEB").set_index("label")
+    width = near["ppl_heldout_vs_high"] / near["ppl_heldout_vs_low"]
+    assert width > alone.iloc[0]["ppl_heldout_vs_high"] / alone.iloc[0]["ppl_heldout_vs_low"]
+    assert "(3 runs)" in to_markdown(table.reset_index(), "SLEB")

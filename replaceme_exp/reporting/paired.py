@@ -27,13 +27,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from replaceme_exp.evaluation.intervals import Comparison
+from replaceme_exp.evaluation.intervals import LEVEL, Comparison
 from replaceme_exp.methods import METHODS
 from replaceme_exp.reporting import verdicts
 from replaceme_exp.reporting.ties import (
     Cell,
     compare_cells,
     compare_family,
+    draws_interval,
     higher_is_better,
     interval_of,
     on_log_scale,
@@ -87,27 +88,42 @@ def labels(runs: pd.DataFrame) -> pd.Series:
     return out
 
 
+def settings_of(runs: pd.DataFrame) -> list[pd.DataFrame]:
+    """``runs`` (one model and compression) as settings: the runs that differ only in the seed or the
+    calibration draw (one ``setting_hash``; a run without one alone), in the order first seen."""
+    keys = runs["setting_hash"] if "setting_hash" in runs.columns else pd.Series(index=runs.index, dtype=object)
+    keys = [k if isinstance(k, str) else f"run:{i}" for i, k in zip(runs.index, keys)]
+    order = list(dict.fromkeys(keys))
+    return [runs.loc[[i for i, k in zip(runs.index, keys) if k == key]] for key in order]
+
+
+def _mean(runs: pd.DataFrame, metric: str) -> float | None:
+    values = pd.to_numeric(runs[metric], errors="coerce").dropna() if metric in runs.columns else pd.Series([])
+    return float(values.mean()) if len(values) else None
+
+
 def _comparisons(
-    group: pd.DataFrame, best: dict, metric: str, picked: str | None
+    settings: list[pd.DataFrame], reference: int, metric: str, picked: str | None
 ) -> dict[int, tuple[Comparison | None, bool]]:
-    """Each run of ``group`` (its index) against the reference's best run on ``metric``: (comparison,
-    simultaneous). The variants of ``picked`` together (max-T), when they share the reference's units;
-    every other run on its own."""
-    reference = group.loc[best[metric]]
+    """Each setting (its position in ``settings``) against the reference's best setting on ``metric``:
+    (comparison, simultaneous). The variants of ``picked`` together: one run each, max-T over the same
+    resamples when they share the reference's units; several draws each, a Bonferroni level
+    (``1 - 0.05 / k``) on each two-level comparison. Every other setting on its own."""
+    ref = settings[reference]
     out: dict[int, tuple[Comparison | None, bool]] = {}
-    family = [i for i in group.index if picked and str(group.loc[i, "method"]).startswith(picked) and i != best[metric]]
-    present = [i for i in family if pd.notna(pd.to_numeric(group.loc[i].get(metric), errors="coerce"))]
-    joint = compare_family([group.loc[i] for i in present], reference, metric) if len(present) > 1 else None
-    if joint is not None:
-        out.update({i: (c, True) for i, c in zip(present, joint)})
-    for index in group.index:
-        if index in out or index == best[metric]:
+    present = [i for i, runs in enumerate(settings) if i != reference and _mean(runs, metric) is not None]
+    family = [i for i in present if picked and str(settings[i]["method"].iloc[0]).startswith(picked)]
+    if len(family) > 1 and len(ref) == 1 and all(len(settings[i]) == 1 for i in family):
+        joint = compare_family([settings[i].iloc[0] for i in family], ref.iloc[0], metric)
+        if joint is not None:
+            out.update({i: (c, True) for i, c in zip(family, joint)})
+    for i in present:
+        if i in out:
             continue
-        value = pd.to_numeric(group.loc[index].get(metric), errors="coerce")
-        if pd.isna(value):
-            continue
-        cell = Cell(float(value), group.loc[[index]])
-        out[index] = (compare_cells(cell, Cell(float(reference[metric]), group.loc[[best[metric]]]), metric), False)
+        joint = i in family and len(family) > 1
+        level = 1 - (1 - LEVEL) / len(family) if joint else LEVEL
+        cell, ref_cell = Cell(_mean(settings[i], metric), settings[i]), Cell(_mean(ref, metric), ref)
+        out[i] = (compare_cells(cell, ref_cell, metric, level), joint)
     return out
 
 
@@ -118,36 +134,43 @@ def paired_table(
     margins: dict[str, dict] | None = None,
     picked: str | None = None,
 ) -> pd.DataFrame:
-    """One row per finished run that is not the reference on every metric, grouped by (model,
-    n_prune): the run's value and interval, its comparison with the reference's best run
-    (``<metric>_vs``: ratio for a log-scale metric, difference otherwise, with ``_low`` / ``_high``,
-    ``_verdict`` (:func:`~replaceme_exp.reporting.verdicts.read` against ``margins``; ``reference`` where
-    the run is the reference's best) and ``_simultaneous`` (the interval holds jointly over the
-    ``picked`` variants)), and ``level`` (ahead or level on every metric). Groups without a reference
-    run are left out."""
+    """One row per setting (its runs: one, or several calibration draws or seeds) that is not the
+    reference on every metric, grouped by (model, n_prune): the setting's value (the mean over its runs)
+    and interval, its comparison with the reference's best setting (``<metric>_vs``: ratio for a
+    log-scale metric, difference otherwise, with ``_low`` / ``_high``, ``_verdict``
+    (:func:`~replaceme_exp.reporting.verdicts.read` against ``margins``; ``reference`` where the setting
+    is the reference's best) and ``_simultaneous`` (the interval holds jointly over the ``picked``
+    variants)), ``runs`` and ``level`` (ahead or level on every metric). Groups without a reference run
+    are left out."""
     runs = runs[runs["status"] == "finished"].reset_index(drop=True).copy()
     runs = runs.assign(label=labels(runs))
     out = []
     for (model, n_prune), group in runs.groupby(["model", "n_prune"], sort=True):
-        ref = group[group["method"] == reference]
-        if ref.empty:
+        settings = settings_of(group)
+        refs = [i for i, s in enumerate(settings) if s["method"].iloc[0] == reference]
+        if not refs:
             continue
         best = {}
         for metric in metrics:
-            values = pd.to_numeric(ref[metric], errors="coerce")
-            if values.notna().any():
-                best[metric] = values.idxmax() if higher_is_better(metric) else values.idxmin()
-        compared = {metric: _comparisons(group, best, metric, picked) for metric in best}
-        for index, run in group.iterrows():
+            values = {i: _mean(settings[i], metric) for i in refs}
+            values = {i: v for i, v in values.items() if v is not None}
+            if values:
+                pick = max if higher_is_better(metric) else min
+                best[metric] = pick(values, key=values.get)
+        compared = {metric: _comparisons(settings, best[metric], metric, picked) for metric in best}
+        for index, setting in enumerate(settings):
             if best and all(index == b for b in best.values()):
                 continue
-            cuts = format_cuts(run.get("cuts"), missing="")
-            row = {"model": model, "n_prune": n_prune, "label": run["label"], "cuts": cuts}
+            first = setting.iloc[0]
+            cuts = " / ".join(dict.fromkeys(format_cuts(c, missing="") for c in setting.get("cuts", [None])))
+            row = {"model": model, "n_prune": n_prune, "label": first["label"], "cuts": cuts, "runs": len(setting)}
             found = []
             for metric in metrics:
-                value = pd.to_numeric(run.get(metric), errors="coerce")
-                row[metric] = None if pd.isna(value) else float(value)
-                row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = interval_of(run, metric)
+                row[metric] = _mean(setting, metric)
+                low, high = interval_of(first, metric) if len(setting) == 1 else (None, None)
+                if len(setting) > 1 and (interval := draws_interval(setting, metric)) is not None:
+                    low, high = interval
+                row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = low, high
                 if metric not in best or row[metric] is None:
                     continue
                 if index == best[metric]:
@@ -210,7 +233,9 @@ def to_markdown(
             head += [f"{metric} [95%]", f"vs {reference} [95%]"]
         lines += ["| " + " | ".join(head + ["level"]) + " |", "|" + "---|" * (len(head) + 1)]
         for _, row in group.iterrows():
-            cells = [row["label"], row["cuts"]]
+            runs = row.get("runs")
+            shown = f"{row['label']} ({int(runs)} runs)" if isinstance(runs, (int, float)) and runs > 1 else row["label"]
+            cells = [shown, row["cuts"]]
             for metric in metrics:
                 digits = 1 if on_log_scale(metric) else 3
                 low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")

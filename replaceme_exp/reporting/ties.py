@@ -31,6 +31,7 @@ import pandas as pd
 
 from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, decode_items
 from replaceme_exp.evaluation.intervals import (
+    LEVEL,
     Comparison,
     draws_means,
     draws_perplexity,
@@ -206,7 +207,7 @@ def draws_interval(runs: pd.DataFrame, metric: str) -> tuple[float, float] | Non
     return low, high
 
 
-def compare_over_draws(a: Cell, b: Cell, metric: str) -> Comparison | None:
+def compare_over_draws(a: Cell, b: Cell, metric: str, level: float = LEVEL) -> Comparison | None:
     """Two cells of several calibration draws each, on the same draws (seed, draw) and the same units: the
     mean over draws of their draw-by-draw paired difference, with a two-level bootstrap
     (:func:`~replaceme_exp.evaluation.intervals.paired_draws_perplexity`,
@@ -221,32 +222,34 @@ def compare_over_draws(a: Cell, b: Cell, metric: str) -> Comparison | None:
     ua, ub = units[: len(keys)], units[len(keys) :]
     if ua[0].kind == "windows":
         nll_a, nll_b = (np.stack([u.data[0] for u in side]) for side in (ua, ub))
-        return paired_draws_perplexity(nll_a, nll_b, ua[0].data[1], clusters=ua[0].clusters)
-    return paired_draws_means([list(u.data) for u in ua], [list(u.data) for u in ub], clusters=ua[0].clusters)
+        return paired_draws_perplexity(nll_a, nll_b, ua[0].data[1], level=level, clusters=ua[0].clusters)
+    a_items, b_items = [list(u.data) for u in ua], [list(u.data) for u in ub]
+    return paired_draws_means(a_items, b_items, level=level, clusters=ua[0].clusters)
 
 
-def compare_cells(a: Cell, b: Cell, metric: str) -> Comparison | None:
-    """``a`` against ``b`` on ``metric`` (see the module docstring); None when they cannot be compared."""
+def compare_cells(a: Cell, b: Cell, metric: str, level: float = LEVEL) -> Comparison | None:
+    """``a`` against ``b`` on ``metric`` (see the module docstring) with a ``level`` interval; None when
+    they cannot be compared."""
     if a.value is None or b.value is None:
         return None
     if len(a.runs) > 1 or len(b.runs) > 1:
-        if (over_draws := compare_over_draws(a, b, metric)) is not None:
+        if (over_draws := compare_over_draws(a, b, metric, level)) is not None:
             return over_draws
     if len(a.runs) == 1 and len(b.runs) == 1:
         ua, ub = units_of(a.runs.iloc[0], metric), units_of(b.runs.iloc[0], metric)
         if ua is not None and ub is not None and ua.kind == ub.kind and ua.key == ub.key:
             if ua.kind == "windows" and np.array_equal(ua.data[1], ub.data[1]):
-                return paired_perplexity(ua.data[0], ub.data[0], ua.data[1], clusters=ua.clusters)
+                return paired_perplexity(ua.data[0], ub.data[0], ua.data[1], level=level, clusters=ua.clusters)
             if ua.kind == "items" and all(x.shape == y.shape for x, y in zip(ua.data, ub.data)):
-                return paired_means(list(ua.data), list(ub.data), clusters=ua.clusters)
+                return paired_means(list(ua.data), list(ub.data), level=level, clusters=ua.clusters)
     se_a, se_b = a.stderr(metric), b.stderr(metric)
     if se_a is None or se_b is None:
         return None
     if on_log_scale(metric):
         if a.value <= 0 or b.value <= 0:
             return None
-        return unpaired(math.log(a.value), se_a, math.log(b.value), se_b)
-    return unpaired(a.value, se_a, b.value, se_b)
+        return unpaired(math.log(a.value), se_a, math.log(b.value), se_b, level)
+    return unpaired(a.value, se_a, b.value, se_b, level)
 
 
 def compare_family(runs: list[pd.Series], reference: pd.Series, metric: str) -> list[Comparison] | None:
