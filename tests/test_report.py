@@ -87,6 +87,12 @@ def test_axes_are_the_swept_settings_not_the_columns_derived_from_them_nor_the_s
     assert panel.x_order == ["[1,3)", "[2,4)"] and not panel.numeric_x
     selected = stored(tmp_path / "selected", finished_row(1, cuts=[[1, 3]]), finished_row(2, cuts=[[2, 4]]))
     assert sweep_axes(selected) == []
+    # calibration draws are replicates, as seeds: averaged into one point, never an axis
+    draws = stored(
+        tmp_path / "draws",
+        *(finished_row(i, calibration_draw=i, calibration_sample_seed=100 + i, cuts=[[i, i + 2]]) for i in range(3)),
+    )
+    assert sweep_axes(draws) == []
 
 
 @pytest.mark.unit

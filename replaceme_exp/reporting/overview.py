@@ -56,7 +56,7 @@ AXIS_PRIORITY = (
     "solver",
     "protocol",
 )
-NOT_AXES = ("seed", "model_fingerprint", "setting_hash", "config_hash")
+NOT_AXES = ("seed", "calibration_draw", "calibration_sample_seed", "model_fingerprint", "setting_hash", "config_hash")
 AXIS_CANDIDATES = tuple(dict.fromkeys(AXIS_PRIORITY + ("job", "evaluated_checkpoint") + SETTING_COLUMNS))
 AXIS_LABELS = {
     "method": "method",
