@@ -150,3 +150,23 @@ def test_runs_of_one_setting_on_several_draws_are_one_row_compared_over_the_draw
     width = near["ppl_heldout_vs_high"] / near["ppl_heldout_vs_low"]
     assert width > alone.iloc[0]["ppl_heldout_vs_high"] / alone.iloc[0]["ppl_heldout_vs_low"]
     assert "(3 runs)" in to_markdown(table.reset_index(), "SLEB")
+
+
+def test_the_best_peer_is_the_best_non_variant_setting_on_each_metric():
+    frame = pd.DataFrame(
+        [
+            measured(1, "SLEB", 1.00, (300, 200)),  # best perplexity among the peers
+            measured(2, "LinearPatch", 1.02, (320, 200)),  # best accuracy among the peers
+            measured(3, "ReplaceMe LS", 0.99, (318, 200), noise=0.01),
+        ]
+    )
+    table = paired_table(frame, "best-peer", picked="ReplaceMe").set_index("label")
+    assert table.loc["SLEB", "ppl_heldout_verdict"] == "reference"
+    assert table.loc["LinearPatch", "avg_acc_verdict"] == "reference"
+    variant = table.loc["ReplaceMe LS"]
+    assert variant["ppl_heldout_vs"] == pytest.approx(variant["ppl_heldout"] / table.loc["SLEB", "ppl_heldout"])
+    assert variant["avg_acc_vs"] == pytest.approx(variant["avg_acc"] - table.loc["LinearPatch", "avg_acc"])
+    with pytest.raises(SystemExit, match="--picked"):
+        from replaceme_exp.reporting.paired import main
+
+        main(["--results", ".", "--reference", "best-peer"])

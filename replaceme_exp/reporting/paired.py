@@ -9,6 +9,7 @@ accuracy as the difference. Each comparison reads against a margin fixed in adva
 (:mod:`~replaceme_exp.reporting.verdicts`, ``margins.yaml``): ahead, level within the margin, behind, or
 inconclusive. A run ahead or level on every metric is *level with* the reference.
 
+``--reference best-peer``: on each metric, the best setting of any method that is not a picked variant.
 ``--picked <prefix>``: the runs whose method starts with the prefix are variants a claim picks the best
 of (the ReplaceMe variants of the lead); their intervals are simultaneous over all of them in the cell
 (max-T over the same resamples), so picking the best costs what it should.
@@ -88,6 +89,17 @@ def labels(runs: pd.DataFrame) -> pd.Series:
     return out
 
 
+BEST_PEER = "best-peer"
+
+
+def is_reference(method: str, reference: str, picked: str | None) -> bool:
+    """Whether a setting of ``method`` may be the reference: of the reference method, or with
+    ``reference=best-peer`` of any method that is not a ``picked`` variant (the best peer on each metric)."""
+    if reference == BEST_PEER:
+        return not (picked and method.startswith(picked))
+    return method == reference
+
+
 def settings_of(runs: pd.DataFrame) -> list[pd.DataFrame]:
     """``runs`` (one model and compression) as settings: the runs that differ only in the seed or the
     calibration draw (one ``setting_hash``; a run without one alone), in the order first seen."""
@@ -147,7 +159,7 @@ def paired_table(
     out = []
     for (model, n_prune), group in runs.groupby(["model", "n_prune"], sort=True):
         settings = settings_of(group)
-        refs = [i for i, s in enumerate(settings) if s["method"].iloc[0] == reference]
+        refs = [i for i, s in enumerate(settings) if is_reference(str(s["method"].iloc[0]), reference, picked)]
         if not refs:
             continue
         best = {}
@@ -285,7 +297,12 @@ def margins_given(given: Sequence[str]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", action="append", required=True, help="a results directory (repeatable)")
-    parser.add_argument("--reference", required=True, help="the method every run is compared with ('method' column)")
+    parser.add_argument(
+        "--reference",
+        required=True,
+        help=f"the method every run is compared with ('method' column), or {BEST_PEER}: on each metric the best "
+        "setting of any method that is not a --picked variant",
+    )
     parser.add_argument("--model", default=None, help="only runs of this model")
     parser.add_argument("--metrics", default=",".join(METRICS))
     parser.add_argument("--out", default=None, help="write the markdown here (and a .json beside it)")
@@ -295,13 +312,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--picked", default=None, help="method prefix of the variants a claim picks the best of")
     args = parser.parse_args(argv)
     margins = margins_given(args.margin)
+    if args.reference == BEST_PEER and not args.picked:
+        raise SystemExit(f"--reference {BEST_PEER}: name the variants that are no peers with --picked <prefix>")
     runs = load_runs(args.results)
     if runs.empty:
         raise SystemExit(f"--results {args.results}: no runs there")
     if args.model:
         runs = runs[runs["model"] == args.model]
     metrics = [m for m in args.metrics.split(",") if m]
-    if args.reference not in set(runs["method"]):
+    if args.reference != BEST_PEER and args.reference not in set(runs["method"]):
         known = ", ".join(sorted(set(runs["method"].astype(str))))
         raise SystemExit(f"--reference {args.reference!r}: no run of that method (methods: {known})")
     try:
