@@ -10,6 +10,7 @@ not stop a sweep, while a misspelled *key* fails composition at once.
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
 import re
@@ -33,6 +34,14 @@ POLYMORPHIC = (
     schema.HealingDataConfig,
     schema.EvalConfig,
 )
+
+
+# The twins below are made at run time, so a launcher that hands the ConfigStore to another process
+# (joblib's loky workers, submitit) pickles them by value, and with them each field's
+# ``dataclasses.MISSING``. Unpickled as a copy, that sentinel is no longer ``MISSING``: OmegaConf then
+# reads it as a default value and refuses every field that has a default_factory. Pickled as the name
+# ``dataclasses.MISSING``, it is the same object in every process.
+copyreg.pickle(type(dataclasses.MISSING), lambda _: "MISSING")
 
 
 def shape_name(group: str, cls: type) -> str:
