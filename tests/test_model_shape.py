@@ -134,3 +134,37 @@ print(json.dumps([shape.num_layers, shape.hidden_size, shape.max_positions, memo
     assert (num_layers, hidden_size) == (layers, hidden) == (ref["num_hidden_layers"], ref["hidden_size"])
     assert (positions, heads) == (ref["max_position_embeddings"], ref["num_attention_heads"])
     assert imported == []
+
+
+@pytest.mark.unit
+def test_a_random_vocabulary_smaller_than_its_tokenizer_is_refused_before_the_load():
+    """The random model reads SmolLM2's token ids (``tokenizer: embedded``): an embedding with fewer
+    rows would fail in the capture's lookup with no word of the vocabulary (issue 50)."""
+    from replaceme_exp.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        model_shape(model_cfg("debug=smoke", "model.config.vocab_size=10"), CACHE)
+    assert err.value.key == "model.config.vocab_size" and err.value.value == 10
+    assert "49151" in str(err.value) and "49152" in str(err.value)
+    assert model_shape(model_cfg("debug=smoke", "model.config.vocab_size=49152"), CACHE).vocab_size == 49152
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("source", ["random", "local"])
+def test_token_ids_past_the_embedding_are_refused_before_the_model_reads_them(source):
+    from helpers.batches import batches_of
+
+    from replaceme_exp.errors import ConfigError
+    from replaceme_exp.models.loading import LoadedModel
+    from replaceme_exp.pipeline.text import check_token_ids
+
+    loaded = LoadedModel(model=tiny_model("llama", num_layers=2, vocab=128), tokenizer=None, name="tiny")
+    overrides = ["debug=smoke"] if source == "random" else ["model=smollm2_135m", "model.source=local", "model.pretrained=/ckpt"]
+    cfg = model_cfg(*overrides)
+    check_token_ids(batches_of([[1, 2, 127], [5]], 2), loaded, cfg, "calibration")  # every id has a row
+    with pytest.raises(ConfigError) as err:
+        check_token_ids(batches_of([[1, 2, 3], [5, 128]], 2), loaded, cfg, "eval")
+    assert (err.value.key, err.value.value) == (
+        ("model.config.vocab_size", 128) if source == "random" else ("model.pretrained", "/ckpt")
+    )
+    assert "128 rows" in str(err.value) and "id 128" in str(err.value) and "eval" in str(err.value)

@@ -284,3 +284,32 @@ def test_every_row_of_the_table_is_filled_by_one_job_of_its_sweeps(table):
         assert row.kind == "measured" and len(matched) == 1, (row.label, list(matched["job"]))
         filled.append(matched["job"].item())
     assert sorted(filled) == sorted(written["job"])  # no job left without a row
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("+paper=../../conf/config", "+paper=../../conf/config: leaves multirun_templates/paper (choose one of "),
+        ("+methods=../paper/solvers", "+methods=../paper/solvers: leaves multirun_templates/methods (choose one of "),
+        ("+paper=solvers,nosuch", "+paper=nosuch: is not a template of multirun_templates/paper (choose one of "),
+    ],
+)
+def test_a_template_override_names_one_of_its_groups_templates(override, said):
+    from replaceme_exp.runtime.composition import check_template_overrides, template_names
+
+    line = check_template_overrides(["objective=ls", override])
+    assert line is not None and line.startswith(said) and "solvers" in line and "\n" not in line
+    assert "equal_compression" in template_names("methods")
+    assert check_template_overrides(["+paper=solvers,regularization", "+methods=equal_compression", "cuts=[[1,2]]"]) is None
+
+
+@pytest.mark.integration
+def test_a_template_path_outside_the_templates_is_refused_in_one_line(tmp_path):
+    from helpers.jobs import run_cli
+
+    proc, _ = run_cli(["-m", "+paper=../../conf/config"], tmp_path)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2
+    assert lines == [lines[0]] and "+paper=../../conf/config: leaves multirun_templates/paper" in lines[0]
+    assert "search path" not in lines[0]

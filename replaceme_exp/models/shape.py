@@ -27,6 +27,7 @@ from replaceme_exp.models.loading import (
     checkpoint_config,
     checkpoint_folder,
     is_vision_config,
+    load_tokenizer,
     resolve_dtype,
 )
 
@@ -46,6 +47,7 @@ class ModelShape:
     model: nn.Module | None  # a random-weight config's model on the meta device (no storage); None for a checkpoint
     hidden_size: int | None = None
     unfusable_reason: str | None = None
+    vocab_size: int | None = None
 
 
 _IMPORTS = threading.Lock()
@@ -214,10 +216,36 @@ def model_shape(cfg: ModelConfig, cache_dir: str | os.PathLike = ".cache") -> Mo
         raise ConfigError(*_named(cfg, "num_key_value_heads"), reason)
     positions = None if is_vision_config(cfg) else getattr(text, "max_position_embeddings", None)
     hidden = getattr(text, "hidden_size", None)
+    vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
+    if cfg.source == "random" and isinstance(vocab, int) and not is_vision_config(cfg):
+        check_tokenizer_fits(cfg, vocab, cache_dir)
     return ModelShape(
         num_layers=num_layers,
         max_positions=positions,
         model=model,
         hidden_size=hidden,
         unfusable_reason=family.unfusable_reason,
+        vocab_size=vocab if isinstance(vocab, int) else None,
     )
+
+
+def _tokenizer_length(cfg: ModelConfig, cache_dir: str) -> int:
+    key = (cfg.tokenizer, cache_dir)  # a random model's tokenizer is named, not its own
+    if key not in _TOKENIZER_LENGTHS:
+        _TOKENIZER_LENGTHS[key] = len(load_tokenizer(cfg, cache_dir))
+    return _TOKENIZER_LENGTHS[key]
+
+
+_TOKENIZER_LENGTHS: dict[tuple, int] = {}
+
+
+def check_tokenizer_fits(cfg: ModelConfig, vocab_size: int, cache_dir: str | os.PathLike) -> None:
+    """A random-weight model reads the ids of a tokenizer it does not own (``model.tokenizer``):
+    its embedding must have a row for each of them, refused before the load otherwise."""
+    tokens = _tokenizer_length(cfg, str(cache_dir))
+    if tokens > vocab_size:
+        reason = (
+            f"the embedding has {vocab_size} rows, but the {cfg.tokenizer} tokenizer gives ids up to {tokens - 1}: "
+            f"set at least {tokens}"
+        )
+        raise ConfigError("model.config.vocab_size", vocab_size, reason)

@@ -8,7 +8,7 @@ import dataclasses
 from replaceme_exp.data.augmentation import with_masked_copies
 from replaceme_exp.data.batching import with_counted_positions
 from replaceme_exp.data.calibration import Answerer, build_calibration, heldout_windows
-from replaceme_exp.errors import check_finite
+from replaceme_exp.errors import ConfigError, check_finite
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.evaluation.harness import harness_settings, protocol_version_columns, run_harness
 from replaceme_exp.evaluation.perplexity import WindowPerplexity, window_perplexity
@@ -28,6 +28,7 @@ class TextModality(Modality):
         with stage("data"):
             answerer = Answerer(loaded.model, loaded.identity_hash, str(self.paths.cache_dir))
             batches = build_calibration(c.calibration, loaded.tokenizer, answerer)
+            check_token_ids(batches, loaded, c.model, "calibration")
             if self.spec.effective.padded_positions:  # padded positions run as the official code runs them
                 batches = with_counted_positions(batches)
             # Masking is augmentation of the estimation data: the plain sequences plus masked copies.
@@ -46,7 +47,9 @@ class TextModality(Modality):
         return Calibration(batches, estimation, counts)
 
     def heldout(self, loaded: LoadedModel, adapter):
-        return heldout_windows(self.config.eval, loaded.tokenizer)
+        windows = heldout_windows(self.config.eval, loaded.tokenizer)
+        check_token_ids(windows, loaded, self.config.model, "eval")
+        return windows
 
     def evaluate_unpruned(
         self, loaded: LoadedModel, adapter, heldout, baselines: BaselineCache, device
@@ -120,6 +123,18 @@ class TextModality(Modality):
                 answers = greedy_answers(model, tokenizer, list(samples.prompts), samples.max_new_tokens)
             columns["generation_samples"] = answers_alone(list(samples.prompts), answers)
         return columns
+
+
+def check_token_ids(batches, loaded: LoadedModel, model, data: str) -> None:
+    """Every token id of ``batches`` has a row in the model's input embedding, before the model
+    reads them (an id past it fails in the embedding's lookup with no word of the vocabulary)."""
+    rows = loaded.model.get_input_embeddings().num_embeddings
+    largest = max((int(b.input_ids.max()) for b in batches if b.input_ids.numel()), default=-1)
+    if largest < rows:
+        return
+    key, value = ("model.config.vocab_size", rows) if model.source == "random" else ("model.pretrained", model.pretrained)
+    reason = f"its input embedding has {rows} rows, but the {data} text's tokens reach id {largest} (its tokenizer's)"
+    raise ConfigError(key, value, reason)
 
 
 def finite_perplexity(model, windows, which: str = "unpruned") -> WindowPerplexity:

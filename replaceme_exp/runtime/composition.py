@@ -11,11 +11,13 @@ import re
 import sys
 import traceback
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from replaceme_exp import multirun_templates
 from replaceme_exp.config import schema
 from replaceme_exp.errors import first_line
 
@@ -86,10 +88,41 @@ def raised_while_composing(err: BaseException) -> bool:
     return not in_job and any(f"{os.sep}{lib}{os.sep}" in inner for lib in ("hydra", "omegaconf"))
 
 
+def template_names(group: str) -> list[str]:
+    """The templates of ``group`` (``paper``, ``methods``, ``study``) in ``replaceme_exp/multirun_templates``."""
+    folder = Path(multirun_templates.__file__).parent / group
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def check_template_overrides(overrides: list[str]) -> str | None:
+    """The one line that refuses a template override naming anything but one of its group's
+    templates (``+paper=../../conf/config`` would compose a file outside ``multirun_templates/``);
+    None when every one is a template."""
+    groups = sorted(p.name for p in Path(multirun_templates.__file__).parent.iterdir() if p.is_dir() and p.name[0] != "_")
+    for override in overrides:
+        name, equals, value = override.partition("=")
+        group = name.lstrip("+~")
+        if not equals or group not in groups or not value or "(" in value:  # choice(...), glob(...): Hydra's
+            continue
+        names = template_names(group)
+        for each in value.split(","):
+            if each not in names:
+                where = "leaves" if any(part in each for part in ("/", "\\", "..")) else "is not a template of"
+                return (
+                    f"{name}={each}: {where} multirun_templates/{group}"
+                    f" (choose one of {', '.join(names)})"
+                )
+    return None
+
+
 @contextmanager
 def one_line_composition_errors() -> Iterator[None]:
     """Around ``hydra.main``: a composition error becomes one logged line and exit code 2
     (``HYDRA_FULL_ERROR=1`` keeps Hydra's own report with its traceback)."""
+    if (refused := check_template_overrides(sys.argv[1:])) is not None:
+        logging.basicConfig(format="%(message)s")
+        log.error("invalid configuration: %s", refused)
+        sys.exit(2)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         yield
         return
