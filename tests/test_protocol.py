@@ -66,7 +66,9 @@ def test_protocol_official_sets_what_the_official_code_ran_and_keeps_explicit_ch
     assert ls.config.multi_lt == "independent"
     # a setting that is not the paper's stays as chosen; a token rule keeps padded positions out
     cka = JobSpec.from_config(compose_config(["protocol=official", "selection=cka"]))
-    assert cka.config.selection.metric == "cka" and cka.config.estimation.padded_positions is False
+    assert cka.config.selection.metric == "cka" and cka.config.estimation.padded_positions is True
+    sinks = JobSpec.from_config(compose_config(["protocol=official", "selection=cka", "estimation=rescale_massive"]))
+    assert sinks.config.estimation.padded_positions is False
     # the line-search solvers run in float32 as torchmin did there; Adam always does, and the key does not
     # move its hash
     lbfgs = ["objective=cosine", "objective.solver=lbfgs"]
@@ -118,6 +120,30 @@ def test_cfg_job_prints_what_protocol_official_runs():
 
 
 @pytest.mark.unit
+def test_a_bare_protocol_official_fits_and_evaluates_as_the_official_code():
+    """Hand-typed, ``protocol=official`` fits on every token (no sink rows clipped, the project's
+    default) and evaluates with the official lm-eval suite (not ``eval=quick``); typed choices and a
+    preset's own win, and ``--cfg job`` shows what runs (issue 50)."""
+    import subprocess
+    import sys
+
+    import yaml
+    from helpers.config import ROOT
+
+    bare, default = typed(["protocol=official"]), typed([])
+    assert (default.estimation.tokens, default.eval.name) == ("rescale_massive", "quick")
+    assert (bare.estimation.tokens, bare.eval.name) == ("all", "paper")
+    kept = typed(["protocol=official", "estimation=rescale_massive", "eval=quick"])
+    assert (kept.estimation.tokens, kept.eval.name) == ("rescale_massive", "quick")
+    assert typed(["protocol=official", "experiment=replaceme_recipe"]).estimation.tokens == "rescale_massive"
+    out = subprocess.run(
+        [sys.executable, "run.py", "protocol=official", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    printed = yaml.safe_load(out)
+    assert (printed["estimation"]["tokens"], printed["eval"]["name"]) == ("all", "paper")
+
+
+@pytest.mark.unit
 def test_a_choice_typed_under_protocol_official_wins_even_when_it_is_the_papers():
     typed = [
         "selection=cosine",
@@ -140,6 +166,7 @@ def test_a_choice_typed_under_protocol_official_wins_even_when_it_is_the_papers(
         "estimation=all",
         "estimation.padded_positions=false",
         "model.capture_dtype=null",
+        "eval=quick",
         "eval.harness.batch_size=8",
         "capture.last_state=block_output",
     ]
