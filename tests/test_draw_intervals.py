@@ -78,11 +78,16 @@ def test_cells_of_several_draws_are_compared_over_their_draws_and_show_the_sprea
     cell_a, cell_b = (Cell(float(f["ppl_heldout"].mean()), f) for f in (a, b))
     comparison = compare_cells(cell_b, cell_a, "ppl_heldout")
     assert "draws" in comparison.method and comparison.low > 0  # ShortGPT behind on every draw
+    # draws that differ: compared on those both have, paired draw by draw, and said so
     unmatched = b.assign(calibration_draw=[0, 1, 5])
-    assert (
-        "draws"
-        not in compare_cells(Cell(float(unmatched["ppl_heldout"].mean()), unmatched), cell_a, "ppl_heldout").method
-    )
+    shared = compare_cells(Cell(float(unmatched["ppl_heldout"].mean()), unmatched), cell_a, "ppl_heldout")
+    first_two = (Cell(float(f.iloc[:2]["ppl_heldout"].mean()), f.iloc[:2]) for f in (b, a))
+    on_two = compare_cells(*first_two, "ppl_heldout")
+    assert shared.method.endswith("on the 2 calibration draw(s) both have") and "2 draws" in shared.method
+    assert (shared.estimate, shared.low, shared.high) == (on_two.estimate, on_two.low, on_two.high)
+    one = compare_cells(Cell(float(unmatched["ppl_heldout"].mean()), unmatched), Cell(1.0, a.iloc[:1]), "ppl_heldout")
+    alone = compare_cells(Cell(1.1, b.iloc[:1]), Cell(1.0, a.iloc[:1]), "ppl_heldout")
+    assert one.method.endswith("on the 1 calibration draw(s) both have") and one.estimate == alone.estimate
     interval = draws_interval(a, "ppl_heldout")
     assert interval is not None and interval[0] < a["ppl_heldout"].mean() < interval[1]
     shown = format_cell(a["ppl_heldout"], interval)

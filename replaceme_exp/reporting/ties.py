@@ -23,6 +23,8 @@ The best cell and every cell tied with it are the column's *leaders* (bold in th
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 
@@ -227,11 +229,36 @@ def compare_over_draws(a: Cell, b: Cell, metric: str, level: float = LEVEL) -> C
     return paired_draws_means(a_items, b_items, level=level, clusters=ua[0].clusters)
 
 
+def on_shared_draws(a: Cell, b: Cell, metric: str) -> tuple[Cell, Cell, int] | None:
+    """``a`` and ``b`` cut to the (seed, calibration draw) pairs both have, where they have some but not
+    the same (a search run on fewer draws than the setting it is compared with), and how many; None
+    otherwise. Their comparison pairs those draws and no other."""
+    by_a, by_b = _by_draw(a.runs), _by_draw(b.runs)
+    if not by_a or not by_b or set(by_a) == set(by_b):
+        return None
+    keys = sorted(set(by_a) & set(by_b), key=str)
+    if not keys:
+        return None
+    cells = []
+    for by in (by_a, by_b):
+        runs = pd.DataFrame([by[k] for k in keys])
+        values = pd.to_numeric(runs[metric], errors="coerce")
+        cells.append(Cell(float(values.mean()) if values.notna().all() else None, runs))
+    return cells[0], cells[1], len(keys)
+
+
 def compare_cells(a: Cell, b: Cell, metric: str, level: float = LEVEL) -> Comparison | None:
     """``a`` against ``b`` on ``metric`` (see the module docstring) with a ``level`` interval; None when
-    they cannot be compared."""
+    they cannot be compared. Cells of other calibration draws that share some are compared on those
+    (:func:`on_shared_draws`)."""
     if a.value is None or b.value is None:
         return None
+    if (shared := on_shared_draws(a, b, metric)) is not None:
+        a_shared, b_shared, n = shared
+        found = compare_cells(a_shared, b_shared, metric, level)
+        if found is None:
+            return None
+        return dataclasses.replace(found, method=f"{found.method}, on the {n} calibration draw(s) both have")
     if len(a.runs) > 1 or len(b.runs) > 1:
         if (over_draws := compare_over_draws(a, b, metric, level)) is not None:
             return over_draws
