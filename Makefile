@@ -16,6 +16,8 @@
 #   or through sudo), then `export SLURM_CONF=...` as it prints and try hydra/launcher=slurm_cpu; make slurm-cluster-stop
 # make lm-eval-0.4.8 : a separate environment (.venv-lm-eval-0.4.8) with the official code's lm-eval 0.4.8 and
 #   transformers 4.46.3, to score a saved checkpoint as protocol=official did (docs/guides/evaluating-a-checkpoint.md)
+# make torchmin-0.1.0 : torchmin 0.1.0 in .torchmin-0.1.0, beside the official code's 0.0.2 that .venv has, for
+#   scripts/torchmin-versions.sh (the two versions' transforms and scores on the same tokens)
 
 # What a user may set (make paper-tables MODEL=x, make run ARGS="...") reaches the recipes only
 # through the environment, quoted there ("$$MODEL"), never pasted into a recipe: no value runs as
@@ -47,7 +49,7 @@ override OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELIS
 override WITH_ARGS := "$$PY" -c 'import os, shlex, sys; sys.excepthook = lambda kind, err, tb: print("ARGS=" + repr(os.environ.get("ARGS")) + ": " + str(err), file=sys.stderr); extra = shlex.split(os.environ.get("ARGS") or ""); sys.excepthook = sys.__excepthook__; os.execvp(sys.argv[1], sys.argv[1:] + extra)'
 override offline_with_args = @printf '%s ' $(1); printf '%s\n' "$$ARGS"; $(OFFLINE) $(WITH_ARGS) $(1)
 
-.PHONY: setup setup-gemma3 slurm-cluster slurm-cluster-stop lm-eval-0.4.8 run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
+.PHONY: setup setup-gemma3 slurm-cluster slurm-cluster-stop lm-eval-0.4.8 torchmin-0.1.0 run test test-fast bench report paper-tables wandb-sync clean-cache docs-reference
 
 $(STAMP): pyproject.toml
 	"$$PYTHON" -m venv "$$VENV"
@@ -91,6 +93,13 @@ lm-eval-0.4.8: .venv-lm-eval-0.4.8/.installed
 	.venv-lm-eval-0.4.8/bin/python -m pip install -q "$$TORCH"
 	.venv-lm-eval-0.4.8/bin/python -m pip install -q lm-eval==0.4.8 transformers==4.46.3
 	touch .venv-lm-eval-0.4.8/.installed
+
+# torchmin 0.1.0 beside .venv's 0.0.2 (the official code's), for scripts/torchmin-versions.sh: PYTHONPATH=.torchmin-0.1.0
+torchmin-0.1.0: .torchmin-0.1.0/.installed
+
+.torchmin-0.1.0/.installed:
+	.venv/bin/python -m pip install -q --no-deps --target .torchmin-0.1.0 pytorch-minimize==0.1.0
+	touch .torchmin-0.1.0/.installed
 
 test: setup setup-gemma3
 	$(call offline_with_args,"$$PY" -m pytest -q -n "$$TEST_WORKERS" --dist worksteal)

@@ -335,3 +335,47 @@ def test_official_jobs_run_torchmin_and_an_accurate_loss_end_to_end(tmp_path):
         None,
         "ReplaceMe elastic net (exact)",
     )
+
+
+# --- torchmin as the official code installed it -------------------------------------------------
+
+
+@pytest.mark.unit
+def test_torchmin_is_the_version_the_official_code_installed_and_keeps_a_small_one_step_change():
+    """The official setup.py (May 2025) left torchmin unpinned: it installed 0.0.2. 0.1.0 (2026) raised
+    ``xtol`` to 1e-8, so a step whose loss changes by 5e-9 ends before ``x`` moves; 0.0.2 takes it."""
+    from importlib.metadata import version
+
+    assert version("pytorch-minimize") == "0.0.2"
+    a = torch.full((1,), 1e-4, dtype=torch.float64)
+    result = minimize(lambda x: 0.5 * ((x - a) ** 2).sum(), torch.zeros(1, dtype=torch.float64), method="l-bfgs", max_iter=1)
+    assert torch.allclose(result.x, a, rtol=0, atol=1e-12)  # the loss fell by 5e-9: 0.1.0 leaves x at 0
+
+
+@pytest.mark.unit
+def test_rows_say_which_transformers_and_torchmin_their_protocol_ran_and_tables_mark_the_difference():
+    from helpers.tables import SPECS, frame, run
+
+    from replaceme_exp.reporting import version_marks
+    from replaceme_exp.reporting.paper_tables import build_table, to_markdown
+    from replaceme_exp.results.row import library_versions, protocol_library_columns
+
+    installed = library_versions()
+    official, paper = protocol_library_columns("official"), protocol_library_columns("paper")
+    assert (official["transformers_version_protocol"], official["torchmin_version_protocol"]) == ("4.46.3", "0.0.2")
+    assert official["transformers_off_protocol"] is (installed["transformers"] != "4.46.3")
+    assert official["torchmin_off_protocol"] is False and installed["torchmin"] == "0.0.2"
+    assert paper == dict.fromkeys(official, None) | {k: False for k in official if k.endswith("_off_protocol")}
+    ls = dict(objective="ls", selection_metric="cosine", solver=None, solver_schedule=None)
+    table = build_table(
+        SPECS["structured_lts"],
+        frame(
+            run(1, **ls, avg_acc=0.62, ppl_lambada=21.2, rp=0.9, transformers_off_protocol=True, torchmin_off_protocol=True),
+            run(2, **ls, structure="diagonal", avg_acc=0.61, ppl_lambada=89.0, rp=0.88, transformers_off_protocol=False),
+        ),
+    )
+    labels = list(table["Setting"])
+    assert labels[:2] == [f"Generic {version_marks.mark('transformers')} {version_marks.mark('torchmin')}", "Diagonal"]
+    text = to_markdown(SPECS["structured_lts"], table)
+    assert version_marks.note("transformers") in text and version_marks.note("torchmin") in text
+    assert version_marks.NOTE not in text

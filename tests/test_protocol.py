@@ -614,3 +614,106 @@ def test_a_job_fits_its_last_cut_to_the_final_norm_and_keeps_its_own_statistics(
     torch.testing.assert_close(t_normed, _lstsq(inputs, targets), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(t_plain, _lstsq(inputs, unnormed), rtol=1e-4, atol=1e-5)
     assert (row["capture_last_state"], plain["capture_last_state"]) == ("final_norm", "block_output")
+
+
+# ---- 4-bit capture as the official code ran it (issue 50) -----------------------------------------
+
+
+def _without_gpu_checks(monkeypatch):
+    """The 4-bit checks a machine without bitsandbytes and a GPU fails, passed (what follows them is tested)."""
+    import replaceme_exp.pipeline.rules as rules
+    from replaceme_exp.models import loading
+
+    monkeypatch.setattr(loading, "check_nf4_capture", lambda cfg: None)
+    monkeypatch.setattr(rules, "check_nf4_capture", lambda cfg: None)
+
+
+@pytest.mark.unit
+def test_official_4bit_capture_runs_its_unquantised_parts_in_float16_and_the_papers_in_the_models_dtype(monkeypatch):
+    """transformers 4.46.3 loads the parts bitsandbytes leaves unquantised in float16 when no dtype is
+    given, as the official code gives none; the row and the hash say so."""
+    _without_gpu_checks(monkeypatch)
+    base = ["model=llama32_1b_instruct", "model.capture_4bit=true"]
+    official = JobSpec.from_config(compose_config(["experiment=replaceme_official", *base]))
+    paper = JobSpec.from_config(compose_config(["experiment=replaceme_ls", "calibration=slimorca", *base]))
+    assert official.config.model.dtype == paper.config.model.dtype == "bfloat16"
+    assert official.effective.capture_dtype == "float16" and official.setting_columns()["capture_dtype"] == "float16"
+    assert paper.effective.capture_dtype == "bfloat16" and paper.setting_columns()["capture_dtype"] == "bfloat16"
+    unquantised = JobSpec.from_config(compose_config(["experiment=replaceme_official", "model=llama32_1b_instruct"]))
+    assert unquantised.effective.capture_dtype == "float32"  # no 4 bits: the float32 copy, as before
+
+
+@pytest.mark.unit
+def test_official_4bit_capture_runs_sequential_cuts_and_scores_uidl_in_4_bits(monkeypatch):
+    """The official code re-quantises the partly pruned model for each sequential cut (no longer refused)
+    and scores UIDL's truncated model in 4 bits; ReplaceMe's fused model and every protocol=paper job are
+    scored as pruned."""
+    _without_gpu_checks(monkeypatch)
+    base = ["model=llama32_1b_instruct", "model.capture_4bit=true"]
+    sequential = JobSpec.from_config(
+        compose_config(["experiment=replaceme_official_cosine", *base, "num_lts=2", "merge_consecutive=false"])
+    )
+    assert sequential.config.multi_lt == "sequential" and sequential.config.num_lts == 2
+    assert sequential.evaluates_in_4bit is False
+    assert JobSpec.from_config(compose_config(["experiment=uidl_official", *base])).evaluates_in_4bit is True
+    assert JobSpec.from_config(compose_config(["experiment=uidl_official", base[0]])).evaluates_in_4bit is False
+    paper = JobSpec.from_config(compose_config(["experiment=uidl_baseline", "calibration=slimorca", *base]))
+    assert paper.evaluates_in_4bit is False
+
+
+@pytest.mark.unit
+def test_an_nf4_copy_is_the_model_saved_and_loaded_back_in_the_unquantised_dtype(monkeypatch):
+    """The glue around bitsandbytes (which needs a GPU): with the quantisation config left out, the copy is
+    the same model reloaded from disk in the dtype given, and nothing of it stays behind."""
+    import tempfile
+
+    from replaceme_exp.models import loading
+
+    seen = {}
+    monkeypatch.setattr(loading, "nf4_config", lambda: None)
+    made = tempfile.mkdtemp
+
+    def tracked(*args, **kwargs):
+        seen["folder"] = made(*args, **kwargs)
+        return seen["folder"]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", tracked)
+    model = tiny_model("llama", num_layers=3)
+    with loading.nf4_copy(model, "float16") as copy:
+        assert copy is not model and next(copy.parameters()).dtype == torch.float16
+        assert len(copy.model.layers) == 3 and not copy.training
+        for (name, a), (_, b) in zip(model.named_parameters(), copy.named_parameters()):
+            assert torch.equal(a.to(torch.float16), b), name
+    import os
+
+    assert not os.path.exists(seen["folder"])
+
+
+@pytest.mark.integration
+def test_4bit_jobs_capture_each_sequential_cut_and_score_uidl_on_a_fresh_copy(monkeypatch, tmp_path):
+    """The job's 4-bit paths on the tiny model, bitsandbytes stood in for by a plain reload (the glue
+    only): a sequential cosine job captures each cut on its own copy of the partly pruned model, and an
+    official UIDL job is scored on a copy of the truncated model, in float16, its row saying nf4."""
+    from replaceme_exp.models import loading
+    from replaceme_exp.pipeline import job as job_module
+
+    _without_gpu_checks(monkeypatch)
+    monkeypatch.setattr(loading, "nf4_config", lambda: None)
+    copies = []
+
+    def counted(model, dtype, device_map=None):
+        copies.append((len(model.model.layers), dtype))
+        return loading.nf4_copy(model, dtype, device_map)
+
+    monkeypatch.setattr(job_module, "nf4_copy", counted)
+    sequential = ["model.capture_4bit=true", "objective=cosine", "objective.epochs=1", "eval.speed.enabled=false"]
+    sequential += ["cuts=[[1,2],[3,4]]", "merge_consecutive=false", "multi_lt=sequential", "calibration.n_samples=8"]
+    row = run_recorded(job_config(tmp_path / "a", *sequential), raise_on_failure=True)
+    assert row["status"] == "finished" and row["eval_quantisation"] is None
+    assert copies == [(6, "float32"), (5, "float32")]  # the unpruned model, then with the first cut removed
+    copies.clear()
+    uidl = ["protocol=official", "experiment=uidl_official", "model.capture_4bit=true", "eval=heldout", "n_prune=2"]
+    uidl += ["eval.speed.enabled=false"]
+    row = run_recorded(job_config(tmp_path / "b", *uidl, "calibration=pydoc", "calibration.n_samples=8"), raise_on_failure=True)
+    assert row["status"] == "finished" and row["eval_quantisation"] == "nf4" and row["capture_dtype"] == "float16"
+    assert copies == [(4, "float16")]

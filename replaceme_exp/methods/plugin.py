@@ -43,7 +43,9 @@ class Method:
     ``method``) for a job (:class:`Labelled`); ``search_label``: its name as the search that chose
     another method's cuts (``ShortGPT`` in "ReplaceMe LS on ShortGPT cuts"); ``follows_protocol``:
     whether ``protocol=official``'s settings of the fit apply to it (ReplaceMe's and UIDL's: the
-    official code is theirs)."""
+    official code is theirs); ``official_4bit_evaluation``: whether, with ``model.capture_4bit`` under
+    ``protocol=official``, the official code scores the pruned model as a 4-bit copy (UIDL's
+    ``uidl_method.py`` saves the truncated model in 4 bits and evaluates it)."""
 
     name: str
     title: str
@@ -53,6 +55,7 @@ class Method:
     selections: tuple[str, ...] = ()
     search_label: str | None = None
     follows_protocol: bool = False
+    official_4bit_evaluation: bool = False
     presets: tuple[str, ...] = field(default=())
     check_shape: Callable[[schema.JobConfig, ModelShape], None] | None = None
     check: Callable[[schema.JobConfig, Requirements], None] | None = None

@@ -22,6 +22,7 @@ register(
         label=removal_label,
         estimators=(IdentityEstimator,),
         follows_protocol=True,
+        official_4bit_evaluation=True,
         presets=("uidl_baseline", "uidl_healed", "uidl_official"),
     )
 )

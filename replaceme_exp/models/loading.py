@@ -11,13 +11,16 @@ Sources:
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -233,6 +236,42 @@ def nf4_config():
         bnb_4bit_quant_type="nf4",
         bnb_4bit_compute_dtype=torch.bfloat16,
     )
+
+
+# The dtype of an NF4 copy's unquantised parts (embeddings, norms, the residual stream) by protocol: the
+# official code passes no torch_dtype with its 4-bit config, and transformers 4.46.3's bitsandbytes
+# quantiser then loads them in float16; elsewhere the model's own dtype.
+NF4_UNQUANTISED_DTYPE = {"official": "float16"}
+
+
+def nf4_unquantised_dtype(protocol: str, dtype: str) -> str:
+    """The dtype the unquantised parts of a 4-bit NF4 copy (``model.capture_4bit``) run in."""
+    return NF4_UNQUANTISED_DTYPE.get(protocol, dtype)
+
+
+@contextlib.contextmanager
+def nf4_copy(model, dtype: str, device_map: str | None = None) -> Iterator[Any]:
+    """A 4-bit NF4 copy of ``model`` made as the official code makes one: the model saved, then loaded
+    back with its 4-bit config (``use_4bit``), the unquantised parts in ``dtype``; deleted on leaving.
+    The official code re-quantises so each partly pruned model of a sequential multi-LT run, and the
+    truncated model before it is evaluated."""
+    from transformers import AutoModelForCausalLM
+
+    device = device_map or str(next(model.parameters()).device)
+    with tempfile.TemporaryDirectory(prefix="replaceme-nf4-") as folder:
+        model.save_pretrained(folder)
+        copy = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=resolve_dtype(dtype), quantization_config=nf4_config(), device_map=device
+        )
+    copy.eval()
+    copy.requires_grad_(False)
+    try:
+        yield copy
+    finally:
+        del copy
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def pretrained_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, nf4: bool = False):

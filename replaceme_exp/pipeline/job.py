@@ -15,7 +15,7 @@ import dataclasses
 import gc
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from replaceme_exp.evaluation.heldout import HeldoutDistances, heldout_distances
 from replaceme_exp.evaluation.speed import across_jobs, compare_speed, resident_bytes, room_for_a_copy
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows, teacher_targets
 from replaceme_exp.models import adapter_for, count_parameters, load_model
-from replaceme_exp.models.loading import LoadedModel, resolve_dtype
+from replaceme_exp.models.loading import LoadedModel, nf4_copy, resolve_dtype
 from replaceme_exp.pipeline.modality import MODALITIES, JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.pipeline.stage_results import (
@@ -421,14 +421,15 @@ class PruningJob:
         for cut in selection.cuts:
             shifted = (cut[0] - removed, cut[1] - removed)
             stats = {}
-            # the official code reloads the saved pruned model without a dtype: captures in float32
-            with weights_in(evaluated.loaded.model, self.spec.effective.capture_dtype):
+            # the official code reloads the saved pruned model without a dtype (captures in float32), or in
+            # 4 bits with use_4bit (re-quantised for each cut)
+            with self.capture_copy(evaluated, first=removed == 0) as on:
                 if estimator.needs_statistics and not estimator.needs_tokens:
                     if removed == 0 and cut in selection.stats:
                         stats = {shifted: selection.stats[cut]}
                     else:
-                        stats = self.stage_statistics(evaluated, calibrated, shifted, cut)
-                found = fit_transforms(adapter, calibrated.estimation, estimator, [shifted], stats, request)
+                        stats = self.stage_statistics(on, calibrated, shifted, cut)
+                found = fit_transforms(on.adapter, calibrated.estimation, estimator, [shifted], stats, request)
             fit = fit.merged(found.relabelled(shifted, cut))
             transform = found.transforms[shifted]
             with stage("eval", "held-out distances"):
@@ -439,6 +440,27 @@ class PruningJob:
                 prune(adapter, [shifted], {shifted: transform}, c.lt_placement)
             removed += cut[1] - cut[0]
         return fit, sequential_checks(checks)
+
+    @contextmanager
+    def capture_copy(self, evaluated: Evaluated, first: bool = False) -> Iterator[Evaluated]:
+        """The partly pruned model a sequential cut is captured on: ``evaluated`` with its weights in
+        ``model.capture_dtype`` for the capture, or with ``model.capture_4bit`` a 4-bit NF4 copy of it
+        (:func:`~replaceme_exp.models.loading.nf4_copy`, as the official code reloads the saved pruned
+        model with ``use_4bit``)."""
+        if not self.config.model.capture_4bit:
+            with weights_in(evaluated.loaded.model, self.spec.effective.capture_dtype):
+                yield evaluated
+            return
+        with ExitStack() as copies:
+            with stage("load", "4-bit copy" if first else "4-bit copy of the partly pruned model"):
+                model = copies.enter_context(self.nf4_copy(evaluated.loaded.model))
+            loaded = dataclasses.replace(evaluated.loaded, model=model)
+            yield dataclasses.replace(evaluated, loaded=loaded, adapter=adapter_for(model))
+
+    def nf4_copy(self, model):
+        """:func:`~replaceme_exp.models.loading.nf4_copy` of ``model``, its unquantised parts in the
+        protocol's dtype (``capture_dtype``: float16 under ``protocol=official``)."""
+        return nf4_copy(model, self.spec.effective.capture_dtype, self.config.model.device_map)
 
     def stage_statistics(self, evaluated: Evaluated, calibrated: Calibrated, shifted, cut) -> dict:
         """The LS statistics of ``shifted`` (``cut`` of the unpruned model, shifted by the blocks
@@ -480,9 +502,20 @@ class PruningJob:
         return result.columns()
 
     def evaluate_pruned(self, evaluated: Evaluated, baselines: Baselines) -> dict:
-        """The pruned (and healed) model's scores, as row columns."""
+        """The pruned (and healed) model's scores, as row columns; ``eval_quantisation``: nf4 where the
+        official code evaluates the pruned model in 4 bits (:attr:`~replaceme_exp.pipeline.spec.JobSpec.evaluates_in_4bit`), else None."""
         loaded, adapter = evaluated.loaded, evaluated.adapter
-        return self.modality.evaluate_pruned(loaded, adapter, baselines.heldout, baselines.unpruned, evaluated.device)
+        if not self.spec.evaluates_in_4bit:
+            heldout, unpruned = baselines.heldout, baselines.unpruned
+            scores = self.modality.evaluate_pruned(loaded, adapter, heldout, unpruned, evaluated.device)
+            return {**scores, "eval_quantisation": None}
+        with ExitStack() as copies:
+            with stage("load", "4-bit copy of the pruned model"):
+                model = copies.enter_context(self.nf4_copy(loaded.model))
+            quantised = dataclasses.replace(loaded, model=model)
+            heldout, unpruned = baselines.heldout, baselines.unpruned
+            scores = self.modality.evaluate_pruned(quantised, adapter_for(model), heldout, unpruned, evaluated.device)
+        return {**scores, "eval_quantisation": "nf4"}
 
     def measure_speed(self, evaluated: Evaluated) -> dict:
         """What pruning buys (``eval.speed``): the pruned model against a fresh copy of the unpruned one,

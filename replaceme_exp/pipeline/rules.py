@@ -480,11 +480,6 @@ def check_hardware(c: schema.JobConfig) -> None:
         reason = "not with model.capture_4bit (the answers would come from the 4-bit copy)"
         raise ConfigError("calibration.source", c.calibration.source, reason)
     check_nf4_capture(c.model)
-    several = len(c.cuts) > 1 if c.cuts is not None else c.num_lts != 1
-    if c.multi_lt == "sequential" and several:
-        raise ConfigError(
-            "model.capture_4bit", True, "not with multi_lt=sequential and several cuts (the 4-bit copy is not pruned)"
-        )
 
 
 # What to heal on instead of a hub dataset that cannot be read here.

@@ -53,9 +53,15 @@ from replaceme_exp.data.calibration import empty_records_act, sample_seed
 from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
 from replaceme_exp.estimation.fitting import FitRequest
 from replaceme_exp.healing import HEALING_LABELS
-from replaceme_exp.methods import job_methods, label_of, method_setting_columns
+from replaceme_exp.methods import (
+    job_methods,
+    label_of,
+    method_of_objective,
+    method_of_selection,
+    method_setting_columns,
+)
 from replaceme_exp.models.fingerprint import file_digest
-from replaceme_exp.models.loading import saved_dtype
+from replaceme_exp.models.loading import nf4_unquantised_dtype, saved_dtype
 from replaceme_exp.pipeline.rules import (
     check_checkpoint,
     check_evaluation,
@@ -163,6 +169,17 @@ class JobSpec:
         """What a finished job leaves of its pruned model (:func:`~replaceme_exp.pipeline.rules.model_save`):
         ``full``, ``transform`` or None."""
         return model_save(self.config)
+
+    @property
+    def evaluates_in_4bit(self) -> bool:
+        """Whether the pruned model is scored as a 4-bit NF4 copy: under ``protocol=official`` with
+        ``model.capture_4bit``, for a method whose official code evaluates it so
+        (:attr:`~replaceme_exp.methods.Method.official_4bit_evaluation`), on its own selection's cuts."""
+        c = self.config
+        if c.protocol != "official" or not c.model.capture_4bit or method_of_selection(c) is not None:
+            return False
+        method = method_of_objective(c.objective)
+        return method is not None and method.official_4bit_evaluation
 
     @property
     def saves_model(self) -> bool:
@@ -623,7 +640,8 @@ def resolve(config: schema.JobConfig, requirements: Requirements) -> EffectiveSe
         precision_acts=precision != "float64" and takes_products,
         healing_master_weights=_master_weights(c, c.lt_placement if r.fits_transform else "fused"),
         padded_positions=bool(c.estimation.padded_positions) and fitted,
-        capture_dtype=c.model.capture_dtype or c.model.dtype,
+        capture_dtype=c.model.capture_dtype
+        or (nf4_unquantised_dtype(c.protocol, c.model.dtype) if c.model.capture_4bit else c.model.dtype),
     )
 
 

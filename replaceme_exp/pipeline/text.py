@@ -132,7 +132,8 @@ def check_token_ids(batches, loaded: LoadedModel, model, data: str) -> None:
     largest = max((int(b.input_ids.max()) for b in batches if b.input_ids.numel()), default=-1)
     if largest < rows:
         return
-    key, value = ("model.config.vocab_size", rows) if model.source == "random" else ("model.pretrained", model.pretrained)
+    random = model.source == "random"
+    key, value = ("model.config.vocab_size", rows) if random else ("model.pretrained", model.pretrained)
     reason = f"its input embedding has {rows} rows, but the {data} text's tokens reach id {largest} (its tokenizer's)"
     raise ConfigError(key, value, reason)
 

@@ -461,7 +461,7 @@ class _Rendering:
     row_notes: list[str] = field(default_factory=list)
     estimated: bool = False
     ranges: bool = False  # a task's score at its floor or near its ceiling was marked
-    off_version: bool = False
+    off_version: list[str] = field(default_factory=list)  # libraries (version_marks) a shown row was off
     untrained: bool = False
     ranked: dict[str, dict[int, Cell]] = field(default_factory=dict)  # header -> {id of the row's cells: cell}
     runs_of: dict[str, list[dict]] = field(default_factory=dict)
@@ -573,11 +573,14 @@ def _shown_settings(
 
 def _mark_row(cells: dict, shown: dict[str, pd.DataFrame], rendering: _Rendering) -> None:
     """Mark a measured row's label where its shown runs were not trained (``untrained``) or were scored with
-    another lm-eval than their protocol's (:mod:`version_marks`)."""
+    other library versions than their protocol's (:mod:`version_marks`)."""
     if any(_untrained(frame) for frame in shown.values()):
         cells["Setting"], rendering.untrained = f"{cells['Setting']} {UNTRAINED_MARK}", True
-    if any(version_marks.any_off_protocol(frame) for frame in shown.values()):
-        cells["Setting"], rendering.off_version = f"{cells['Setting']} {version_marks.MARK}", True
+    off = {library for frame in shown.values() for library in version_marks.off_protocol(frame)}
+    for library in [name for name in version_marks.LIBRARIES if name in off]:
+        cells["Setting"] = f"{cells['Setting']} {version_marks.mark(library)}"
+        if library not in rendering.off_version:
+            rendering.off_version.append(library)
 
 
 def _fill_measured_cells(
@@ -690,8 +693,9 @@ def _footer(spec: TableSpec, quoted: dict | None, table: pd.DataFrame | None = N
         lines.append(ESTIMATED_NOTE)
     if table is not None and table.attrs.get("ranges"):
         lines.append(RANGE_NOTE)
-    if table is not None and table.attrs.get("off_version"):
-        lines.append(version_marks.NOTE)
+    if table is not None:
+        off = table.attrs.get("off_version") or ()
+        lines += [version_marks.note(library) for library in version_marks.LIBRARIES if library in off]
     notes = table_notes(table) if table is not None else []
     if notes:
         lines.append(preference_rule({**PREFERRED_SETTINGS, **spec.prefer}))

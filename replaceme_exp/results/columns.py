@@ -46,6 +46,16 @@ IDENTITY_COLUMNS: dict[str, str] = {
     "`baseline_ppl`, `baseline_harness`, `dist_before`).",
     "torch_version": "The installed torch version.",
     "transformers_version": "The installed transformers version.",
+    "torchmin_version": "The installed torchmin (pytorch-minimize) version: the solvers of "
+    "`objective.solver_backend=torchmin`.",
+    "transformers_version_protocol": "The transformers version the job's protocol made its numbers with (official: "
+    "4.46.3, the official setup.py's pin); None where the protocol names none.",
+    "transformers_off_protocol": "True when `transformers_version` differs from `transformers_version_protocol`: "
+    "tables mark the row `(transformers≠)`.",
+    "torchmin_version_protocol": "The torchmin version the job's protocol made its numbers with (official: 0.0.2, "
+    "what the official code's unpinned setup.py installed in May 2025); None where the protocol names none.",
+    "torchmin_off_protocol": "True when `torchmin_version` differs from `torchmin_version_protocol`: tables mark "
+    "the row `(torchmin≠)`.",
     "selection_distance": "The selected cut's selection distance (None with explicit `cuts`).",
     "candidate_distances": "JSON `[[start, end, distance], ...]` over every candidate cut of the selection.",
     "layer_distances": "JSON (num_layers x num_layers) mean cosine distances between every pair of blocks' "
@@ -222,6 +232,8 @@ MEASURED_COLUMNS: dict[str, str] = {
     "avg_acc_all": "The same with the accuracy of a perplexity task that reports one (Lambada's).",
     "avg_acc_baseline": "`avg_acc` of the unpruned model.",
     "rp": "Relative performance: `avg_acc / avg_acc_baseline`.",
+    "eval_quantisation": "How the pruned model was scored: `nf4`, a 4-bit NF4 copy (UIDL with `model.capture_4bit` "
+    "under `protocol=official`, as the official code evaluates it); None, the model as pruned.",
     "eval_<setting>": "Every setting that moves a score (batch size, BOS, max length, few-shot, limit, "
     "bootstrap iterations, metrics, task versions, CLIP's benchmarks and AMP).",
     "lm_eval_version": "The installed lm-eval version.",

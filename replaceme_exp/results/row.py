@@ -49,15 +49,35 @@ def git_sha() -> str | None:
 git_sha()
 
 
+# The libraries whose code computes the numbers of every job, by the name their row column takes
+# (``<name>_version``) and the distribution that installs them.
+LIBRARIES = {"torch": "torch", "transformers": "transformers", "torchmin": "pytorch-minimize"}
+
+# The versions a protocol's numbers were made with, where it names them (protocol=official: the official
+# code's setup.py and what its unpinned torchmin could install in May 2025).
+PROTOCOL_LIBRARIES = {"official": {"transformers": "4.46.3", "torchmin": "0.0.2"}}
+
+
 def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str | None]:
     """Versions of the libraries whose code computes the numbers (recorded in every row), and of
     the ``extra`` packages a kind of job also depends on."""
     out = {}
-    for package in ("torch", "transformers", *extra):
+    for name, distribution in [*LIBRARIES.items(), *((package, package) for package in extra)]:
         try:
-            out[package] = version(package)
+            out[name] = version(distribution)
         except PackageNotFoundError:
-            out[package] = None
+            out[name] = None
+    return out
+
+
+def protocol_library_columns(protocol: str | None) -> dict[str, Any]:
+    """``<library>_version_protocol``: the version ``protocol``'s numbers were made with (None: it names
+    none); ``<library>_off_protocol``: the installed one differs (tables mark such rows)."""
+    expected, installed = PROTOCOL_LIBRARIES.get(protocol or "", {}), library_versions()
+    out: dict[str, Any] = {}
+    for name in sorted({n for versions in PROTOCOL_LIBRARIES.values() for n in versions}):
+        out[f"{name}_version_protocol"] = expected.get(name)
+        out[f"{name}_off_protocol"] = name in expected and installed.get(name) != expected[name]
     return out
 
 
@@ -95,6 +115,7 @@ def start_row(
         "cached_stages": [],
         **scheduler_context(),
         **{f"{package}_version": v for package, v in library_versions().items()},
+        **protocol_library_columns(settings.get("protocol")),
         **settings,
         "selection_distance": None,
         "candidate_distances": None,  # [[start, end, distance], ...] over all candidates

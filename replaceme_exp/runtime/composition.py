@@ -98,7 +98,8 @@ def check_template_overrides(overrides: list[str]) -> str | None:
     """The one line that refuses a template override naming anything but one of its group's
     templates (``+paper=../../conf/config`` would compose a file outside ``multirun_templates/``);
     None when every one is a template."""
-    groups = sorted(p.name for p in Path(multirun_templates.__file__).parent.iterdir() if p.is_dir() and p.name[0] != "_")
+    folder = Path(multirun_templates.__file__).parent
+    groups = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name[0] != "_")
     for override in overrides:
         name, equals, value = override.partition("=")
         group = name.lstrip("+~")
