@@ -36,6 +36,7 @@ class EvaluationJob:
         device = input_device(model.adapter)
         row.update(self.model_columns(model, device))
         row.update(self.modality.evaluate_model(model.loaded, model.adapter))
+        row["eval_quantisation"] = None  # scored as loaded, as a pruning job scores its pruned model
         return device
 
     def load(self) -> Loaded:
