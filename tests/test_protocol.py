@@ -712,6 +712,12 @@ def test_4bit_jobs_capture_each_sequential_cut_and_score_uidl_on_a_fresh_copy(mo
     assert row["status"] == "finished" and row["eval_quantisation"] is None
     assert copies == [(6, "float32"), (5, "float32")]  # the unpruned model, then with the first cut removed
     copies.clear()
+    # LS: the first cut's statistics come from the selection's pass on the 4-bit copy; no second copy of it
+    ls = ["model.capture_4bit=true", "objective=ls", "eval.speed.enabled=false", "cuts=[[1,2],[3,4]]"]
+    ls += ["merge_consecutive=false", "multi_lt=sequential", "calibration.n_samples=8"]
+    row = run_recorded(job_config(tmp_path / "ls", *ls), raise_on_failure=True)
+    assert row["status"] == "finished" and copies == [(5, "float32")]
+    copies.clear()
     uidl = ["protocol=official", "experiment=uidl_official", "model.capture_4bit=true", "eval=heldout", "n_prune=2"]
     uidl += ["eval.speed.enabled=false"]
     row = run_recorded(job_config(tmp_path / "b", *uidl, "calibration=pydoc", "calibration.n_samples=8"), raise_on_failure=True)

@@ -423,12 +423,13 @@ class PruningJob:
             stats = {}
             # the official code reloads the saved pruned model without a dtype (captures in float32), or in
             # 4 bits with use_4bit (re-quantised for each cut)
-            with self.capture_copy(evaluated, first=removed == 0) as on:
-                if estimator.needs_statistics and not estimator.needs_tokens:
-                    if removed == 0 and cut in selection.stats:
-                        stats = {shifted: selection.stats[cut]}
-                    else:
-                        stats = self.stage_statistics(on, calibrated, shifted, cut)
+            by_statistics = estimator.needs_statistics and not estimator.needs_tokens
+            known = by_statistics and removed == 0 and cut in selection.stats
+            with self.capture_copy(evaluated, first=removed == 0, captures=not known) as on:
+                if known:
+                    stats = {shifted: selection.stats[cut]}
+                elif by_statistics:
+                    stats = self.stage_statistics(on, calibrated, shifted, cut)
                 found = fit_transforms(on.adapter, calibrated.estimation, estimator, [shifted], stats, request)
             fit = fit.merged(found.relabelled(shifted, cut))
             transform = found.transforms[shifted]
@@ -442,14 +443,18 @@ class PruningJob:
         return fit, sequential_checks(checks)
 
     @contextmanager
-    def capture_copy(self, evaluated: Evaluated, first: bool = False) -> Iterator[Evaluated]:
+    def capture_copy(self, evaluated: Evaluated, first: bool = False, captures: bool = True) -> Iterator[Evaluated]:
         """The partly pruned model a sequential cut is captured on: ``evaluated`` with its weights in
         ``model.capture_dtype`` for the capture, or with ``model.capture_4bit`` a 4-bit NF4 copy of it
         (:func:`~replaceme_exp.models.loading.nf4_copy`, as the official code reloads the saved pruned
-        model with ``use_4bit``)."""
+        model with ``use_4bit``), made only where the cut ``captures`` (not where its statistics came
+        from the selection's pass on the 4-bit copy of the unpruned model)."""
         if not self.config.model.capture_4bit:
             with weights_in(evaluated.loaded.model, self.spec.effective.capture_dtype):
                 yield evaluated
+            return
+        if not captures:
+            yield evaluated
             return
         with ExitStack() as copies:
             with stage("load", "4-bit copy" if first else "4-bit copy of the partly pruned model"):
@@ -503,19 +508,16 @@ class PruningJob:
 
     def evaluate_pruned(self, evaluated: Evaluated, baselines: Baselines) -> dict:
         """The pruned (and healed) model's scores, as row columns; ``eval_quantisation``: nf4 where the
-        official code evaluates the pruned model in 4 bits (:attr:`~replaceme_exp.pipeline.spec.JobSpec.evaluates_in_4bit`), else None."""
-        loaded, adapter = evaluated.loaded, evaluated.adapter
-        if not self.spec.evaluates_in_4bit:
+        official code scores a 4-bit copy of it (:attr:`~replaceme_exp.pipeline.spec.JobSpec.evaluates_in_4bit`)."""
+        loaded, adapter, quantisation = evaluated.loaded, evaluated.adapter, None
+        with ExitStack() as copies:
+            if self.spec.evaluates_in_4bit:
+                with stage("load", "4-bit copy of the pruned model"):
+                    model = copies.enter_context(self.nf4_copy(loaded.model))
+                loaded, adapter, quantisation = dataclasses.replace(loaded, model=model), adapter_for(model), "nf4"
             heldout, unpruned = baselines.heldout, baselines.unpruned
             scores = self.modality.evaluate_pruned(loaded, adapter, heldout, unpruned, evaluated.device)
-            return {**scores, "eval_quantisation": None}
-        with ExitStack() as copies:
-            with stage("load", "4-bit copy of the pruned model"):
-                model = copies.enter_context(self.nf4_copy(loaded.model))
-            quantised = dataclasses.replace(loaded, model=model)
-            heldout, unpruned = baselines.heldout, baselines.unpruned
-            scores = self.modality.evaluate_pruned(quantised, adapter_for(model), heldout, unpruned, evaluated.device)
-        return {**scores, "eval_quantisation": "nf4"}
+        return {**scores, "eval_quantisation": quantisation}
 
     def measure_speed(self, evaluated: Evaluated) -> dict:
         """What pruning buys (``eval.speed``): the pruned model against a fresh copy of the unpruned one,
