@@ -52,7 +52,7 @@ def main(a: str, b: str) -> None:
         ca, cb = Cell(row_a[metric], row_a.to_frame().T), Cell(row_b[metric], row_b.to_frame().T)
         found = compare_cells(cb, ca, metric)
         ratio = metric.startswith("ppl")  # compared on the log scale
-        shown = (lambda v: math.exp(v)) if ratio else (lambda v: v)
+        shown = math.exp if ratio else float
         what = "ratio" if ratio else "difference"
         interval = (
             "n/a" if found is None else f"{shown(found.estimate):.4g} [{shown(found.low):.4g}, {shown(found.high):.4g}]"

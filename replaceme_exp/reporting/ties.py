@@ -23,10 +23,8 @@ The best cell and every cell tied with it are the column's *leaders* (bold in th
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -258,7 +256,7 @@ def compare_cells(a: Cell, b: Cell, metric: str, level: float = LEVEL) -> Compar
         found = compare_cells(a_shared, b_shared, metric, level)
         if found is None:
             return None
-        return dataclasses.replace(found, method=f"{found.method}, on the {n} calibration draw(s) both have")
+        return replace(found, method=f"{found.method}, on the {n} calibration draw(s) both have")
     if len(a.runs) > 1 or len(b.runs) > 1:
         if (over_draws := compare_over_draws(a, b, metric, level)) is not None:
             return over_draws

@@ -70,10 +70,12 @@ def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str | None]:
     return out
 
 
-def protocol_library_columns(protocol: str | None) -> dict[str, Any]:
+def protocol_library_columns(protocol: str | None, installed: dict[str, str | None] | None = None) -> dict[str, Any]:
     """``<library>_version_protocol``: the version ``protocol``'s numbers were made with (None: it names
-    none); ``<library>_off_protocol``: the installed one differs (tables mark such rows)."""
-    expected, installed = PROTOCOL_LIBRARIES.get(protocol or "", {}), library_versions()
+    none); ``<library>_off_protocol``: the ``installed`` one (default: :func:`library_versions`) differs
+    (tables mark such rows)."""
+    expected = PROTOCOL_LIBRARIES.get(protocol or "", {})
+    installed = library_versions() if installed is None else installed
     out: dict[str, Any] = {}
     for name in sorted({n for versions in PROTOCOL_LIBRARIES.values() for n in versions}):
         out[f"{name}_version_protocol"] = expected.get(name)
@@ -102,6 +104,7 @@ def start_row(
     """A new run's row: its identity (``run_seq``: its place among its configuration's runs,
     :meth:`~replaceme_exp.results.store.ResultsStore.next_run_seq`), the code and libraries, and the
     job's setting columns."""
+    versions = library_versions()
     return {
         "run_id": new_run_id(),
         "sweep_id": sweep_id,
@@ -114,8 +117,8 @@ def start_row(
         "git_sha": git_sha(),
         "cached_stages": [],
         **scheduler_context(),
-        **{f"{package}_version": v for package, v in library_versions().items()},
-        **protocol_library_columns(settings.get("protocol")),
+        **{f"{package}_version": v for package, v in versions.items()},
+        **protocol_library_columns(settings.get("protocol"), versions),
         **settings,
         "selection_distance": None,
         "candidate_distances": None,  # [[start, end, distance], ...] over all candidates
