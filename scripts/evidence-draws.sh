@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$1 ratio=$2 draws=$3 experiments=$4
+# started with setsid, the run has a scheduler autogroup of its own, where nice alone does not yield the
+# CPU to other sessions (a test run beside it): the whole group at the lowest priority, where Linux allows
+echo 19 > /proc/self/autogroup 2>/dev/null || true
 store=${STORE:-evidence/draws-store}
 mkdir -p "$store/stats/search_steps" "$store/generated"
 # SLEB's steps measured for the earlier tables (draw 0's calibration tokens): its search resumes from them

@@ -58,7 +58,7 @@ def refused(tmp_path, *overrides, given: list[str] | None = None) -> str:
         (["seed=99999999999999999999999"], "seed=99999999999999999999999: is beyond the 64-bit integer range"),
         (["seed=${oc.env:REPLACEME_SURELY_UNSET}"], "seed='${oc.env:REPLACEME_SURELY_UNSET}': cannot be resolved"),
         (["alpha=${alpha}"], "alpha='${alpha}': cannot be resolved: Recursive interpolation"),
-        (["objective._target_=os.system"], "objective._target_='os.system': only the project's estimator classes"),
+        (["objective._target_=os.system"], "objective._target_='os.system': only the project's estimator classes and its plugins' (replaceme_exp.*)"),
         (["objective._target_=subprocess.Popen"], "objective._target_='subprocess.Popen': only the project's"),
         (["model.device=cuda:0"], "model.device='cuda:0': this machine has no CUDA GPU"),
         (["capture.cache_dir=/dev/null/stats"], "capture.cache_dir='/dev/null/stats': /dev/null is a file"),

@@ -18,12 +18,17 @@ from helpers.jobs import SMOKE, job_config
 from helpers.models import tiny_model
 
 from replaceme_exp.capture import run_capture
-from replaceme_exp.capture.channel_scales import ChannelScaleStatistics
-from replaceme_exp.capture.hadamard import ORDERS, hadamard_matrix, hadamard_order, stored_matrix
-from replaceme_exp.capture.statistics import CutDistances, channel_cosine_distance
+from replaceme_exp.capture.statistics import CutDistances
 from replaceme_exp.config.schema import HealingConfig
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.estimation.linear_patch import LinearPatchEstimator, check_hidden_size, patch_matrix
+from replaceme_exp.estimation.hadamard import ORDERS, hadamard_matrix, hadamard_order, stored_matrix
+from replaceme_exp.estimation.linear_patch import (
+    ChannelScaleStatistics,
+    LinearPatchEstimator,
+    channel_cosine_distance,
+    check_hidden_size,
+    patch_matrix,
+)
 from replaceme_exp.healing import attach_trainable_transforms, teacher_targets, topk_kl_loss, train_language_model
 from replaceme_exp.models import adapter_for
 from replaceme_exp.pipeline import JobSpec
@@ -276,3 +281,23 @@ def test_the_unrotated_patch_is_named_apart_in_the_row(tmp_path):
     diagonal = JobSpec.from_config(job_config(tmp_path, "experiment=linearpatch", "objective.rotate=false"))
     assert rotated["method"] == "LinearPatch"
     assert diagonal.setting_columns()["method"] == "LinearPatch (unrotated)"
+
+
+@pytest.mark.unit
+def test_channel_scales_are_kept_under_the_cache_entry_they_had_before_they_became_an_accumulator(tmp_path):
+    from replaceme_exp.capture.cache import StatisticsCache
+    from replaceme_exp.storage import content_key
+
+    stats = ChannelScaleStatistics([(2, 4)], 32, torch.device("cpu"))
+    ratios = torch.arange(32.0, dtype=torch.float64)
+    stats.restore({"ratio_sum": ratios, "n_sequences": torch.tensor(3), "n_tokens": torch.tensor(40)})
+    cache = StatisticsCache(tmp_path, "model", "data")
+    cache.store(stats)
+    key = {"model": "model", "data": "data", "kind": "channel_scales", "version": 1, "cut": [2, 4], "rotate": True}
+    assert (tmp_path / f"channel_scales-{content_key(key, 24)}.pt").is_file()  # the file the typed get/put wrote
+    again = ChannelScaleStatistics([(2, 4)], 32, torch.device("cpu"))
+    assert cache.restore(again) and cache.hits == ["channel_scales"]
+    found = again.result()[(2, 4)]
+    assert (found.n_sequences, found.n_tokens) == (3, 40) and torch.equal(found.ratio_sum, stats.ratio_sum[(2, 4)])
+    unrotated = ChannelScaleStatistics([(2, 4)], 32, torch.device("cpu"), rotate=False)
+    assert not cache.restore(unrotated)  # another identity: another entry

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from replaceme_exp.capture import distributed
-from replaceme_exp.capture.channel_scales import ChannelScales
+from replaceme_exp.capture.accumulator import Accumulator
 from replaceme_exp.capture.folds import FOLD_ASSIGNMENT, FoldedStats
 from replaceme_exp.capture.similarity import Similarities
 from replaceme_exp.capture.statistics import Cut, LinearStats
@@ -44,7 +44,6 @@ CACHE_VERSIONS = {
     "linear": 2,
     "linear_folds": 1,
     "similarity": 1,
-    "channel_scales": 1,
 }
 
 _swept: set[Path] = set()  # cache folders whose killed writers' leftovers this process removed
@@ -90,9 +89,11 @@ class StatisticsCache:
         with file_lock(self.root / "locks" / f"{name}.lock", waiting):
             yield
 
-    def _entry(self, kind: str, **what) -> tuple[Path, dict]:
-        """The file of the entry of ``kind`` for ``what`` and its whole key."""
-        key = {"model": self.model_hash, "data": self.data_hash, "kind": kind, "version": CACHE_VERSIONS[kind]}
+    def _entry(self, kind: str, version: int | None = None, **what) -> tuple[Path, dict]:
+        """The file of the entry of ``kind`` (at ``version``; None: ``CACHE_VERSIONS``'s) for ``what``
+        and its whole key."""
+        version = CACHE_VERSIONS[kind] if version is None else version
+        key = {"model": self.model_hash, "data": self.data_hash, "kind": kind, "version": version}
         key.update(**self.captured, **what)
         return self.root / f"{kind}-{content_key(key, 24)}.pt", key
 
@@ -121,6 +122,25 @@ class StatisticsCache:
             and not write_optional("statistics cache entry", path, lambda: write_keyed_tensors(path, key, payload))
         ):
             self.writable = False
+
+    def restore(self, accumulator: Accumulator) -> bool:
+        """Whether an entry of ``accumulator``'s kind, version and identity was found; ``accumulator``
+        then holds it (:meth:`~replaceme_exp.capture.accumulator.Accumulator.restore`)."""
+        payload = self._load(self._accumulator_entry(accumulator))
+        if payload is not None:
+            accumulator.restore(payload)
+        return payload is not None
+
+    def store(self, accumulator: Accumulator) -> None:
+        """Keep what ``accumulator`` holds under its kind, version and identity."""
+        state = {name: tensor.detach().cpu() for name, tensor in accumulator.state().items()}
+        self._save(self._accumulator_entry(accumulator), state)
+
+    def _accumulator_entry(self, accumulator: Accumulator) -> tuple[Path, dict]:
+        kind = accumulator.kind
+        if not kind or kind in CACHE_VERSIONS:
+            raise ValueError(f"{type(accumulator).__name__}.kind={kind!r}: name a kind of entry of its own")
+        return self._entry(kind, accumulator.version, **accumulator.identity())
 
     def get_distances(self, length: int, criterion: str) -> dict[Cut, float] | None:
         """Distances of every candidate cut of ``length`` blocks under ``criterion`` (e.g.
@@ -192,23 +212,6 @@ class StatisticsCache:
                 "mtr": stats.mtr.cpu(),
                 "r_sq": torch.tensor(stats.r_sq, dtype=torch.float64),
                 "n_tokens": torch.tensor(stats.n_tokens),
-            },
-        )
-
-    def get_channel_scales(self, cut: Cut, rotate: bool) -> ChannelScales | None:
-        """LinearPatch's summed per-sequence channel ratios of ``cut`` (``rotate``: Hadamard-rotated)."""
-        p = self._load(self._entry("channel_scales", cut=list(cut), rotate=bool(rotate)))
-        if p is None:
-            return None
-        return ChannelScales(cut, p["ratio_sum"], int(p["n_sequences"]), int(p["n_tokens"]), bool(rotate))
-
-    def put_channel_scales(self, found: ChannelScales) -> None:
-        self._save(
-            self._entry("channel_scales", cut=list(found.cut), rotate=bool(found.rotate)),
-            {
-                "ratio_sum": found.ratio_sum.cpu(),
-                "n_sequences": torch.tensor(found.n_sequences),
-                "n_tokens": torch.tensor(found.n_tokens),
             },
         )
 

@@ -19,7 +19,7 @@ import dataclasses
 from functools import singledispatch
 
 from replaceme_exp.capture import distributed
-from replaceme_exp.capture.channel_scales import ChannelScaleStatistics
+from replaceme_exp.capture.accumulator import Accumulator
 from replaceme_exp.capture.folds import FoldedLinearStatistics
 from replaceme_exp.capture.similarity import SimilarityStatistics
 from replaceme_exp.capture.statistics import (
@@ -105,10 +105,8 @@ def _(statistic: SimilarityStatistics) -> None:
 
 
 @merge.register
-def _(statistic: ChannelScaleStatistics) -> None:
-    _sum_tensors(statistic.ratio_sum)
-    _sum_values(statistic.n_sequences)
-    _sum_values(statistic.n_tokens)
+def _(statistic: Accumulator) -> None:
+    statistic.merge()
 
 
 @merge.register

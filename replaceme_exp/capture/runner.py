@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 
 from replaceme_exp.capture import distributed
+from replaceme_exp.capture.accumulator import Accumulator
+from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import (
     BatchCapture,
@@ -31,6 +33,7 @@ from replaceme_exp.capture.merge import capture_shared
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.models.adapters import DecoderAdapter
 from replaceme_exp.progress import progress
+from replaceme_exp.stages import stage
 
 
 @torch.inference_mode()
@@ -89,3 +92,24 @@ def _capture(adapter, batches: TokenBatches, statistics: list, desc: str, execut
             handle.remove()
         state.clear()
     return plan.last_block + 1
+
+
+def gather(
+    adapter: DecoderAdapter,
+    batches: TokenBatches,
+    accumulators: list[Accumulator],
+    cache: StatisticsCache | None = None,
+    execution: CaptureExecution | None = None,
+    desc: str = "capture",
+) -> list[Accumulator]:
+    """``accumulators`` filled over ``batches``: from ``cache`` (the model's and the batches'; None: no
+    cache) where it holds them, the rest in one capture pass run as the capture plan ``execution``
+    says (None: whole-model), then stored in ``cache``. Returns ``accumulators``."""
+    missing = [a for a in accumulators if cache is None or not cache.restore(a)]
+    if missing:
+        with stage("capture", desc):
+            run_capture(adapter, batches, missing, desc=desc, execution=execution)
+        if cache is not None:
+            for accumulator in missing:
+                cache.store(accumulator)
+    return accumulators

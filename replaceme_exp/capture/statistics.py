@@ -50,14 +50,6 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
 
 
-def channel_cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """One sequence's ``1 - mean_c cos(a[:, c], b[:, c])``: the cosine of each channel's values over
-    the sequence's tokens, averaged over channels; (n, d), (n, d) -> () float32. LinearPatch's
-    selection (``torch.cosine_similarity`` of (1, seq, hidden) block inputs at its default
-    ``dim=1``, the token axis, averaged)."""
-    return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=0).mean()
-
-
 def sequence_sums(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Each sequence's sum of ``values`` (n,) over its ``lengths`` (batch,) consecutive rows: (batch,), on the CPU."""
     sequence = torch.repeat_interleave(torch.arange(len(lengths), device=values.device), lengths.to(values.device))

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 import torch
 from hydra.utils import get_class
 
-from replaceme_exp.capture.statistics import LinearStats
+from replaceme_exp.capture.accumulator import Accumulator
+from replaceme_exp.capture.statistics import Cut, LinearStats
 from replaceme_exp.config import schema
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.least_squares import diagonal_solve, orthonormal_solve, ridge_solve
+from replaceme_exp.plugins import plugin_packages
 
 # The structures with a closed form (objective=ls), the default; the numerical objectives:
 # replaceme_exp.estimation.numerical.STRUCTURES (rank1 and lower_triangular have none here).
@@ -27,10 +29,8 @@ class Requirements:
     """What an estimator needs from a job and what it accepts.
 
     ``statistics``: the LS statistics (``M^T M``, ``M^T R``) of its cuts; ``tokens``: a token store
-    of per-token activations (numerical objectives); ``channel_scales``: per-sequence channel
-    magnitude ratios across each cut over all non-padding tokens (LinearPatch,
-    :mod:`replaceme_exp.capture.channel_scales`; ``estimation.tokens`` does not act on them);
-    ``fits_transform``: it returns a T
+    of per-token activations (numerical objectives); any other statistic an estimator declares
+    itself (:meth:`Estimator.accumulators`); ``fits_transform``: it returns a T
     (``healing=lt_only`` trains it; False: the blocks are removed, nothing fused); ``uses_alpha``:
     ``alpha`` regularises it, on the scale ``alpha_scale`` ("token_sum": added to statistics summed
     over tokens, ridge ``(M^T M + alpha I)^{-1} M^T R``, the official code's convention;
@@ -50,7 +50,6 @@ class Requirements:
 
     statistics: bool
     tokens: bool = False
-    channel_scales: bool = False
     fits_transform: bool = True
     uses_alpha: bool = True
     alpha_scale: str | None = "token_sum"
@@ -78,12 +77,6 @@ class Estimator:
     with nothing fused."""
 
     name: str = "estimator"
-    needs_statistics: bool = True  # LS statistics of its cuts
-    needs_tokens: bool = False  # a token store of per-token activations
-    needs_channel_scales: bool = False  # per-sequence channel magnitude ratios (LinearPatch)
-    fits_transform: bool = True  # returns a T (healing=lt_only trains it); False: plain removal
-    uses_alpha: bool = True  # regularised by ``alpha``
-    alpha_scale: str | None = "token_sum"  # see :class:`Requirements`
 
     @classmethod
     def requirements(cls, objective) -> Requirements:
@@ -91,6 +84,16 @@ class Estimator:
         return Requirements(statistics=True)
 
     def estimate(self, stats: LinearStats | None, alpha: float, structure: str = "generic") -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def accumulators(self, cut: Cut, hidden_size: int, device: torch.device) -> list[Accumulator]:
+        """The statistics of ``cut`` it fits from, beyond the LS statistics and the token store (none by
+        default): the capture fills them, over the estimation batches, kept in the statistics cache
+        (:func:`~replaceme_exp.capture.runner.gather`), and :meth:`estimate_from` reads them."""
+        return []
+
+    def estimate_from(self, cut: Cut, accumulators: list[Accumulator]) -> torch.Tensor | None:
+        """T of ``cut`` from the :meth:`accumulators` it declared, filled."""
         raise NotImplementedError
 
     def columns(self) -> dict[str, dict]:
@@ -127,10 +130,6 @@ class IdentityEstimator(Estimator):
     """T = I: the blocks are removed and nothing is fused (the UIDL baseline without healing)."""
 
     name = "identity"
-    needs_statistics = False
-    fits_transform = False
-    uses_alpha = False
-    alpha_scale = None
 
     def __init__(self, name: str = "identity"):
         self.name = name
@@ -145,17 +144,19 @@ class IdentityEstimator(Estimator):
         return None
 
 
-# ``objective._target_`` is imported and instantiated: only the project's own modules may be named
-# (a shared sweep file or template must not run arbitrary code); an estimator of one's own goes under
-# replaceme_exp/estimation/ (docs/extending/estimator.md).
+# ``objective._target_`` is imported and instantiated: only the project's own modules and those of the
+# installed plugins may be named (a shared sweep file or template must not run arbitrary code); an
+# estimator of one's own goes under replaceme_exp/estimation/ or in a plugin (docs/extending/estimator.md).
 ALLOWED_TARGET_PREFIXES = ("replaceme_exp.",)
 
 
 def estimator_class(objective: schema.ObjectiveConfig) -> type[Estimator]:
     """The estimator class ``objective._target_`` names, one of the project's own."""
     target = objective._target_
-    if not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
-        reason = "only the project's estimator classes (replaceme_exp.*) are instantiated"
+    allowed = ALLOWED_TARGET_PREFIXES + tuple(f"{package}." for package in plugin_packages())
+    if not (isinstance(target, str) and target.startswith(allowed)):
+        packages = ", ".join(p + "*" for p in allowed)
+        reason = f"only the project's estimator classes and its plugins' ({packages}) are instantiated"
         raise ConfigError("objective._target_", target, reason)
     try:
         found = get_class(objective._target_)

@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 import torch
 
 from replaceme_exp.capture import LinearStatistics, distributed, run_capture
-from replaceme_exp.capture.channel_scales import ChannelScales, ChannelScaleStatistics
 from replaceme_exp.capture.execution import CaptureExecution
 from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.capture.runner import gather
 from replaceme_exp.capture.statistics import LinearStats, TokenCollector
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.config.schema import StoreConfig
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError, NonFiniteError
-from replaceme_exp.estimation.estimators import Estimator
+from replaceme_exp.estimation.estimators import Estimator, Requirements
 from replaceme_exp.estimation.least_squares import residual_sq, ridge_solve
 from replaceme_exp.stages import stage
 
@@ -30,7 +30,7 @@ class FitRequest:
     ``structure`` of T, the ``seed`` of the solvers' batches, the statistics' ``placement``, token
     ``rule`` and ``precision``, where token stores live (``store``), whose they are (``owner``:
     the config hash, so a killed run's stores can be found and removed) and how the captures run
-    (``execution``, the capture plan; None: whole-model)."""
+    (``execution``, the capture plan; None: whole-model), what the estimator fits from (``needs``)."""
 
     alpha: float
     regularizer: str
@@ -43,6 +43,7 @@ class FitRequest:
     owner: str = ""
     composed: frozenset = frozenset()  # cuts whose T maps the whole block output (touching_cuts=compose)
     execution: CaptureExecution | None = None
+    needs: Requirements = Requirements(statistics=True)  # what the estimator declared it fits from
 
     def placement_of(self, cut: Cut) -> str:
         """Where ``cut``'s statistics and tokens come from: ``separate`` for a composed cut."""
@@ -62,8 +63,6 @@ class Fit:
     store_location: str | None = None
     alpha_effect: dict[str, float | None] = field(default_factory=dict)
     gram_mean_eigenvalue: dict[str, float] = field(default_factory=dict)
-    patch_sequences: dict[str, int] = field(default_factory=dict)
-    patch_scale_gap: dict[str, float] = field(default_factory=dict)
     estimator_columns: dict[str, dict] = field(default_factory=dict)  # {column: {cut label: value}}
 
     def columns(self) -> dict:
@@ -73,8 +72,6 @@ class Fit:
         the scale a token-sum alpha acts against); and what the estimator recorded per cut
         (:meth:`Estimator.columns`)."""
         out: dict = {"fit_tokens": self.fit_tokens, **self.estimator_columns}
-        if self.patch_sequences:  # LinearPatch: sequences averaged, mean |s - 1| (the official "gap")
-            out.update(patch_sequences=self.patch_sequences, patch_scale_gap=self.patch_scale_gap)
         if self.alpha_effect:
             out.update(alpha_effect=self.alpha_effect, gram_mean_eigenvalue=self.gram_mean_eigenvalue)
         rms = {label(c): float(t.norm() / t.shape[0] ** 0.5) for c, t in self.transforms.items() if t is not None}
@@ -108,8 +105,6 @@ class Fit:
             self.store_location,
             move(self.alpha_effect),
             move(self.gram_mean_eigenvalue),
-            move(self.patch_sequences),
-            move(self.patch_scale_gap),
             {column: move(values) for column, values in self.estimator_columns.items()},
         )
 
@@ -123,8 +118,6 @@ class Fit:
             other.store_location or self.store_location,
             {**self.alpha_effect, **other.alpha_effect},
             {**self.gram_mean_eigenvalue, **other.gram_mean_eigenvalue},
-            {**self.patch_sequences, **other.patch_sequences},
-            {**self.patch_scale_gap, **other.patch_scale_gap},
             {
                 column: {**self.estimator_columns.get(column, {}), **other.estimator_columns.get(column, {})}
                 for column in {**self.estimator_columns, **other.estimator_columns}
@@ -196,45 +189,23 @@ def fit_from_tokens(
     return fit
 
 
-def channel_scales(
-    adapter, batches: TokenBatches, cuts: list[Cut], rotate: bool, cache=None, execution: CaptureExecution | None = None
-) -> dict[Cut, ChannelScales]:
-    """The :class:`ChannelScales` of ``cuts`` over ``batches``: from ``cache`` (a
-    :class:`~replaceme_exp.capture.cache.StatisticsCache` of the model and batches; None: none) where
-    present, the rest in one capture pass (stored in the cache) run as the capture plan ``execution``
-    says (None: whole-model)."""
-    found = {}
-    for cut in cuts:
-        if cache is not None and (cached := cache.get_channel_scales(cut, rotate)) is not None:
-            found[cut] = cached
-    if missing := [cut for cut in cuts if cut not in found]:
-        accumulator = ChannelScaleStatistics(missing, adapter.hidden_size, input_device(adapter, execution), rotate)
-        with stage("capture", "capture (channel scales)"):
-            run_capture(adapter, batches, [accumulator], desc="capture (channel scales)", execution=execution)
-        for cut, scales in accumulator.result().items():
-            if scales.n_sequences == 0:
-                reason = f"leaves no calibration sequence for cut {list(cut)}"
-                raise ConfigError("calibration.n_samples", len(batches.batches), reason)
-            if cache is not None:
-                cache.put_channel_scales(scales)
-            found[cut] = scales
-    return found
-
-
-def fit_from_channel_scales(
-    adapter, batches: TokenBatches, estimator: Estimator, cuts: list[Cut], cache=None, execution=None
+def fit_from_accumulators(
+    adapter, batches: TokenBatches, estimator: Estimator, declared: dict, cache=None, execution=None
 ) -> Fit:
-    """LinearPatch: each cut's patch from its channel scales (:func:`channel_scales`, captured as the
-    capture plan ``execution`` says)."""
-    rotate = bool(getattr(estimator, "rotate", True))
-    scales = channel_scales(adapter, batches, cuts, rotate, cache, execution)
+    """Each cut's T from the statistics its estimator ``declared`` (``{cut: [accumulator, ...]}``,
+    :meth:`Estimator.accumulators`), gathered over ``batches`` (:func:`~replaceme_exp.capture.runner.gather`:
+    from ``cache`` where it holds them, the rest in one capture pass as the capture plan ``execution`` says);
+    ``fit_tokens``: the tokens each cut's first statistic accumulated over."""
+    accumulators = [a for found in declared.values() for a in found]
+    kinds = ", ".join(sorted({a.kind.replace("_", " ") for a in accumulators}))
+    gather(adapter, batches, accumulators, cache, execution, desc=f"capture ({kinds})")
     fit = Fit({})
+    if not distributed.is_leader():  # every rank took its share of the capture: rank 0 fits
+        return fit
     with stage("estimate"):
-        for cut in cuts:
-            fit.transforms[cut] = estimator.estimate(scales[cut], 0.0)
-            fit.fit_tokens[label(cut)] = scales[cut].n_tokens
-            fit.patch_sequences[label(cut)] = scales[cut].n_sequences
-            fit.patch_scale_gap[label(cut)] = float((scales[cut].scales - 1).abs().mean())
+        for cut, found in declared.items():
+            fit.transforms[cut] = estimator.estimate_from(cut, found)
+            fit.fit_tokens[label(cut)] = found[0].token_count()
     return fit
 
 
@@ -247,27 +218,28 @@ def fit_transforms(
     request: FitRequest,
     cache=None,
 ) -> Fit:
-    """T for each cut (None = identity), from statistics, from stored tokens or (LinearPatch) from
-    channel scales (``cache``: where those are kept for the model and ``batches``; None: not kept);
-    a non-finite T fails the stage naming its cut."""
-    if estimator.needs_channel_scales:
-        fit = fit_from_channel_scales(adapter, batches, estimator, cuts, cache, request.execution)
-    elif estimator.needs_tokens:
+    """T for each cut (None = identity), from the statistics the estimator declares
+    (:meth:`Estimator.accumulators`, kept in ``cache`` for the model and ``batches``; None: not kept),
+    from stored tokens, or from the LS statistics ``stats``; a non-finite T fails the stage naming its
+    cut. The estimator's own columns (:meth:`Estimator.columns`) go into the fit's."""
+    device = input_device(adapter, request.execution)
+    declared = {cut: found for cut in cuts if (found := estimator.accumulators(cut, adapter.hidden_size, device))}
+    if declared:
+        fit = fit_from_accumulators(adapter, batches, estimator, declared, cache, request.execution)
+    elif request.needs.tokens:
         fit = fit_from_tokens(adapter, batches, estimator, cuts, stats, request)
     else:
         for cut in cuts:
-            if cut in stats and stats[cut].n_tokens == 0 and estimator.needs_statistics:
+            if cut in stats and stats[cut].n_tokens == 0 and request.needs.statistics:
                 reason = f"leaves no calibration token for cut {list(cut)}"
                 raise ConfigError("estimation.tokens", request.rule.key(), reason)
+        if not distributed.is_leader():  # no capture left to share: rank 0 fits
+            return Fit({})
         fit = Fit({})
-        if estimator.needs_statistics:
+        if request.needs.statistics:
             fit.fit_tokens = {label(cut): stats[cut].n_tokens for cut in cuts if cut in stats}
         with stage("estimate"):
             fit.transforms = {cut: estimator.estimate(stats.get(cut), request.alpha, request.structure) for cut in cuts}
-        fit.estimator_columns = {
-            column: {label(cut): value for cut, value in values.items() if cut in fit.transforms}
-            for column, values in estimator.columns().items()
-        }
         fitted = {cut: t for cut, t in fit.transforms.items() if t is not None and cut in stats}
         # closed form: the training loss is the mean squared residual per token
         fit.cut_train_losses = {label(c): residual_sq(stats[c], t) / stats[c].n_tokens for c, t in fitted.items()}
@@ -275,6 +247,10 @@ def fit_transforms(
             for cut, transform in fitted.items():
                 fit.alpha_effect[label(cut)] = alpha_effect(estimator, stats[cut], transform, request.structure)
                 fit.gram_mean_eigenvalue[label(cut)] = float(stats[cut].mtm.diagonal().double().mean())
+    fit.estimator_columns = {
+        column: {label(cut): value for cut, value in values.items() if cut in fit.transforms}
+        for column, values in estimator.columns().items()
+    }
     for cut, transform in fit.transforms.items():
         if transform is not None and not torch.isfinite(transform).all():
             raise NonFiniteError("estimate", f"the transform of cut {list(cut)} is")

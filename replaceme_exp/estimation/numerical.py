@@ -256,8 +256,6 @@ class NumericalEstimator(Estimator):
     closed-form solution instead). ``schedule``: ``full_batch`` or ``minibatch`` for the non-Adam
     solvers (module docstring). ``alpha_scale`` (set by ``loss``): ``token_mean`` or ``token_sum``."""
 
-    needs_tokens = True
-    alpha_scale: str = "token_mean"
 
     def __init__(
         self,
@@ -294,7 +292,6 @@ class NumericalEstimator(Estimator):
         self.solver_backend, self.mse_reduction = solver_backend, mse_reduction
         self.precision = solver_precision(solver, precision)
         self.alpha_scale = ALPHA_SCALES[loss]
-        self.needs_statistics = init == "ls"
         self.loss_curve: list[float] = []
 
     @classmethod

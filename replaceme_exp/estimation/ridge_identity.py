@@ -168,8 +168,6 @@ class RidgeToIdentityEstimator(Estimator):
     identity wins. ``alpha`` does not act: the strength is chosen, and recorded per cut."""
 
     name = "ls_ridge_identity"
-    uses_alpha = False
-    alpha_scale = None
 
     def __init__(
         self,

@@ -304,10 +304,6 @@ class StreamlineEstimator(Estimator):
     """LLM-Streamline's layer replacement (module docstring); ``objective=streamline_ffn`` or
     ``objective=streamline_layer``. Fits no T: :meth:`replace` trains the network of a cut."""
 
-    needs_statistics = False
-    fits_transform = False
-    uses_alpha = False
-    alpha_scale = None
 
     def __init__(self, name: str, replacement: str, **settings):
         self.name, self.replacement = name, replacement

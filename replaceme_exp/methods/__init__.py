@@ -1,5 +1,6 @@
 """The depth-pruning methods, one plugin module each (:mod:`~replaceme_exp.methods.plugin`): importing
-the package registers every module in it, so adding a method is one file here (and its YAML)."""
+the package registers every module in it, so adding a method is one file here (and its YAML), then the
+installed plugins' modules (:mod:`replaceme_exp.plugins`: a method in another package)."""
 
 from replaceme_exp.methods.plugin import (
     METHODS,
@@ -12,9 +13,11 @@ from replaceme_exp.methods.plugin import (
     method_of_selection,
     method_setting_columns,
 )
+from replaceme_exp.plugins import load_plugins
 from replaceme_exp.registry import import_submodules
 
 import_submodules(__name__)
+load_plugins()
 
 __all__ = [
     "column_meaning",

@@ -4,9 +4,17 @@ its distillation, ``experiment=linearpatch_distill``)."""
 
 from replaceme_exp.config import schema
 from replaceme_exp.config.schema import Group, ObjectiveConfig, key, register_shape
-from replaceme_exp.estimation.linear_patch import LinearPatchEstimator, check_hidden_size
+from replaceme_exp.estimation.linear_patch import LinearPatchEstimator, channel_cosine_distance, check_hidden_size
 from replaceme_exp.methods.plugin import Method, register
 from replaceme_exp.models.shape import ModelShape
+from replaceme_exp.selection.metrics import METRICS, SelectionMetric
+
+# its selection: the per-sequence cosine of each channel over the tokens, across the cut; the official code
+# never compares with the final block's output
+METRICS.register(
+    "channel_cosine",
+    SelectionMetric("channel_cosine", "sequence", sequence_distance=channel_cosine_distance, last_cut=False),
+)
 
 
 @register_shape("objective")

@@ -70,7 +70,8 @@ from replaceme_exp.surgery import (
 
 log = logging.getLogger("replaceme_exp.job")
 
-# Cache entry kinds -> the stage names a row lists in ``cached_stages``.
+# Cache entry kinds -> the stage names a row lists in ``cached_stages`` (any other kind, a component's
+# own accumulator: its kind).
 CACHED_STAGE_NAMES = {
     "distances": "selection",
     "linear": "statistics",
@@ -80,7 +81,6 @@ CACHED_STAGE_NAMES = {
     "harness": "baseline_harness",
     "dist_before": "dist_before",
     "similarity": "calibration_similarity",
-    "channel_scales": "channel_scales",
 }
 # The pruned model's held-out quality columns, kept under ``ppl_heldout_before_healing*`` once it heals.
 QUALITY_SUFFIXES = ("", "_ci_low", "_ci_high", "_window_nll")
@@ -282,8 +282,6 @@ class PruningJob:
             return self.replace_cut(estimator, captured, calibrated, selection)
         if selected.sequential:
             return Estimated(estimator, Fit({}), selection)
-        if not distributed.is_leader() and not (estimator.needs_tokens or estimator.needs_channel_scales):
-            return Estimated(estimator, Fit({}), selection)  # no capture left to share: rank 0 fits
         request = dataclasses.replace(self.spec.fit_request(captured.execution), composed=selection.composed)
         adapter, batches, cache = captured.adapter, calibrated.estimation, calibrated.stats_cache
         fit = fit_transforms(adapter, batches, estimator, selection.cuts, selection.stats, request, cache=cache)
@@ -423,7 +421,7 @@ class PruningJob:
             stats = {}
             # the official code reloads the saved pruned model without a dtype (captures in float32), or in
             # 4 bits with use_4bit (re-quantised for each cut)
-            by_statistics = estimator.needs_statistics and not estimator.needs_tokens
+            by_statistics = request.needs.statistics and not request.needs.tokens
             known = by_statistics and removed == 0 and cut in selection.stats
             with self.capture_copy(evaluated, first=removed == 0, captures=not known) as on:
                 if known:

@@ -358,7 +358,7 @@ def check_search(c: schema.JobConfig, metric, needs: Requirements) -> None:
     if (needs.fits_transform or needs.fits) and not metric.fits_after:
         reason = f"selection.metric={name} removes the blocks it finds, nothing is fitted: use objective=identity"
         raise ConfigError("objective", c.objective.name, reason)
-    if needs.fits and (needs.tokens or needs.replacement is not None or needs.channel_scales):
+    if needs.fits and (needs.tokens or needs.replacement is not None):
         reason = (
             f"after selection.metric={name} a transform is fitted from the LS statistics alone "
             "(a closed form from them, such as objective=ls)"

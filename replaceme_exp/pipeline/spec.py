@@ -543,6 +543,7 @@ class JobSpec:
             store=c.store,
             owner=self.config_hash,
             execution=execution,
+            needs=self.requirements,
         )
 
     def estimator(self) -> Estimator:

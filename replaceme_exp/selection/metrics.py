@@ -5,13 +5,18 @@ Each metric is registered under its config name with what it is computed from:
 - ``distance``: a per-token distance between ``L_{start-1}`` and ``L_{end-1}``, averaged over the
   tokens (all, or each sequence's last with ``selection.tokens=last``);
 - ``sequence``: a distance per calibration sequence between its ``L_{start-1}`` and ``L_{end-1}``,
-  averaged over the sequences (``channel_cosine``: LinearPatch's selection);
+  averaged over the sequences (``channel_cosine``, registered by its method's plugin);
 - ``similarity``: a similarity per cut from streamed moments (sums, ``L_k^T L_k``, cross products:
   :class:`~replaceme_exp.capture.similarity.SimilarityStatistics`), the cut of largest similarity
   chosen (distance ``1 - similarity``); over all tokens only;
 - ``statistics``: a score per cut from the LS statistics of every candidate (the least-squares
   residual after the cut's own ridge transform, registered by :mod:`replaceme_exp.estimation`,
   which solves it); over all tokens only;
+- ``accumulated``: a distance per cut from statistics the metric declares itself, those the core has no
+  kind of its own for (a sublayer's input against its output, ...): ``accumulators`` (the candidates,
+  the hidden size and the device -> :class:`~replaceme_exp.capture.accumulator.Accumulator` objects
+  that the selection pass fills) and ``distances`` (the candidates and those, filled -> ``{cut:
+  distance}``); over all tokens only;
 - ``search``: a search that decides the removed blocks itself by running the model with
   candidate removals or merges (SLEB, LaCo): ``search`` (a
   :class:`~replaceme_exp.selection.search.SearchContext` -> a
@@ -29,19 +34,20 @@ import torch
 import torch.nn.functional as F
 
 from replaceme_exp.capture.similarity import CCA_RIDGE, linear_cka_per_cut, mean_cca_per_cut, pwcca_per_cut
-from replaceme_exp.capture.statistics import channel_cosine_distance, cosine_distance
+from replaceme_exp.capture.statistics import cosine_distance
 from replaceme_exp.registry import Registry
 
 
 @dataclass(frozen=True)
 class SelectionMetric:
-    """``kind``: ``distance``, ``similarity``, ``statistics``, ``sequence`` or ``search`` (module
+    """``kind``: ``distance``, ``similarity``, ``statistics``, ``sequence``, ``accumulated`` or ``search`` (module
     docstring); ``token_distance`` ((n, d), (n, d) -> (n,)) for distances; ``similarity``
     (SimilarityStatistics -> {cut: value}) for similarities; ``from_statistics`` ({cut:
     LinearStats}, alpha -> {cut: distance}) for statistics; ``sequence_distance`` ((n_i, d), (n_i,
-    d) -> ()) for sequences; ``search`` (SearchContext -> SearchResult) for searches;
+    d) -> ()) for sequences; ``accumulators`` and ``distances`` for accumulated ones; ``search``
+    (SearchContext -> SearchResult) for searches;
     ``criterion``: what else its cached distances depend on (a ridge, ...); ``last_cut``: whether
-    the cut ending at the last block is a candidate (LinearPatch's code never compares with the
+    the cut ending at the last block is a candidate (``channel_cosine``'s authors never compare with the
     final block's output); ``settings``: the schema shape of its ``selection`` option when it has keys of its own (a
     search's, e.g. ``SlebSelectionConfig``; None: the plain one); ``fits_after``: a search that only
     removes blocks, over whose runs of removed blocks a transform may then be fitted (ShortGPT's
@@ -58,6 +64,8 @@ class SelectionMetric:
     from_statistics: Callable | None = None
     sequence_distance: Callable | None = None
     search: Callable | None = None
+    accumulators: Callable[[list, int, torch.device], list] | None = None
+    distances: Callable[[list, list], dict] | None = None
     criterion: str = ""
     last_cut: bool = True
     settings: type | None = None
@@ -111,7 +119,6 @@ def euclidean_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 register(SelectionMetric("cosine", "distance", token_distance=cosine_distance))
 register(SelectionMetric("angular", "distance", token_distance=angular_distance))
 register(SelectionMetric("l2", "distance", token_distance=euclidean_distance))
-register(SelectionMetric("channel_cosine", "sequence", sequence_distance=channel_cosine_distance, last_cut=False))
 register(SelectionMetric("cka", "similarity", similarity=linear_cka_per_cut))
 register(SelectionMetric("cca", "similarity", similarity=mean_cca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))
 register(SelectionMetric("pwcca", "similarity", similarity=pwcca_per_cut, criterion=f"/ridge={CCA_RIDGE}"))

@@ -127,6 +127,14 @@ def distance_accumulators(
     return None, similarity
 
 
+def declared_accumulators(request: SelectionRequest, adapter, candidates: list[Cut]) -> list:
+    """The statistics an ``accumulated`` metric declares for ``candidates`` (none for another kind)."""
+    if request.metric.kind != "accumulated":
+        return []
+    device = input_device(adapter, request.execution)
+    return list(request.metric.accumulators(candidates, adapter.hidden_size, device))
+
+
 def statistics_groups(request: SelectionRequest, hidden: int, candidates: list[Cut], needs_stats: bool) -> list:
     """The candidates whose LS statistics the selection passes gather, a group per pass: an ``ls_residual``
     selection's (:func:`candidate_groups`), else all in one pass if needed and within budget, or none."""
@@ -215,7 +223,8 @@ def selection_distances(
     groups = statistics_groups(request, adapter.hidden_size, candidates, needs_stats)
     racing = races(request, groups)
     cut_distances, similarity = distance_accumulators(request, adapter, candidates, per_sequence=racing)
-    riders = [s for s in (cut_distances, similarity) if s is not None] + list(extra_statistics)
+    declared = declared_accumulators(request, adapter, candidates)
+    riders = [s for s in (cut_distances, similarity) if s is not None] + declared + list(extra_statistics)
     race = CandidateRace(cut_distances) if racing else None
     distances, stats = selection_passes(request, adapter, calibration, groups, riders, race)
     if similarity is not None:
@@ -223,6 +232,9 @@ def selection_distances(
             distances = {cut: 1.0 - value for cut, value in request.metric.similarity(similarity).items()}
     elif cut_distances is not None:
         distances = cut_distances.result()
+    elif declared:
+        with stage("estimate", f"selection ({request.metric.name})"):
+            distances = request.metric.distances(candidates, declared)
     cache.put_distances(length, criterion, distances)
     dropped = len(candidates) - len(stats) if race is not None else None
     return distances, stats, {"capture_candidates_dropped": dropped}

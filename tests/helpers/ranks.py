@@ -1,6 +1,6 @@
 """Captures split over gloo processes (torch.multiprocessing spawn), without a model: a synthetic
-residual stream per token feeds the statistics as the capture hooks do. Imports torch and the
-capture package only, so that a spawned rank starts in seconds."""
+residual stream per token feeds the statistics as the capture hooks do. Imports torch, the capture
+package and LinearPatch's accumulator only, so that a spawned rank starts in seconds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 import torch
 
 from replaceme_exp.capture import distributed
-from replaceme_exp.capture.channel_scales import ChannelScaleStatistics
+from replaceme_exp.estimation.linear_patch import ChannelScaleStatistics, channel_cosine_distance
 from replaceme_exp.capture.distributed import CollectiveFailed, Ranks
 from replaceme_exp.capture.folds import FoldedLinearStatistics
 from replaceme_exp.capture.hooks import BatchCapture, CaptureRequests
@@ -21,7 +21,6 @@ from replaceme_exp.capture.statistics import (
     LinearStatistics,
     TokenCollector,
     TransformDistances,
-    channel_cosine_distance,
 )
 from replaceme_exp.capture.token_store import TokenStore
 from replaceme_exp.data.batching import TokenBatches, pad_sequences
