@@ -140,6 +140,7 @@ def test_statistics_merged_over_two_processes_equal_the_one_process_statistics(t
     assert not torch.equal(follower["store"]["M"], expected["store"]["M"])  # the others keep their own
     del expected["store"]
     assert expected["cut"][(1, 3)] > 0 and expected["folds"][(1, 3)][2][3] > 0
+    assert expected["declared"][1] == ranks.batches().n_tokens  # a declared accumulator: the default merge
     for found in (leader, follower):  # every rank ends with the statistics of all batches
         assert_close({k: v for k, v in found.items() if k != "store"}, expected)
 

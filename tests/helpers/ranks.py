@@ -10,6 +10,7 @@ import torch
 
 from replaceme_exp.capture import distributed
 from replaceme_exp.estimation.linear_patch import ChannelScaleStatistics, channel_cosine_distance
+from replaceme_exp.capture.accumulator import Accumulator
 from replaceme_exp.capture.distributed import CollectiveFailed, Ranks
 from replaceme_exp.capture.folds import FoldedLinearStatistics
 from replaceme_exp.capture.hooks import BatchCapture, CaptureRequests
@@ -55,6 +56,35 @@ def forward(statistics: list, data: TokenBatches) -> None:
         capture.check_complete()
 
 
+class ColumnSums(Accumulator):
+    """A component's own statistic with the default merge (each tensor of its state summed over the ranks):
+    the sum of ``L_2`` over the tokens and their count."""
+
+    kind = "test_column_sums"
+
+    def __init__(self):
+        self.sums, self.count = torch.zeros(HIDDEN, dtype=torch.float64), torch.zeros((), dtype=torch.int64)
+
+    def requests(self):
+        return [((("L", 2),), self.update)]
+
+    def update(self, acts, tokens) -> None:
+        self.sums += acts[("L", 2)].double().sum(0)
+        self.count += acts[("L", 2)].shape[0]
+
+    def identity(self) -> dict:
+        return {}
+
+    def state(self) -> dict:
+        return {"sums": self.sums, "n_tokens": self.count}
+
+    def restore(self, state: dict) -> None:
+        self.sums, self.count = state["sums"], state["n_tokens"]
+
+    def result(self):
+        return self.sums, int(self.count)
+
+
 def statistics_of(data: TokenBatches, split: bool = False) -> dict:
     """Every statistic over ``data`` (split over the ranks with ``split``), as tensors and numbers."""
     cpu = torch.device("cpu")
@@ -71,6 +101,7 @@ def statistics_of(data: TokenBatches, split: bool = False) -> dict:
         "similarity": SimilarityStatistics(CUTS, HIDDEN, cpu),
         "channels": ChannelScaleStatistics(CUTS, HIDDEN, cpu, rotate=False),
         "heldout": TransformDistances(transforms),
+        "declared": ColumnSums(),
     }
     store = TokenStore(("M", "R", "Y"), data.n_tokens, HIDDEN, cpu, location="cpu")
     collector = TokenCollector((2, 4), store)
@@ -79,7 +110,7 @@ def statistics_of(data: TokenBatches, split: bool = False) -> dict:
         capture_shared(data, every, lambda mine, label: forward(every, mine))
     else:
         forward(every, data)
-    out = {name: stats[name].result() for name in ("cut", "last", "sequence", "layers")}
+    out = {name: stats[name].result() for name in ("cut", "last", "sequence", "layers", "declared")}
     for name in ("linear", "separate"):
         out[name] = {cut: (s.mtm, s.mtr, s.r_sq, s.n_tokens) for cut, s in stats[name].result().items()}
     out["folds"] = {
