@@ -18,7 +18,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from replaceme_exp.runtime import JobInterrupted, run_recorded
+from replaceme_exp.plugins import PluginError
+
+try:  # the methods, then the installed plugins (replaceme_exp.plugins): one that fails to import is one line
+    import replaceme_exp.methods  # noqa: F401
+except PluginError as err:
+    sys.exit(f"error: {err}")
+
+from replaceme_exp.runtime import JobInterrupted, run_recorded  # noqa: E402
 from replaceme_exp.runtime.composition import one_line_composition_errors
 from replaceme_exp.runtime.job_summary import sample_lines, summary_line
 from replaceme_exp.runtime.log_files import prefix_console

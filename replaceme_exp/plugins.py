@@ -58,6 +58,7 @@ def load_plugins() -> tuple[str, ...]:
     return tuple(loaded)
 
 
+@functools.cache
 def plugin_packages() -> tuple[str, ...]:
     """The top-level packages of the installed plugins (whose classes a configuration may name)."""
     return tuple(sorted({e.module.split(".")[0] for group in (PLUGIN_GROUP, CONF_GROUP) for e in declared(group)}))

@@ -301,3 +301,17 @@ def test_channel_scales_are_kept_under_the_cache_entry_they_had_before_they_beca
     assert (found.n_sequences, found.n_tokens) == (3, 40) and torch.equal(found.ratio_sum, stats.ratio_sum[(2, 4)])
     unrotated = ChannelScaleStatistics([(2, 4)], 32, torch.device("cpu"), rotate=False)
     assert not cache.restore(unrotated)  # another identity: another entry
+
+
+@pytest.mark.integration
+def test_a_declared_statistic_over_no_token_is_refused_in_one_line_naming_the_calibration(tmp_path):
+    from replaceme_exp.capture.cache import StatisticsCache
+    from replaceme_exp.estimation.fitting import fit_transforms
+
+    spec = JobSpec.from_config(compose_config(["experiment=linearpatch"]))
+    empty = ChannelScaleStatistics([(2, 4)], 32, torch.device("cpu"))  # nothing accumulated: as if no sequence
+    cache = StatisticsCache(tmp_path, "model", "data")
+    cache.store(empty)
+    model, batches = tiny_model("llama", 6, seed=3), batches_of(random_sequences(4, 5, 8, seed=4), 2)
+    with pytest.raises(ConfigError, match=r"calibration\.n_samples=4: leaves no calibration token for cut \[2, 4\]"):
+        fit_transforms(adapter_for(model), batches, LinearPatchEstimator(), [(2, 4)], {}, spec.fit_request(), cache)

@@ -146,3 +146,17 @@ def test_an_installed_plugin_package_adds_a_method_that_runs_a_job(installed, tm
 def test_without_the_plugin_on_the_path_its_option_is_unknown(tmp_path):
     done = run(tmp_path / "nothing", tmp_path / "results", "objective=halfway")
     assert done.returncode != 0 and "halfway" in done.stderr
+
+
+@pytest.mark.e2e
+def test_a_plugin_that_fails_to_import_stops_the_run_in_one_line_naming_its_entry_point(tmp_path):
+    site = tmp_path / "site"
+    info = site / "broken_plugin-0.1.dist-info"  # what an installer writes
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[replaceme_exp.plugins]\nbroken = broken_plugin\n")
+    (site / "broken_plugin.py").write_text("raise ImportError('needs a package that is not installed')\n")
+    done = run(site, tmp_path / "results", "objective=ls")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "plugin broken (broken_plugin" in line and "needs a package that is not installed" in line

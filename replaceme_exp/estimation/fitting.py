@@ -195,7 +195,8 @@ def fit_from_accumulators(
     """Each cut's T from the statistics its estimator ``declared`` (``{cut: [accumulator, ...]}``,
     :meth:`Estimator.accumulators`), gathered over ``batches`` (:func:`~replaceme_exp.capture.runner.gather`:
     from ``cache`` where it holds them, the rest in one capture pass as the capture plan ``execution`` says);
-    ``fit_tokens``: the tokens each cut's first statistic accumulated over."""
+    ``fit_tokens``: the tokens each cut's first statistic accumulated over (none: refused, naming the
+    calibration's sequences)."""
     accumulators = [a for found in declared.values() for a in found]
     kinds = ", ".join(sorted({a.kind.replace("_", " ") for a in accumulators}))
     gather(adapter, batches, accumulators, cache, execution, desc=f"capture ({kinds})")
@@ -204,8 +205,11 @@ def fit_from_accumulators(
         return fit
     with stage("estimate"):
         for cut, found in declared.items():
+            if (tokens := found[0].token_count()) == 0:
+                reason = f"leaves no calibration token for cut {list(cut)}"
+                raise ConfigError("calibration.n_samples", batches.n_sequences, reason)
             fit.transforms[cut] = estimator.estimate_from(cut, found)
-            fit.fit_tokens[label(cut)] = found[0].token_count()
+            fit.fit_tokens[label(cut)] = tokens
     return fit
 
 

@@ -195,9 +195,6 @@ class LinearPatchEstimator(Estimator):
         sequences averaged) and ``patch_scale_gap`` (mean ``|s - 1|``, the official "gap")."""
         (statistic,) = accumulators
         scales = statistic.result()[cut]
-        if scales.n_sequences == 0:
-            reason = f"leaves no calibration sequence for cut {list(cut)}"
-            raise ConfigError("calibration.n_samples", 0, reason)
         self.found.setdefault("patch_sequences", {})[cut] = scales.n_sequences
         self.found.setdefault("patch_scale_gap", {})[cut] = float((scales.scales - 1).abs().mean())
         return self.estimate(scales, 0.0)

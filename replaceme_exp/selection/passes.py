@@ -216,14 +216,15 @@ def selection_distances(
     {cut: stats}, the row's columns of the pass: ``capture_candidates_dropped``, how many candidates'
     statistics a race dropped, None without a race)."""
     length = candidates[0][1] - candidates[0][0]
-    criterion = distance_criterion(request)
+    declared = declared_accumulators(request, adapter, candidates)
+    # a metric's own statistics: their kinds and versions key its distances too
+    criterion = distance_criterion(request) + "".join(sorted({f"/{a.kind}@v{a.version}" for a in declared}))
     if (distances := cache.get_distances(length, criterion)) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}, {}
     groups = statistics_groups(request, adapter.hidden_size, candidates, needs_stats)
     racing = races(request, groups)
     cut_distances, similarity = distance_accumulators(request, adapter, candidates, per_sequence=racing)
-    declared = declared_accumulators(request, adapter, candidates)
     riders = [s for s in (cut_distances, similarity) if s is not None] + declared + list(extra_statistics)
     race = CandidateRace(cut_distances) if racing else None
     distances, stats = selection_passes(request, adapter, calibration, groups, riders, race)
