@@ -119,8 +119,8 @@ paper-tables: setup
 	"$$PY" -m replaceme_exp.reporting.render_paper --results="$${RESULTS:-results}" --out="$${RESULTS:-results}/paper_tables" \
 		$${MODEL:+--model="$$MODEL"} $${CALIBRATION:+--calibration="$$CALIBRATION"} $${EVAL:+--eval="$$EVAL"} $${PROTOCOL:+--protocol="$$PROTOCOL"}
 
-# The configuration and row-column references, generated from the code (tests/test_config_reference.py and
-# tests/test_row_reference.py check they are current).
+# The configuration and row-column references, generated from the code (tests/unit/config/test_config_reference.py and
+# tests/unit/results/test_row_reference.py check they are current).
 docs-reference: setup
 	$(OFFLINE) "$$PY" -m replaceme_exp.reporting.config_reference > docs/configuration.md
 	$(OFFLINE) "$$PY" -m replaceme_exp.reporting.row_reference > docs/row-columns.md
@@ -151,7 +151,7 @@ clean-cache:
 	true
 
 # The documentation site (mkdocs-material, mkdocs.yml) built offline and strictly (a broken link or anchor
-# fails) into site/; tests/test_docs.py builds it the same way in the suite.
+# fails) into site/; tests/unit/project/test_docs.py builds it the same way in the suite.
 .PHONY: docs
 docs: setup
 	NO_MKDOCS_2_WARNING=1 "$$PY" -m mkdocs build --strict --site-dir site
@@ -171,20 +171,20 @@ dashboard: setup
 # The embedded model's own answers to the default job's calibration prompts, shipped in
 # replaceme_exp/data/prompts/self_generated_answers.jsonl (a first make run generates nothing): regenerate
 # after changing the embedded model, the shipped prompts, the self_generated settings or torch. One torch
-# thread, as tests/test_first_run.py regenerates a batch to check the file (about 4 min on an idle machine).
+# thread, as tests/{unit,integration,e2e}/pipeline/test_first_run.py regenerates a batch to check the file (about 4 min on an idle machine).
 .PHONY: self-generated-answers
 self-generated-answers: setup
 	$(OFFLINE) OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$$PY" -m replaceme_exp.pipeline.shipped_answers
 
 # The items of the offline lm-eval tasks (replaceme_exp/evaluation/offline_tasks/*.jsonl and offline_items.json), built
 # from the standard library's docstrings, tzdata and Babel's CLDR data (docs/guides/offline-tasks.md): rebuild after
-# changing the builder or when tests/test_offline_tasks.py says the installed sources are other versions (seconds).
+# changing the builder or when tests/{unit,e2e}/evaluation/test_offline_tasks.py says the installed sources are other versions (seconds).
 .PHONY: offline-tasks
 offline-tasks: setup
 	$(OFFLINE) "$$PY" -m replaceme_exp.evaluation.offline_items
 
 # The held-out documents' abstracts (eval.text=documents), shipped built from the installed lm-eval's task READMEs
-# (docs/guides/offline-tasks.md#held-out-documents): rebuild when tests/test_heldout_documents.py says lm-eval moved.
+# (docs/guides/offline-tasks.md#held-out-documents): rebuild when tests/{unit,integration}/data/test_heldout_documents.py says lm-eval moved.
 .PHONY: heldout-documents
 heldout-documents: setup
 	$(OFFLINE) "$$PY" -m replaceme_exp.data.heldout_documents

@@ -59,7 +59,7 @@ WORKERS = 2
 SMOLLM2_DIR = "smollm2-135m-instruct"
 
 # ---------------------------------------------------------------------------------------------
-# Classifying what a run showed (pure functions: tests/test_battery.py)
+# Classifying what a run showed (pure functions: tests/unit/project/test_battery.py)
 
 
 @dataclass

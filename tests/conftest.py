@@ -1,4 +1,4 @@
-"""Fixtures, and the rule that every test names its tier (unit, integration or e2e; pyproject.toml).
+"""Fixtures, and the rule that every test lives in its tier's folder (unit, integration or e2e; pyproject.toml).
 What tests share lives in ``tests/helpers/`` (one module per concept)."""
 
 from __future__ import annotations
@@ -27,21 +27,28 @@ def pytest_configure(config):
 
 
 TIER_PROBLEM = pytest.StashKey[str]()
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails any selection
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a test outside a tier folder fails any selection
 def pytest_collection_modifyitems(config, items):
+    """A test's tier is its folder (``tests/unit``, ``tests/integration``, ``tests/e2e``), given to it as
+    a marker so that ``-m unit`` selects it; a tier marker written on a test is refused (it could only
+    disagree with the folder)."""
     wrong = []
     for item in items:
-        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
-        if len(tiers) != 1:
+        parts = os.path.relpath(str(item.path), TESTS).split(os.sep)
+        written = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if parts[0] not in TIERS or written:
             item.stash[TIER_PROBLEM] = (
-                f"{item.nodeid}: {', '.join(tiers) or 'no tier marker'}; it needs exactly one of "
-                f"{', '.join(TIERS)} (pytestmark of the module or a decorator of the test; pyproject.toml)"
+                f"{item.nodeid}: " + (f"marked {', '.join(written)}" if written else "outside the tier folders")
+                + f"; a test's tier is its folder, one of tests/{{{','.join(TIERS)}}}/<package area>/ (pyproject.toml)"
             )
             wrong.append(item.stash[TIER_PROBLEM])
+        else:
+            item.add_marker(parts[0])
     if wrong and not hasattr(config, "workerinput"):  # a pytest-xdist worker cannot stop the run: see below
-        raise pytest.UsageError(f"{len(wrong)} tests without exactly one tier:\n" + "\n".join(wrong))
+        raise pytest.UsageError(f"{len(wrong)} tests outside exactly one tier:\n" + "\n".join(wrong))
     # The slow tests first (in their order): pytest-xdist hands tests out in this order, so the longest
     # ones start early instead of one of them running alone at the end of the run.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,7 +1,7 @@
 """The paper's tables and figures, and the studies beyond it, as one registry: each record names the
 sweeps that fill it (their multirun templates and how many jobs each expands to), its cells and its
 renderer. Adding a paper table is one record (a ``TableSpec`` in :mod:`.paper_tables`) and one sweep
-YAML (``multirun_templates/paper/<name>.yaml``); ``tests/test_templates.py`` checks every template
+YAML (``multirun_templates/paper/<name>.yaml``); ``tests/{unit,integration,e2e}/config/test_templates.py`` checks every template
 against its record's job count."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ options, so it cannot drift from what a job accepts:
 
     python -m replaceme_exp.reporting.config_reference > docs/configuration.md     (make docs-reference)
 
-``tests/test_config_reference.py`` fails when the file differs from what this prints.
+``tests/unit/config/test_config_reference.py`` fails when the file differs from what this prints.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The names come from running that code: :func:`~replaceme_exp.results.row.start_r
 :meth:`~replaceme_exp.pipeline.spec.JobSpec.setting_columns` of the default pruning job and of an
 evaluate job (the settings as they act); the meanings from :mod:`replaceme_exp.results.columns` and the
 methods' plugins (a method's own columns).
-``tests/test_row_reference.py`` fails when the file differs from what this prints or a declared
+``tests/unit/results/test_row_reference.py`` fails when the file differs from what this prints or a declared
 column has no meaning.
 """
 

@@ -171,7 +171,7 @@ EQUIVALENCES += [
     ["protocol=official", "experiment=replaceme_official", "model=llama32_1b_instruct", "model.capture_4bit=true"],
     ["protocol=official", "model=tiny_clip", "calibration=bundled_images", "eval=clip_offline"],
 ]
-# tests/test_robustness.py's bad inputs: they compose; their identity is pinned too.
+# tests/{unit,integration,e2e}/pipeline/test_robustness.py's bad inputs: they compose; their identity is pinned too.
 BAD_INPUTS = [
     "calibration.padding_side=middle",
     "merge_consecutive=abc",
@@ -239,7 +239,7 @@ def all_compositions() -> list[list[str]]:
 def checked_compositions() -> list[list[str]]:
     """What the test composes (each composition costs about 0.2 s): everything but the template jobs,
     and of each template every job its sweep axes expand to at a stride of about a sixth, as
-    tests/test_templates.py composes them (about 140 of the 596)."""
+    tests/{unit,integration,e2e}/config/test_templates.py composes them (about 140 of the 596)."""
     by_template: dict[str, list[list[str]]] = {}
     for job in template_jobs():
         by_template.setdefault(job[0], []).append(job)

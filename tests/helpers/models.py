@@ -10,7 +10,7 @@ FAMILY_CONFIGS = {
     "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=2),
     "qwen3": dict(model_type="qwen3", head_dim=16),
 }
-# Further families, each a random 2-8 block model in its own layout (tests/test_model_families.py).
+# Further families, each a random 2-8 block model in its own layout (tests/integration/models/test_model_families.py).
 MORE_FAMILY_CONFIGS = {
     # Falcon 2 11B's layout: parallel attention and MLP from one norm, grouped KV heads.
     "falcon": dict(
