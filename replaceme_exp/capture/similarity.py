@@ -39,12 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from replaceme_exp.capture.statistics import PRECISIONS, ActKey, BatchTokens, Cut, Request, add_product
+from replaceme_exp.row_format import MIN_TOKENS_PER_DIM
 
 CCA_RIDGE = 1e-6
-# Fewer tokens than this many per dimension leave mean CCA / PWCCA visibly biased (two independent
-# Gaussians in d = 64 score 0.64 at 2 d tokens, 0.27 at 10 d, 0.12 at 50 d, 0.04 at 500 d;
-# docs/guides/selection-cka-cca.md): the row says so (``similarity_undersampled_<data>``).
-MIN_TOKENS_PER_DIM = 50
 
 
 @dataclass

@@ -26,10 +26,11 @@ from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.config.schema import HarnessConfig
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.evaluation.intervals import mean_interval
 from replaceme_exp.evaluation.item_floors import chance, cluster_codes, item_of, majority, score_range
 from replaceme_exp.evaluation.scored_positions import ScoredPositionsMixin
+from replaceme_exp.intervals import mean_interval
 from replaceme_exp.progress import progress_counter, resolved_mode
+from replaceme_exp.row_format import PERPLEXITY_METRICS, decode_items, encode_items, metric_column, stderr_column
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,6 @@ HUB_TASKS = Path(__file__).parent / "hub_tasks"  # hub-data tasks (eval=llama2_t
 
 # Metrics recorded as ``<metric>_<task>`` (with ``<metric>_stderr_<task>``) whether declared or not.
 ACCURACY_METRICS = ("acc", "acc_norm", "exact_match")
-# Metrics recorded as ``ppl_<name>`` (name from ``eval.harness.ppl_names``, else the task); a task
-# that declares one of them is left out of ``avg_acc``.
-PERPLEXITY_METRICS = ("perplexity", "word_perplexity")
 
 
 def materialize_offline_tasks(target: Path, n_ppl_docs: int = 12) -> Path:
@@ -54,20 +52,6 @@ def materialize_offline_tasks(target: Path, n_ppl_docs: int = 12) -> Path:
     for yaml in OFFLINE_TASKS.glob("*.yaml"):
         (target / yaml.name).write_text(yaml.read_text().replace("__DIR__", str(target)))
     return target
-
-
-def metric_column(task: str, metric: str, ppl_names: dict[str, str] | None = None) -> str:
-    """The row column of ``metric`` on ``task``: ``acc_norm_piqa``; ``ppl_<name>`` for perplexities."""
-    if metric in PERPLEXITY_METRICS:
-        return f"ppl_{(ppl_names or {}).get(task, task)}"
-    return f"{metric}_{task}"
-
-
-def stderr_column(task: str, metric: str, ppl_names: dict[str, str] | None = None) -> str:
-    """``acc_norm_stderr_piqa``, ``ppl_stderr_lambada``: the standard error of :func:`metric_column`."""
-    if metric in PERPLEXITY_METRICS:
-        return f"ppl_stderr_{(ppl_names or {}).get(task, task)}"
-    return f"{metric}_stderr_{task}"
 
 
 def declared_metrics(cfg: HarnessConfig) -> dict[str, str]:
@@ -150,28 +134,6 @@ def collect_scores(
     if accuracy and also:
         scores["avg_acc_all"] = (sum(scores[f"score_{t}"] for t in accuracy) + sum(also)) / (len(accuracy) + len(also))
     return scores
-
-
-def encode_items(values: list[float]) -> str | list[float]:
-    """Per-item values of a metric as a row cell: a string of ``0`` / ``1`` when every value is 0 or 1
-    (accuracies: one character an item), else the list of values."""
-    if all(v in (0.0, 1.0) for v in values):
-        return "".join("1" if v else "0" for v in values)
-    return [float(v) for v in values]
-
-
-def decode_items(cell: Any):
-    """A ``score_items_<task>`` cell (from :func:`encode_items`, or a list's JSON text read back from
-    the store) as a float array (items,); None when absent."""
-    import numpy as np
-
-    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
-        return None
-    if isinstance(cell, str):
-        if cell and set(cell) <= {"0", "1"}:
-            return np.frombuffer(cell.encode(), dtype=np.uint8).astype(np.float64) - ord("0")
-        cell = json.loads(cell)
-    return np.asarray(cell, dtype=np.float64)
 
 
 def _leaf_tasks(task: str, subtasks: dict[str, list[str]]) -> list[str]:

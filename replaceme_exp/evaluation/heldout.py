@@ -2,7 +2,7 @@
 ``L_{start-1}`` (transformed) and ``L_{end-1}`` before and after T, the Euclidean distance before,
 the split into sink and ordinary tokens, and the linear CKA / mean CCA / PWCCA of the cut's two ends
 (with the held-out token count: few for CCA in a large d, see
-:data:`~replaceme_exp.capture.similarity.MIN_TOKENS_PER_DIM`)."""
+:data:`~replaceme_exp.row_format.MIN_TOKENS_PER_DIM`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from replaceme_exp.data.batching import TokenBatches
-from replaceme_exp.evaluation.intervals import LEVEL, RESAMPLES, perplexity_interval
+from replaceme_exp.intervals import LEVEL, RESAMPLES, perplexity_interval
 from replaceme_exp.progress import progress
 
 INTERVAL = f"{LEVEL:.0%} percentile bootstrap over windows ({RESAMPLES} resamples)"
@@ -84,15 +84,6 @@ def domain_counts(documents: list[str]) -> dict[str, int]:
         domain = name.split(":", 1)[0]
         counts[domain] = counts.get(domain, 0) + 1
     return counts
-
-
-def window_nll_of(cell) -> np.ndarray | None:
-    """A ``*_window_nll`` cell (a list, or its JSON text from the store) as an array; None when absent."""
-    if isinstance(cell, str):
-        cell = json.loads(cell)
-    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
-        return None
-    return np.asarray(cell, dtype=np.float64)
 
 
 def perplexity(model, windows: TokenBatches) -> float:

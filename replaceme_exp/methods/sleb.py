@@ -4,11 +4,11 @@ search on the calibration loss, nothing fitted (``experiment=sleb``); its search
 replaceme_exp/selection/sleb.py, kept step by step in the step store."""
 
 from replaceme_exp.config import schema
+from replaceme_exp.config.depth import blocks_to_prune
 from replaceme_exp.config.schema import Group, SelectionConfig, key, non_negative_int, register_shape
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.methods.plugin import Method, register
 from replaceme_exp.models.shape import ModelShape
-from replaceme_exp.selection.cuts import blocks_to_prune
 from replaceme_exp.selection.metrics import METRICS, SelectionMetric
 from replaceme_exp.selection.sleb import sleb_search
 

@@ -21,6 +21,7 @@ import torch
 
 from replaceme_exp.capture.distributed import Ranks, ranks_from_env
 from replaceme_exp.config import schema
+from replaceme_exp.config.depth import blocks_to_prune
 from replaceme_exp.config.validate import build_option
 from replaceme_exp.data import CALIBRATION_SOURCES
 from replaceme_exp.data.files import check_readable, check_text
@@ -34,7 +35,7 @@ from replaceme_exp.models.adapters import unfusable_error
 from replaceme_exp.models.embedded import embedded_model
 from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
 from replaceme_exp.models.shape import ModelShape
-from replaceme_exp.selection.cuts import blocks_to_prune, cut_length, validate_cuts
+from replaceme_exp.selection.cuts import cut_length, validate_cuts
 from replaceme_exp.selection.metrics import METRICS
 
 IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")

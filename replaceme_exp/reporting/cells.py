@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from replaceme_exp.config.depth import blocks_to_prune
 from replaceme_exp.errors import ConfigError
-from replaceme_exp.selection.cuts import blocks_to_prune
 
 # A row written before a key existed matches that key's default value (e.g. healing=none).
 DEFAULTS_FOR_MISSING_COLUMNS = {"healing": "none", "estimation_tokens": "all", "protocol": "paper"}
@@ -103,7 +103,7 @@ PREFERRED_SETTINGS = {"dtype": "bfloat16", "solver": "adam", "solver_schedule": 
 class FractionOfDepth:
     """A condition on ``n_prune`` that holds for any model: the run removed as many blocks as
     ``n_prune=<fraction>`` removes of its ``num_layers`` (the job's rounding,
-    :func:`~replaceme_exp.selection.cuts.blocks_to_prune`: 25% is 8 of 30 or 32 blocks, 2 of 6).
+    :func:`~replaceme_exp.config.depth.blocks_to_prune`: 25% is 8 of 30 or 32 blocks, 2 of 6).
     A finished row records the blocks it removed in ``n_prune``."""
 
     fraction: float

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from replaceme_exp.evaluation.intervals import z_value
+from replaceme_exp.intervals import z_value
 from replaceme_exp.reporting.cells import SETTING_COLUMNS
 from replaceme_exp.reporting.paper_settings import baseline_columns
 from replaceme_exp.reporting.precision import format_number
@@ -159,7 +159,7 @@ def metric_label(metric: str) -> str:
 
 
 def stderr_column(metric: str) -> str | None:
-    """The column lm-eval's standard error of ``metric`` is recorded in (harness.stderr_column):
+    """The column lm-eval's standard error of ``metric`` is recorded in (row_format.stderr_column):
     ``acc_piqa`` -> ``acc_stderr_piqa``, ``score_piqa`` -> ``score_stderr_piqa``, ``ppl_lambada`` ->
     ``ppl_stderr_lambada``; None for a metric without one."""
     for stem in ("acc_norm", "acc", "score", "ppl"):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from replaceme_exp.evaluation.intervals import LEVEL, Comparison
+from replaceme_exp.intervals import LEVEL, Comparison
 from replaceme_exp.methods import METHODS
 from replaceme_exp.reporting import verdicts
 from replaceme_exp.reporting.ties import (

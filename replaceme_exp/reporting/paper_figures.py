@@ -46,7 +46,6 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from replaceme_exp.capture.similarity import MIN_TOKENS_PER_DIM
 from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import choose_setting, matches
 from replaceme_exp.reporting.compression_cost import compression_cost, uncached_runs
@@ -65,6 +64,7 @@ from replaceme_exp.reporting.paper_settings import (
 )
 from replaceme_exp.reporting.paper_tables import METHODS_TABLES, table_named
 from replaceme_exp.reporting.paths import file_name
+from replaceme_exp.row_format import MIN_TOKENS_PER_DIM
 
 
 def _pyplot():

@@ -37,9 +37,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, metric_column
 from replaceme_exp.reporting.cells import FractionOfDepth, _value_text, matches
 from replaceme_exp.reporting.paper_records import setting
+from replaceme_exp.row_format import PERPLEXITY_METRICS, metric_column
 
 # The paper's named condition sets (paper.yaml's settings): DEFAULT_METHOD is its setting unless a
 # table or row says otherwise; PEER_METHOD lifts the ReplaceMe settings for a row picked by its method.
@@ -209,7 +209,7 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 def suite_perplexities(suite: str, conf: Path = CONF) -> list[tuple[str, str]]:
     """The perplexity columns a suite's harness records, as (column, task), in declaration order
-    (``eval.harness.metrics`` / ``ppl_names``, as ``harness.metric_column`` names them)."""
+    (``eval.harness.metrics`` / ``ppl_names``, as ``row_format.metric_column`` names them)."""
     harness = read_config("eval", suite, conf).get("harness") or {}
     names = harness.get("ppl_names") or {}
     metrics = harness.get("metrics") or {}

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, metric_column
+from replaceme_exp.config.depth import blocks_to_prune
 from replaceme_exp.reporting import version_marks
 from replaceme_exp.reporting.artifacts import Sweep, register
 from replaceme_exp.reporting.cells import (
@@ -68,7 +68,7 @@ from replaceme_exp.reporting.paths import file_name
 from replaceme_exp.reporting.ties import LEADERS_NOTE, Cell, draws_interval, interval_of, mark_column, stderr_of
 from replaceme_exp.results.row import decode_cell, format_cuts
 from replaceme_exp.results.store import ResultsStore
-from replaceme_exp.selection.cuts import blocks_to_prune
+from replaceme_exp.row_format import PERPLEXITY_METRICS, metric_column
 
 MISSING = "—"
 # A row whose method says its training did not act (a run's ``untrained`` column, set by the method's

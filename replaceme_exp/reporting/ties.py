@@ -5,10 +5,10 @@ A table or report ranks nothing one measurement cannot separate. For each ranked
 every other cell with it (:func:`compare_cells`):
 
 1. **Paired**, when both cells are one run each, scored on the same units: the same held-out windows
-   (``ppl_heldout_windows_hash``; :func:`~replaceme_exp.evaluation.intervals.paired_perplexity` on the
+   (``ppl_heldout_windows_hash``; :func:`~replaceme_exp.intervals.paired_perplexity` on the
    log of their ratio, drawn by document where the row names each window's) or the same lm-eval items
    (``items_hash_<task>``;
-   :func:`~replaceme_exp.evaluation.intervals.paired_means`).
+   :func:`~replaceme_exp.intervals.paired_means`).
 2. **Paired over calibration draws**, when both cells hold the same draws (seed, ``calibration_draw``),
    every run scored on the same units: a two-level bootstrap (draws and documents or items resampled)
    of the mean draw-by-draw difference.
@@ -29,8 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from replaceme_exp.evaluation.harness import PERPLEXITY_METRICS, decode_items
-from replaceme_exp.evaluation.intervals import (
+from replaceme_exp.intervals import (
     LEVEL,
     Comparison,
     draws_means,
@@ -44,8 +43,8 @@ from replaceme_exp.evaluation.intervals import (
     stderr_from_interval,
     unpaired,
 )
-from replaceme_exp.evaluation.perplexity import window_nll_of
 from replaceme_exp.results.row import decode_cell
+from replaceme_exp.row_format import PERPLEXITY_METRICS, decode_items, window_nll_of
 
 # Columns whose best value is the highest; every other ranked column's is the lowest.
 HIGHER_IS_BETTER_PREFIXES = ("avg_acc", "rp", "score_", "acc_", "acc_norm_", "exact_match_", "acc1_", "acc5_")
@@ -210,8 +209,8 @@ def draws_interval(runs: pd.DataFrame, metric: str) -> tuple[float, float] | Non
 def compare_over_draws(a: Cell, b: Cell, metric: str, level: float = LEVEL) -> Comparison | None:
     """Two cells of several calibration draws each, on the same draws (seed, draw) and the same units: the
     mean over draws of their draw-by-draw paired difference, with a two-level bootstrap
-    (:func:`~replaceme_exp.evaluation.intervals.paired_draws_perplexity`,
-    :func:`~replaceme_exp.evaluation.intervals.paired_draws_means`); None otherwise."""
+    (:func:`~replaceme_exp.intervals.paired_draws_perplexity`,
+    :func:`~replaceme_exp.intervals.paired_draws_means`); None otherwise."""
     by_a, by_b = _by_draw(a.runs), _by_draw(b.runs)
     if not by_a or not by_b or set(by_a) != set(by_b) or len(by_a) < 2:
         return None
@@ -279,8 +278,8 @@ def compare_cells(a: Cell, b: Cell, metric: str, level: float = LEVEL) -> Compar
 
 def compare_family(runs: list[pd.Series], reference: pd.Series, metric: str) -> list[Comparison] | None:
     """Each of ``runs`` against ``reference`` on ``metric`` with intervals that hold for all of them at
-    once (max-T over the same resamples: :func:`~replaceme_exp.evaluation.intervals.simultaneous_perplexity`,
-    :func:`~replaceme_exp.evaluation.intervals.simultaneous_means`), for a claim that picks the best of
+    once (max-T over the same resamples: :func:`~replaceme_exp.intervals.simultaneous_perplexity`,
+    :func:`~replaceme_exp.intervals.simultaneous_means`), for a claim that picks the best of
     them. None unless every run was scored on the reference's units."""
     ref = units_of(reference, metric)
     found = [units_of(run, metric) for run in runs]

@@ -1,7 +1,7 @@
 """How a comparison reads against a margin fixed in advance: ahead, level within the margin, behind, or
 inconclusive.
 
-A comparison (:class:`~replaceme_exp.evaluation.intervals.Comparison`) holds ``a - reference`` (for a
+A comparison (:class:`~replaceme_exp.intervals.Comparison`) holds ``a - reference`` (for a
 perplexity or a speedup the log of their ratio) and its interval. With ``d`` that difference turned so that
 positive is better and ``[L, H]`` its interval, and the margin ``m`` (``log(ratio)`` for ratios):
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from replaceme_exp.evaluation.intervals import Comparison
+from replaceme_exp.intervals import Comparison
 
 MARGINS_FILE = Path(__file__).with_name("margins.yaml")
 AHEAD, LEVEL, BEHIND, INCONCLUSIVE = "ahead", "level", "behind", "inconclusive"

@@ -5,7 +5,6 @@ chosen cuts' statistics (:mod:`.passes`)."""
 from replaceme_exp.registry import import_submodules
 from replaceme_exp.selection.cuts import (
     Cut,
-    blocks_to_prune,
     candidate_cuts,
     cut_length,
     merge_consecutive_cuts,
@@ -20,7 +19,6 @@ __all__ = [
     "METRICS",
     "Cut",
     "SelectionMetric",
-    "blocks_to_prune",
     "candidate_cuts",
     "cut_length",
     "merge_consecutive_cuts",

@@ -17,11 +17,11 @@ from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import SimilarityStatistics
 from replaceme_exp.capture.statistics import LinearStats
 from replaceme_exp.capture.token_rules import TokenRule
+from replaceme_exp.config.depth import blocks_to_prune
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.selection.cuts import (
     Cut,
-    blocks_to_prune,
     candidate_cuts,
     composed_cuts,
     cut_length,

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from replaceme_exp.evaluation.harness import encode_items
-from replaceme_exp.evaluation.intervals import perplexity_interval
+from replaceme_exp.intervals import perplexity_interval
 from replaceme_exp.reporting.paper_tables import TABLES
 
 SPECS = {spec.name: spec for spec in TABLES}

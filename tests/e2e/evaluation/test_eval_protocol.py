@@ -10,7 +10,8 @@ import pytest
 from helpers.config import typed
 from helpers.models import tiny_model
 
-from replaceme_exp.evaluation.harness import declared_metrics, decode_items, harness_settings, run_harness
+from replaceme_exp.evaluation.harness import declared_metrics, harness_settings, run_harness
+from replaceme_exp.row_format import decode_items
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from replaceme_exp.evaluation.intervals import perplexity_interval
+from replaceme_exp.intervals import perplexity_interval
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from helpers.batches import batches_of, random_sequences
 from helpers.jobs import job_config
 from helpers.models import tiny_model
 
-from replaceme_exp.evaluation.perplexity import window_nll_of, window_perplexity
+from replaceme_exp.evaluation.perplexity import window_perplexity
+from replaceme_exp.row_format import window_nll_of
 from replaceme_exp.runtime import run_recorded
 
 

@@ -24,7 +24,7 @@ from replaceme_exp.data.heldout_documents import (
     pydoc_sections,
     readme_abstract,
 )
-from replaceme_exp.evaluation.intervals import paired_perplexity, perplexity_interval, resampled_sums
+from replaceme_exp.intervals import paired_perplexity, perplexity_interval, resampled_sums
 from replaceme_exp.evaluation.perplexity import WindowPerplexity
 
 

@@ -16,11 +16,10 @@ from replaceme_exp.evaluation.harness import (
     collect_items,
     collect_scores,
     declared_metrics,
-    decode_items,
-    encode_items,
     harness_settings,
     run_harness,
 )
+from replaceme_exp.row_format import decode_items, encode_items
 
 
 SUITES = sorted(p.stem for p in (CONF / "eval").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""Intervals of recorded numbers and paired comparisons (replaceme_exp/evaluation/intervals.py), against
+"""Intervals of recorded numbers and paired comparisons (replaceme_exp/intervals.py), against
 independent computations: a bootstrap drawn index by index, the coverage of a known distribution,
 hand-computed differences."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from replaceme_exp.evaluation.intervals import (
+from replaceme_exp.intervals import (
     mean_interval,
     paired_means,
     paired_perplexity,

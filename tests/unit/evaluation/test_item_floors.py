@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from replaceme_exp.evaluation.harness import collect_items
-from replaceme_exp.evaluation.intervals import mean_interval, paired_means, stratified_means
+from replaceme_exp.intervals import mean_interval, paired_means, stratified_means
 from replaceme_exp.evaluation.item_floors import CEILING, Item, chance, cluster_codes, item_of, majority, score_range
 from replaceme_exp.evaluation.offline_items import OFFLINE_TASKS
 

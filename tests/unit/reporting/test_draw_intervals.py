@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from helpers.tables import measured
 
-from replaceme_exp.evaluation.intervals import draws_perplexity, paired_draws_means, paired_draws_perplexity
+from replaceme_exp.intervals import draws_perplexity, paired_draws_means, paired_draws_perplexity
 from replaceme_exp.reporting.paper_tables import draws_line, format_cell
 from replaceme_exp.reporting.ties import Cell, compare_cells, draws_interval
 

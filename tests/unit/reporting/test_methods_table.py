@@ -115,7 +115,7 @@ def test_each_job_of_the_template_fills_exactly_one_row_and_each_row_one_job():
 
 
 def test_a_fraction_of_the_depth_matches_the_blocks_the_job_removes_at_any_depth():
-    # depth -> blocks at 25%, by hand: Python's round (half to even) as selection.cuts.blocks_to_prune
+    # depth -> blocks at 25%, by hand: Python's round (half to even) as config.depth.blocks_to_prune
     expected = {30: 8, 32: 8, 6: 2, 10: 2, 14: 4, 16: 4, 80: 20, 4: 1, 3: 1}
     rows = pd.DataFrame(
         [{"num_layers": d, "n_prune": n} for d in expected for n in range(1, d)]

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from helpers.tables import measured
 
-from replaceme_exp.evaluation.intervals import paired_means
+from replaceme_exp.intervals import paired_means
 from replaceme_exp.reporting.paired import labels, main, paired_table, to_markdown
 from replaceme_exp.results import ResultsStore
 

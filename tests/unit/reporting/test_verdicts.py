@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from helpers.tables import measured
 
-from replaceme_exp.evaluation.intervals import (
+from replaceme_exp.intervals import (
     Comparison,
     paired_perplexity,
     simultaneous_means,
@@ -87,7 +87,7 @@ def test_simultaneous_means_are_wider_than_one_comparison_and_keep_the_estimates
     reference = [(rng.random(300) < 0.6).astype(float), (rng.random(200) < 0.5).astype(float)]
     variants = [[np.where(rng.random(len(r)) < 0.1, 1 - r, r) for r in reference] for _ in range(6)]
     found = simultaneous_means(variants, reference)
-    from replaceme_exp.evaluation.intervals import paired_means
+    from replaceme_exp.intervals import paired_means
 
     for v, joint in zip(variants, found):
         own = paired_means(v, reference)
