@@ -1,4 +1,4 @@
-"""The finished steps of a greedy search (SLEB), kept on disk so that no job computes one twice.
+"""The finished steps of a greedy search, kept on disk so that no job computes one twice.
 
 A greedy search's step depends only on the model, the calibration tokens, the search's settings
 and the blocks removed before it: a job killed after step 5 resumes at step 6, and a search for 11
@@ -7,8 +7,8 @@ holds the step's result and what it cost when it was computed (:class:`~replacem
 so that a row of a search that reused steps records their cost (:func:`reused_columns`) and its
 compression time stays the method's whole cost, not what this job happened to pay.
 
-Entries are keyed as the statistics cache's (model weights by content, calibration token ids, a
-version of the code's semantics per search) and checked the same way
+Entries are keyed as the statistics cache's (model weights by content, calibration token ids, and the
+version of its step's semantics that the search declares in its :class:`StepKey`) and checked the same way
 (:func:`~replaceme_exp.storage.read_keyed_json`): a corrupt entry or one holding another key is
 reported, removed and recomputed. ``capture.search_steps=false`` keeps none, ``force=true``
 recomputes and overwrites.
@@ -34,17 +34,15 @@ from replaceme_exp.storage import (
 
 log = logging.getLogger(__name__)
 
-# Semantics version per search: bump when the code changes what its step computes.
-STEP_VERSIONS = {"sleb": 1}
-
-
 @dataclass(frozen=True)
 class StepKey:
-    """One step of one search: ``search`` (its name), ``settings`` (every setting of the search that
-    can change a step, JSON-able), ``before`` (the original indices of the blocks removed before
-    this step, in the order removed)."""
+    """One step of one search: ``search`` (its name), ``version`` (the search's own version of what a
+    step computes: bumped by the search when its code changes that, so that older entries are
+    recomputed), ``settings`` (every setting of the search that can change a step, JSON-able),
+    ``before`` (the original indices of the blocks removed before this step, in the order removed)."""
 
     search: str
+    version: int
     settings: dict
     before: tuple[int, ...]
 
@@ -67,7 +65,7 @@ class SearchSteps:
             "model": self.model_hash,
             "data": self.data_hash,
             "search": step.search,
-            "version": STEP_VERSIONS[step.search],
+            "version": step.version,
             "settings": step.settings,
             "before": list(step.before),
         }

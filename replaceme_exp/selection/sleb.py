@@ -44,6 +44,9 @@ from replaceme_exp.stages import StageCost
 log = logging.getLogger(__name__)
 
 Losses = tuple[dict[int, float], float, int]  # {candidate: NLL without it}, NLL now, predictions
+# What a step computes (the removal losses of every candidate): bump when the code changes it, so that
+# the steps kept in the step store by earlier code are recomputed.
+STEP_VERSION = 1
 
 
 def logits_of(adapter, batch: TokenBatch) -> torch.Tensor:
@@ -132,7 +135,7 @@ def step_losses(context: SearchContext, alive: list[int], order: list[int]) -> t
     if not candidates:
         raise ValueError(f"SLEB has no candidate left among {len(alive)} blocks")
     barriers = {"early_barrier": settings.early_barrier, "latter_barrier": settings.latter_barrier}
-    step = StepKey("sleb", barriers, tuple(order))
+    step = StepKey("sleb", STEP_VERSION, barriers, tuple(order))
     if (found := context.steps.get(step, lambda stored: stored_losses(stored, len(candidates)))) is not None:
         stored, cost = found
         log.info("SLEB step %d found in the step store", len(order) + 1)

@@ -210,7 +210,7 @@ def test_a_step_of_another_shape_is_recomputed_and_a_disabled_store_keeps_nothin
     fresh = search(model, calibration, 2)
     steps = SearchSteps(tmp_path, "model", "data")
     search(model, calibration, 2, steps)
-    first = StepKey("sleb", {"early_barrier": 1, "latter_barrier": 1}, ())
+    first = StepKey("sleb", sleb.STEP_VERSION, {"early_barrier": 1, "latter_barrier": 1}, ())
     path, key = steps._entry(first)
     stored = json.loads(path.read_text())["value"]
     write_keyed_json(path, key, {**stored, "result": {**stored["result"], "losses": stored["result"]["losses"][:-1]}})
@@ -222,3 +222,14 @@ def test_a_step_of_another_shape_is_recomputed_and_a_disabled_store_keeps_nothin
     off = tmp_path / "off"
     search(model, calibration, 2, SearchSteps(off, "model", "data", enabled=False))
     assert not off.exists() and counted.calls == 3
+
+
+def test_the_search_declares_its_step_version_and_the_entries_keep_their_names():
+    """The step store names no search: SLEB gives its own version in each step's key. The entry's name
+    is pinned, so that the steps kept by earlier jobs (evidence/draws-store) stay valid."""
+    store = SearchSteps("unused", "model", "data", enabled=False)
+    step = StepKey("sleb", sleb.STEP_VERSION, {"early_barrier": 1, "latter_barrier": 1}, (3,))
+    assert store._entry(step)[0].name == "sleb-step-3d92572dc9540e9d86ed9ebc.json"
+    assert store._entry(step)[1]["version"] == sleb.STEP_VERSION == 1
+    bumped = StepKey("sleb", sleb.STEP_VERSION + 1, step.settings, step.before)
+    assert store._entry(bumped)[0] != store._entry(step)[0]
