@@ -2,21 +2,31 @@
 held-out data and how the model is evaluated before and after pruning. Selection, estimation,
 surgery, held-out distances and saving are the same for both (:mod:`replaceme_exp.pipeline.job`).
 
-A modality is registered under the name :func:`~replaceme_exp.pipeline.rules.modality_of` gives a
-model; :class:`Modality` is the interface."""
+A modality is registered under the name :func:`modality_of` gives a model; :class:`Modality` is the
+interface. Each checks its own settings before the model loads (:meth:`Modality.check`): the rules
+ask which modality a job is once, and the modality says what it refuses."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from replaceme_exp.config import schema
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.evaluation.baseline import BaselineCache
-from replaceme_exp.models.loading import LoadedModel
-from replaceme_exp.pipeline.spec import JobSpec
+from replaceme_exp.models.loading import LoadedModel, is_vision_config
 from replaceme_exp.registry import Registry
+
+if TYPE_CHECKING:  # the spec checks a job's modality through this module's registry (pipeline/rules.py)
+    from replaceme_exp.pipeline.spec import JobSpec
+
+
+def modality_of(model: schema.ModelConfig) -> str:
+    """``vision`` for a vision encoder (CLIP), else ``text``."""
+    return "vision" if is_vision_config(model) else "text"
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,16 @@ class Modality:
     """Data and evaluation of one kind of model."""
 
     name = "modality"
+
+    @classmethod
+    def check(cls, c: schema.JobConfig) -> None:
+        """A pruning job's settings this modality refuses (one :class:`~replaceme_exp.errors.ConfigError`),
+        before anything loads. The calibration source's own modality is checked by the rules."""
+        cls.check_eval(c)
+
+    @classmethod
+    def check_eval(cls, c: schema.JobConfig) -> None:
+        """The evaluation's settings (``eval``) this modality refuses: a pruning or an evaluate job's."""
 
     def __init__(self, spec: JobSpec, paths: JobPaths):
         self.spec, self.config, self.paths = spec, spec.config, paths

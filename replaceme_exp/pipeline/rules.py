@@ -12,7 +12,6 @@ read (the contents of its files, the hub datasets it needs), once, when the job 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,23 +27,16 @@ from replaceme_exp.data.files import check_readable, check_text
 from replaceme_exp.data.hub import HubDataset, require_available
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Requirements, estimator_class
-from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets, benchmark_task
+from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets
 from replaceme_exp.evaluation.task_datasets import suite_datasets
 from replaceme_exp.methods import job_methods
 from replaceme_exp.models.adapters import unfusable_error
 from replaceme_exp.models.embedded import embedded_model
-from replaceme_exp.models.loading import check_nf4_capture, is_vision_config
+from replaceme_exp.models.loading import check_nf4_capture
 from replaceme_exp.models.shape import ModelShape
+from replaceme_exp.pipeline.modality import MODALITIES, modality_of
 from replaceme_exp.selection.cuts import cut_length, validate_cuts
 from replaceme_exp.selection.metrics import METRICS
-
-IMAGE_SOURCES = ("bundled_images", "image_folder", "hub_images")
-
-
-def modality_of(model: schema.ModelConfig) -> str:
-    """``vision`` for a vision encoder (CLIP), else ``text``."""
-    return "vision" if is_vision_config(model) else "text"
-
 
 def writable_directory(key: str, value, subfolders: Iterable[str] = ()) -> None:
     """``value`` names a directory this process can create and write, and so does each of its
@@ -107,24 +99,12 @@ def check_job(c: schema.JobConfig, needs: Requirements) -> None:
         if value is not None:
             raise ConfigError(f"evaluate.{key}", value, "is for job=evaluate (this job prunes model; add job=evaluate)")
     check_embedded(c.model)
-    if c.protocol == "official" and is_vision_config(c.model):
-        raise ConfigError(
-            "protocol",
-            "official",
-            f"the official code has no CLIP path: model={c.model.name} runs under protocol=paper",
-        )
+    modality = MODALITIES.get(modality_of(c.model))
     check_selection(c, needs)
     check_method(c, needs)
     check_official_settings(c, needs)
-    check_data(c)
-    if is_vision_config(c.model):
-        check_vision(c)
-    elif c.calibration.source in IMAGE_SOURCES:
-        raise ConfigError(
-            "calibration.source", c.calibration.source, f"is image data for vision encoders, not model={c.model.name}"
-        )
-    else:
-        check_eval_kind(c)
+    check_data(c, modality.name)
+    modality.check(c)
     check_hardware(c)
     check_ranks(c, needs, ranks_from_env())
 
@@ -273,7 +253,7 @@ def check_evaluation(c: schema.JobConfig) -> None:
     writable_directory("cache_dir", c.cache_dir)
     check_embedded(c.model)
     check_eval_suite(c)
-    check_eval_kind(c)
+    MODALITIES.get(modality_of(c.model)).check_eval(c)
     if (ranks := ranks_from_env()) is not None:
         raise ConfigError("job", "evaluate", f"has no capture to split over {ranks.world_size} ranks: run one process")
 
@@ -299,55 +279,16 @@ def check_eval_suite(c: schema.JobConfig) -> None:
         existing_file("eval.path", c.eval.path)
 
 
-def check_eval_kind(c: schema.JobConfig) -> None:
-    """Image benchmarks for a vision encoder, text suites for a language model."""
-    if is_vision_config(c.model):
-        if not isinstance(c.eval, schema.ImageEvalConfig):
-            raise ConfigError("eval", c.eval.name, f"has no image benchmarks for model={c.model.name} (eval=clip)")
-        for benchmark in c.eval.benchmarks:
-            benchmark_task(benchmark)
-        if c.eval.speed.enabled:
-            reason = f"times prefill and decoding of a language model; model={c.model.name} is a vision encoder"
-            raise ConfigError("eval.speed.enabled", True, reason + " (eval.speed.enabled=false)")
-    elif isinstance(c.eval, schema.ImageEvalConfig):
-        raise ConfigError(
-            "eval.benchmarks", c.eval.benchmarks, "are image benchmarks, for vision encoders (model=clip_vit_l14)"
-        )
-
-
 def check_selection(c: schema.JobConfig, needs: Requirements) -> None:
     metric = METRICS.get(c.selection.metric)
-    check_selection_keys(c.selection, metric)
+    metric.check(c.selection)
     if metric.searches and c.cuts is None:
         check_search(c, metric, needs)
-    if metric.whole_sequence and c.selection.tokens != "all":
-        raise ConfigError(
-            "selection.tokens", c.selection.tokens, f"selection.metric={metric.name} is computed over all tokens"
-        )
     seq_len = getattr(c.calibration, "seq_len", None)
     if c.estimation.tokens == "skip_first" and seq_len is not None and c.estimation.first >= seq_len:
         raise ConfigError(
             "estimation.first", c.estimation.first, f"leaves no token of sequences of calibration.seq_len={seq_len}"
         )
-
-
-def check_selection_keys(selection: schema.SelectionConfig, metric) -> None:
-    """The ``selection`` option carries the keys of its metric's own shape (``metric.settings``: a
-    search's settings) and no key of another metric's own shape: ``selection=<option>`` gives them."""
-    keys = {f.name for f in dataclasses.fields(selection)}
-    if metric.settings is not None:
-        own = {f.name for f in dataclasses.fields(metric.settings)}
-    else:  # keys that no metric declares are its option's own (its shape's)
-        shapes = [m.settings for _, m in METRICS.items() if m.settings is not None]
-        declared = {f.name for shape in shapes for f in dataclasses.fields(shape)}
-        own = keys - (declared - {f.name for f in dataclasses.fields(schema.SelectionConfig)})
-    if extra := sorted(keys - own):
-        value = getattr(selection, extra[0])
-        reason = f"is not a setting of selection.metric={metric.name} (its keys: {', '.join(sorted(own))})"
-        raise ConfigError(f"selection.{extra[0]}", value, reason)
-    if missing := sorted(own - keys):
-        reason = f"has settings of its own ({', '.join(missing)}): use selection={metric.name}"
-        raise ConfigError("selection.metric", metric.name, reason)
 
 
 def check_search(c: schema.JobConfig, metric, needs: Requirements) -> None:
@@ -423,9 +364,17 @@ def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:
         raise ConfigError("touching_cuts", "compose", reason)
 
 
-def check_data(c: schema.JobConfig) -> None:
-    """The calibration data's files and resources, before the model loads."""
+def check_data(c: schema.JobConfig, modality: str) -> None:
+    """The calibration data: of the job's ``modality``, with its files and resources, before the model loads."""
     cal = c.calibration
+    source = CALIBRATION_SOURCES.get(cal.source)
+    if source.modality != modality:
+        if modality == "vision":
+            images = ", ".join(name for name, s in CALIBRATION_SOURCES.items() if s.modality == "vision")
+            reason = f"model={c.model.name} is a vision encoder: calibrate it on images ({images})"
+        else:
+            reason = f"is image data for vision encoders, not model={c.model.name}"
+        raise ConfigError("calibration.source", cal.source, reason)
     if isinstance(cal, schema.FolderImagesConfig) and not Path(str(cal.path)).expanduser().is_dir():
         raise ConfigError("calibration.path", cal.path, "no such image folder")
     if isinstance(cal, schema.HubImagesConfig) and (not isinstance(cal.dataset, str) or cal.dataset in ("", "???")):
@@ -440,29 +389,6 @@ def check_data(c: schema.JobConfig) -> None:
             if not (isinstance(files, list) and files or isinstance(files, str)):
                 raise ConfigError(key, files, "no such file (prompts_dataset=json reads it)")
             existing_file(key, files)
-
-
-def check_vision(c: schema.JobConfig) -> None:
-    """A vision encoder: image data and benchmarks; text-only settings refused."""
-    name = c.model.name
-    if c.calibration.source not in IMAGE_SOURCES:
-        reason = f"model={name} is a vision encoder: calibrate it on images ({', '.join(IMAGE_SOURCES)})"
-        raise ConfigError("calibration.source", c.calibration.source, reason)
-    check_eval_kind(c)
-    if c.healing.name != "none":
-        raise ConfigError("healing", c.healing.name, "healing trains on text; not for a vision encoder")
-    if c.eval.samples is not None:
-        reason = "are text generation; not for a vision encoder (eval.samples=null)"
-        raise ConfigError("eval.samples", c.eval.samples.prompts, reason)
-    if float(c.mask_ratio):
-        raise ConfigError("mask_ratio", float(c.mask_ratio), "token masking is for text calibration")
-    if c.multi_lt == "sequential" and not (c.cuts is None and c.num_lts == 1):
-        raise ConfigError("multi_lt", "sequential", "not for a vision encoder (its held-out check reads text)")
-    if c.model.capture_4bit:
-        raise ConfigError("model.capture_4bit", True, "not for a vision encoder")
-    if c.cuts is None and METRICS.get(c.selection.metric).text_only:
-        reason = "runs a language model on text; not for a vision encoder"
-        raise ConfigError("selection.metric", c.selection.metric, reason)
 
 
 def check_hardware(c: schema.JobConfig) -> None:

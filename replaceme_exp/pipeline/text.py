@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from replaceme_exp.config import schema
 from replaceme_exp.data.augmentation import with_masked_copies
 from replaceme_exp.data.batching import with_counted_positions
 from replaceme_exp.data.calibration import Answerer, build_calibration, heldout_windows
@@ -22,6 +23,12 @@ from replaceme_exp.stages import stage
 @MODALITIES.register("text")
 class TextModality(Modality):
     name = "text"
+
+    @classmethod
+    def check_eval(cls, c: schema.JobConfig) -> None:
+        if isinstance(c.eval, schema.ImageEvalConfig):
+            reason = "are image benchmarks, for vision encoders (model=clip_vit_l14)"
+            raise ConfigError("eval.benchmarks", c.eval.benchmarks, reason)
 
     def calibration(self, loaded: LoadedModel, adapter) -> Calibration:
         c = self.config

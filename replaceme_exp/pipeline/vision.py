@@ -11,14 +11,17 @@ from __future__ import annotations
 import torch
 
 from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.config import schema
 from replaceme_exp.config.validate import build_option
 from replaceme_exp.data.calibration import drawn
 from replaceme_exp.data.images import build_image_calibration
 from replaceme_exp.evaluation.baseline import BaselineCache
-from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, evaluate_benchmark
+from replaceme_exp.errors import ConfigError
+from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, benchmark_task, evaluate_benchmark
 from replaceme_exp.models.loading import LoadedModel
 from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality, UnprunedScores
 from replaceme_exp.results.row import library_versions
+from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.stages import stage
 
 # clip-benchmark metric -> the paper table's column stem, per benchmark
@@ -42,6 +45,39 @@ def benchmark_columns(name: str, metrics: dict[str, float]) -> dict[str, float]:
 @MODALITIES.register("vision")
 class VisionModality(Modality):
     name = "vision"
+
+    @classmethod
+    def check(cls, c: schema.JobConfig) -> None:
+        """Image data and benchmarks; text-only settings refused."""
+        name = c.model.name
+        if c.protocol == "official":
+            reason = f"the official code has no CLIP path: model={name} runs under protocol=paper"
+            raise ConfigError("protocol", "official", reason)
+        cls.check_eval(c)
+        if c.healing.name != "none":
+            raise ConfigError("healing", c.healing.name, "healing trains on text; not for a vision encoder")
+        if c.eval.samples is not None:
+            reason = "are text generation; not for a vision encoder (eval.samples=null)"
+            raise ConfigError("eval.samples", c.eval.samples.prompts, reason)
+        if float(c.mask_ratio):
+            raise ConfigError("mask_ratio", float(c.mask_ratio), "token masking is for text calibration")
+        if c.multi_lt == "sequential" and not (c.cuts is None and c.num_lts == 1):
+            raise ConfigError("multi_lt", "sequential", "not for a vision encoder (its held-out check reads text)")
+        if c.model.capture_4bit:
+            raise ConfigError("model.capture_4bit", True, "not for a vision encoder")
+        if c.cuts is None and METRICS.get(c.selection.metric).text_only:
+            reason = "runs a language model on text; not for a vision encoder"
+            raise ConfigError("selection.metric", c.selection.metric, reason)
+
+    @classmethod
+    def check_eval(cls, c: schema.JobConfig) -> None:
+        if not isinstance(c.eval, schema.ImageEvalConfig):
+            raise ConfigError("eval", c.eval.name, f"has no image benchmarks for model={c.model.name} (eval=clip)")
+        for benchmark in c.eval.benchmarks:
+            benchmark_task(benchmark)
+        if c.eval.speed.enabled:
+            reason = f"times prefill and decoding of a language model; model={c.model.name} is a vision encoder"
+            raise ConfigError("eval.speed.enabled", True, reason + " (eval.speed.enabled=false)")
 
     def patch_size(self, adapter) -> int:
         return int(adapter.config.patch_size)

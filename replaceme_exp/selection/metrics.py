@@ -26,6 +26,7 @@ Each metric is registered under its config name with what it is computed from:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -35,6 +36,8 @@ import torch.nn.functional as F
 
 from replaceme_exp.capture.similarity import CCA_RIDGE, linear_cka_per_cut, mean_cca_per_cut, pwcca_per_cut
 from replaceme_exp.capture.statistics import cosine_distance
+from replaceme_exp.config.schema import SelectionConfig
+from replaceme_exp.errors import ConfigError
 from replaceme_exp.registry import Registry
 
 
@@ -96,6 +99,29 @@ class SelectionMetric:
     def column_name(self, tokens: str) -> str:
         """The row's ``selection_metric``: the name, ``<name>_last`` when only last tokens count."""
         return self.name if tokens == "all" else f"{self.name}_last"
+
+    def check(self, selection: SelectionConfig) -> None:
+        """This metric's own settings in the ``selection`` option, before anything loads: the keys of its
+        own shape (``settings``: a search's) and no key of another metric's own shape
+        (``selection=<option>`` gives them), and the tokens it is computed over."""
+        keys = {f.name for f in dataclasses.fields(selection)}
+        base = {f.name for f in dataclasses.fields(SelectionConfig)}
+        if self.settings is not None:
+            own = {f.name for f in dataclasses.fields(self.settings)}
+        else:  # keys that no metric declares are its option's own (its shape's)
+            shapes = [m.settings for _, m in METRICS.items() if m.settings is not None]
+            declared = {f.name for shape in shapes for f in dataclasses.fields(shape)}
+            own = keys - (declared - base)
+        if extra := sorted(keys - own):
+            value = getattr(selection, extra[0])
+            reason = f"is not a setting of selection.metric={self.name} (its keys: {', '.join(sorted(own))})"
+            raise ConfigError(f"selection.{extra[0]}", value, reason)
+        if missing := sorted(own - keys):
+            reason = f"has settings of its own ({', '.join(missing)}): use selection={self.name}"
+            raise ConfigError("selection.metric", self.name, reason)
+        if self.whole_sequence and selection.tokens != "all":
+            reason = f"selection.metric={self.name} is computed over all tokens"
+            raise ConfigError("selection.tokens", selection.tokens, reason)
 
 
 METRICS: Registry[SelectionMetric] = Registry("selection.metric", "selection metric")
