@@ -23,8 +23,8 @@ from replaceme_exp.config.protocol import protocol_rule
 from replaceme_exp.config.validate import build
 from replaceme_exp.data import files
 from replaceme_exp.data.batching import TokenBatches, document_windows, pack_windows, tokenize_documents
-from replaceme_exp.data.files import JsonRecords, check_text
-from replaceme_exp.data.generated import check_prompts, prompts_hub_datasets, self_generated_documents
+from replaceme_exp.data.files import JsonRecords, check_readable, check_text
+from replaceme_exp.data.generated import check_prompts, prompt_files, prompts_hub_datasets, self_generated_documents
 from replaceme_exp.data.heldout_documents import heldout_documents
 from replaceme_exp.data.hub import HubDataset
 from replaceme_exp.data.sources import (
@@ -62,6 +62,10 @@ def no_hub_datasets(cfg, key: str) -> list[HubDataset]:
     return []
 
 
+def no_settings(cfg, key: str) -> None:
+    """A source whose options need no check beyond their schema."""
+
+
 @dataclass(frozen=True)
 class CalibrationSource:
     """A kind of calibration data. ``modality``: ``text`` or ``vision``; ``shapes``: the schema
@@ -70,7 +74,9 @@ class CalibrationSource:
     loads: ``check(cfg, key, n_samples)`` reads the user's files the source reads (``key``: where
     its options are, e.g. ``calibration``; ``n_samples``: what it must give, None: not known) and
     raises one :class:`ConfigError` for the first problem; ``hub_datasets(cfg, key)`` lists the
-    hub datasets it reads (:func:`~replaceme_exp.data.hub.require_available` resolves them)."""
+    hub datasets it reads (:func:`~replaceme_exp.data.hub.require_available` resolves them);
+    ``settings(cfg, key)`` checks its options wherever a configuration is resolved (cheap: a file is
+    only opened, to know it can be read)."""
 
     name: str
     modality: str
@@ -78,6 +84,7 @@ class CalibrationSource:
     read: Callable
     check: Callable[[Any, str, int | None], None] = no_files
     hub_datasets: Callable[[Any, str], list[HubDataset]] = no_hub_datasets
+    settings: Callable[[Any, str], None] = no_settings
 
 
 CALIBRATION_SOURCES: Registry[CalibrationSource] = Registry("calibration.source", "calibration source")
@@ -86,13 +93,19 @@ LOCAL_TEXT = "calibrate on local text (calibration=pydoc, text_file or jsonl)"
 
 
 def calibration_source(
-    name: str, modality: str, *shapes: type, check: Callable = no_files, hub_datasets: Callable = no_hub_datasets
+    name: str,
+    modality: str,
+    *shapes: type,
+    check: Callable = no_files,
+    hub_datasets: Callable = no_hub_datasets,
+    settings: Callable = no_settings,
 ) -> Callable:
     """Register the decorated reader as the calibration source ``name`` (with its ``check`` of
-    files and its ``hub_datasets``, see :class:`CalibrationSource`)."""
+    files, its ``hub_datasets`` and its ``settings`` check, see :class:`CalibrationSource`)."""
 
     def register(read: Callable) -> Callable:
-        CALIBRATION_SOURCES.register(name, CalibrationSource(name, modality, shapes, read, check, hub_datasets))
+        source = CalibrationSource(name, modality, shapes, read, check, hub_datasets, settings)
+        CALIBRATION_SOURCES.register(name, source)
         return read
 
     return register
@@ -142,7 +155,18 @@ def check_text_file(cfg, key: str, n_samples: int | None) -> None:
         raise refusal
 
 
-@calibration_source("text_file", "text", schema.FileCalibrationConfig, check=check_text_file)
+def readable_path(cfg, key: str) -> None:
+    """``<key>.path`` names a file this process can open."""
+    check_readable(f"{key}.path", getattr(cfg, "path", None))
+
+
+def json_records_path(cfg, key: str) -> None:
+    """``dataset: json`` reads the local file ``<key>.path``."""
+    if getattr(cfg, "dataset", None) == "json":
+        readable_path(cfg, key)
+
+
+@calibration_source("text_file", "text", schema.FileCalibrationConfig, check=check_text_file, settings=readable_path)
 def text_file_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """A user's plain text, paragraphs packed into documents of about ``seq_len`` tokens."""
     documents = text_file_documents(cfg.path, cfg.seq_len * CHARS_PER_TOKEN)
@@ -184,6 +208,7 @@ def dataset_hub_datasets(cfg, key: str) -> list[HubDataset]:
     schema.OpenDatasetCalibrationConfig,
     check=check_json_records,
     hub_datasets=dataset_hub_datasets,
+    settings=json_records_path,
 )
 def dataset_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """Records of a hub dataset, or of a local JSONL file (``dataset: json``), as text or chats."""
@@ -217,6 +242,7 @@ def dataset_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None
     schema.DatasetPromptsCalibrationConfig,
     check=check_prompts,
     hub_datasets=prompts_hub_datasets,
+    settings=prompt_files,
 )
 def generated_calibration(cfg, tokenizer, n_samples: int, seed: int, answerer=None) -> list[str]:
     """Prompts answered by the model being pruned (``answerer``), as chats."""

@@ -90,6 +90,18 @@ def load_prompts(path: str | None) -> list[str]:
     return prompt_pool(path)[0]
 
 
+def prompt_files(cfg, key: str) -> None:
+    """The prompts file (``prompts_path``) and the local prompt records (``prompts_dataset: json``) can be
+    opened."""
+    if cfg.prompts_path is not None:
+        files.check_readable(f"{key}.prompts_path", cfg.prompts_path)
+    if getattr(cfg, "prompts_dataset", None) == "json":
+        data, name = cfg.prompts_data_files, f"{key}.prompts_data_files"
+        if not (isinstance(data, list) and data or isinstance(data, str)):
+            raise ConfigError(name, data, "no such file (prompts_dataset=json reads it)")
+        files.check_readable(name, data)
+
+
 def check_prompts(cfg, key: str, n_samples: int | None) -> None:
     """Before the model loads: the prompts file (``prompts_path``), or the local prompt records
     (``prompts_dataset: json``), checked in their first

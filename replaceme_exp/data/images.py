@@ -117,7 +117,15 @@ def read_image(key: str, folder: str, file: Path) -> "Image.Image":  # noqa: F82
             raise ConfigError(key, folder, f"{name} cannot be decoded ({type(err).__name__}: {err})") from err
 
 
-@calibration_source("image_folder", "vision", schema.FolderImagesConfig, check=check_image_folder)
+def image_folder_exists(cfg, key: str) -> None:
+    """``<key>.path`` is a folder."""
+    if not Path(str(cfg.path)).expanduser().is_dir():
+        raise ConfigError(f"{key}.path", cfg.path, "no such image folder")
+
+
+@calibration_source(
+    "image_folder", "vision", schema.FolderImagesConfig, check=check_image_folder, settings=image_folder_exists
+)
 def image_folder(cfg) -> dict[str, "Image.Image"]:  # noqa: F821
     """Every image file under ``cfg.path`` (recursively, sorted)."""
     return folder_images(cfg.path)
@@ -134,7 +142,15 @@ def hub_image_datasets(cfg, key: str) -> list[HubDataset]:
     return [HubDataset(f"{key}.dataset", cfg.dataset, cfg.dataset, cfg.subset, instead=instead)]
 
 
-@calibration_source("hub_images", "vision", schema.HubImagesConfig, hub_datasets=hub_image_datasets)
+def hub_dataset_named(cfg, key: str) -> None:
+    """``<key>.dataset`` names a hub image dataset."""
+    if not isinstance(cfg.dataset, str) or cfg.dataset in ("", "???"):
+        raise ConfigError(f"{key}.dataset", cfg.dataset, "name the hub image dataset (owner/name)")
+
+
+@calibration_source(
+    "hub_images", "vision", schema.HubImagesConfig, hub_datasets=hub_image_datasets, settings=hub_dataset_named
+)
 def hub_images(cfg, n: int | None = None) -> dict[str, "Image.Image"]:  # noqa: F821
     """The first ``n`` images of ``cfg.dataset`` (``cfg.split``, column ``cfg.image_column``),
     streamed from the hub (the paper calibrates CLIP on MIMIC)."""

@@ -71,6 +71,26 @@ class Requirements:
         """Whether anything is fitted from calibration activations."""
         return self.statistics or self.tokens
 
+    def check(self, c: schema.JobConfig) -> None:
+        """The settings that act on this estimator (``regularizer``, ``alpha``, ``structure``,
+        ``lt_placement``) against what it accepts, before anything loads: one :class:`ConfigError`."""
+        name = c.objective.name
+        if self.uses_alpha:
+            if c.regularizer.name == "none" and c.alpha > 0:
+                raise ConfigError("alpha", c.alpha, "has no effect with regularizer=none; use regularizer=l2 (ridge)")
+            if c.regularizer.name not in self.regularizers:
+                reason = f"objective={name} supports {', '.join(self.regularizers)}"
+                raise ConfigError("regularizer", c.regularizer.name, reason)
+        if self.fits_transform and c.structure.name not in self.structures:
+            reason = f"objective={name} supports {' or '.join(self.structures)}"
+            raise ConfigError("structure", c.structure.name, reason)
+        if self.fits_transform and c.lt_placement not in self.placements:
+            reason = f"objective={name} is applied with lt_placement={' or '.join(self.placements)}"
+            raise ConfigError("lt_placement", c.lt_placement, reason)
+        if self.uses_alpha and c.alpha != 0 and c.structure.name in self.structures_without_alpha:
+            reason = f"has no effect with structure={c.structure.name} and objective={name}"
+            raise ConfigError("alpha", c.alpha, reason + " (its solution ignores alpha); use alpha=0")
+
 
 class Estimator:
     """Maps a cut's statistics to its transform T, (hidden, hidden) float64, or None for T = I

@@ -315,23 +315,10 @@ def check_search(c: schema.JobConfig, metric, needs: Requirements) -> None:
 
 
 def check_method(c: schema.JobConfig, needs: Requirements) -> None:
-    """The objective, regulariser, structure and healing together."""
+    """The estimator's own settings (:meth:`Requirements.check`), each method's rules, and healing with
+    what the estimator fits."""
     name = c.objective.name
-    if needs.uses_alpha:
-        if c.regularizer.name == "none" and c.alpha > 0:
-            raise ConfigError("alpha", c.alpha, "has no effect with regularizer=none; use regularizer=l2 (ridge)")
-        if c.regularizer.name not in needs.regularizers:
-            raise ConfigError(
-                "regularizer", c.regularizer.name, f"objective={name} supports {', '.join(needs.regularizers)}"
-            )
-    if needs.fits_transform and c.structure.name not in needs.structures:
-        raise ConfigError("structure", c.structure.name, f"objective={name} supports {' or '.join(needs.structures)}")
-    if needs.fits_transform and c.lt_placement not in needs.placements:
-        reason = f"objective={name} is applied with lt_placement={' or '.join(needs.placements)}"
-        raise ConfigError("lt_placement", c.lt_placement, reason)
-    if needs.uses_alpha and c.alpha != 0 and c.structure.name in needs.structures_without_alpha:
-        reason = f"has no effect with structure={c.structure.name} and objective={name} (its solution ignores alpha)"
-        raise ConfigError("alpha", c.alpha, reason + "; use alpha=0")
+    needs.check(c)
     for method in job_methods(c):
         if method.check is not None:
             method.check(c, needs)
@@ -365,9 +352,11 @@ def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:
 
 
 def check_data(c: schema.JobConfig, modality: str) -> None:
-    """The calibration data: of the job's ``modality``, with its files and resources, before the model loads."""
+    """The calibration data, before the model loads: its source's own settings (its files can be opened)
+    and a source of the job's ``modality``."""
     cal = c.calibration
     source = CALIBRATION_SOURCES.get(cal.source)
+    source.settings(cal, "calibration")
     if source.modality != modality:
         if modality == "vision":
             images = ", ".join(name for name, s in CALIBRATION_SOURCES.items() if s.modality == "vision")
@@ -375,20 +364,6 @@ def check_data(c: schema.JobConfig, modality: str) -> None:
         else:
             reason = f"is image data for vision encoders, not model={c.model.name}"
         raise ConfigError("calibration.source", cal.source, reason)
-    if isinstance(cal, schema.FolderImagesConfig) and not Path(str(cal.path)).expanduser().is_dir():
-        raise ConfigError("calibration.path", cal.path, "no such image folder")
-    if isinstance(cal, schema.HubImagesConfig) and (not isinstance(cal.dataset, str) or cal.dataset in ("", "???")):
-        raise ConfigError("calibration.dataset", cal.dataset, "name the hub image dataset (owner/name)")
-    if cal.source == "text_file" or (cal.source == "hf_dataset" and getattr(cal, "dataset", None) == "json"):
-        existing_file("calibration.path", getattr(cal, "path", None))
-    if isinstance(cal, schema.GeneratedCalibrationConfig):
-        if cal.prompts_path is not None:
-            existing_file("calibration.prompts_path", cal.prompts_path)
-        if isinstance(cal, schema.DatasetPromptsCalibrationConfig) and cal.prompts_dataset == "json":
-            files, key = cal.prompts_data_files, "calibration.prompts_data_files"
-            if not (isinstance(files, list) and files or isinstance(files, str)):
-                raise ConfigError(key, files, "no such file (prompts_dataset=json reads it)")
-            existing_file(key, files)
 
 
 def check_hardware(c: schema.JobConfig) -> None:
