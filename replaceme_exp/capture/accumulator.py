@@ -11,46 +11,33 @@ instead of the pipeline knowing its kind. Each accumulator says
   from them;
 - how it merges across the ranks that split the batches: by default every tensor of its state is summed
   (:meth:`~Accumulator.merge`); a state that is not a sum overrides it;
-- its cache entry: :attr:`~Accumulator.kind` and :attr:`~Accumulator.version` (bump the version when
-  what it holds changes) and :meth:`~Accumulator.identity`, what tells its entry from another's of the same
-  kind over the same model and data.
+- its cache entry (it is a :class:`~replaceme_exp.capture.entry.CacheEntry`): :attr:`~Accumulator.kind` and
+  :attr:`~Accumulator.version` (bump the version when what it holds changes) and :meth:`~Accumulator.identity`,
+  what tells its entry from another's of the same kind over the same model and data.
 
 :func:`~replaceme_exp.capture.runner.gather` serves what a cache holds and captures the rest in one pass.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from replaceme_exp.capture import distributed
+from replaceme_exp.capture.entry import CacheEntry
 from replaceme_exp.capture.statistics import Request
 
 
-class Accumulator:
+class Accumulator(CacheEntry):
     """A statistic over calibration batches that knows where it reads, what it holds, how it merges and
     under which cache key it is kept (module docstring)."""
 
-    kind: ClassVar[str] = ""  # the cache entry's kind: a file-name prefix, one per kind of statistic
-    version: ClassVar[int] = 1  # bump when the code changes what an entry of this kind holds
     takes_padding: ClassVar[bool] = False  # padded positions are not data
 
     def requests(self) -> list[Request]:
         """``(keys, update)`` pairs: ``update(acts, tokens)`` once per batch with ``acts[key]``
         (n_tokens, hidden) for each of ``keys``."""
-        raise NotImplementedError
-
-    def identity(self) -> dict[str, Any]:
-        """What sets this entry apart from another of its kind over the same model and data (JSON values)."""
-        raise NotImplementedError
-
-    def state(self) -> dict[str, torch.Tensor]:
-        """What it holds, as named tensors (float64 sums, int64 counts)."""
-        raise NotImplementedError
-
-    def restore(self, state: dict[str, torch.Tensor]) -> None:
-        """Hold ``state`` (a cache entry's tensors, on the CPU) instead of what it accumulated."""
         raise NotImplementedError
 
     def token_count(self) -> int:

@@ -12,9 +12,11 @@ the rule's per-sequence medians unchanged by the split); the statistics of all t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from replaceme_exp.capture.entry import StoredValue
 from replaceme_exp.capture.statistics import BatchTokens, Cut, LinearStatistics, LinearStats, Request
 from replaceme_exp.capture.token_rules import TokenRule
 
@@ -43,6 +45,48 @@ class FoldedStats(LinearStats):
 
     def to(self, device) -> "FoldedStats":
         return FoldedStats.of([fold.to(device) for fold in self.folds])
+
+
+@dataclass
+class StoredFoldedStats(StoredValue):
+    """The cache entry of ``cut``'s statistics per fold of whole sequences (``folds`` of them), a kind of
+    its own (never served for, nor from, the plain ``linear`` entries); the other fields as
+    :class:`~replaceme_exp.capture.statistics.StoredLinearStats`'s."""
+
+    kind: ClassVar[str] = "linear_folds"
+    version: ClassVar[int] = 1
+
+    cut: Cut
+    folds: int
+    placement: str = "fused"
+    tokens: str = "all"
+    precision: str = "float64"
+    value: FoldedStats | None = None
+
+    @classmethod
+    def of(cls, stats: FoldedStats, *settings: str) -> "StoredFoldedStats":
+        """The entry holding ``stats``, under ``settings`` (placement, tokens, precision)."""
+        return cls(stats.cut, len(stats.folds), *settings, value=stats)
+
+    def identity(self) -> dict:
+        what = {"cut": list(self.cut), "placement": self.placement, "tokens": self.tokens}
+        return {**what, "precision": self.precision, "folds": self.folds, "assignment": FOLD_ASSIGNMENT}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        folds = self.value.folds
+        return {
+            "mtm": torch.stack([f.mtm.cpu() for f in folds]),
+            "mtr": torch.stack([f.mtr.cpu() for f in folds]),
+            "r_sq": torch.tensor([f.r_sq for f in folds], dtype=torch.float64),
+            "n_tokens": torch.tensor([f.n_tokens for f in folds]),
+        }
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        parts = [
+            LinearStats(self.cut, state["mtm"][i], state["mtr"][i], float(state["r_sq"][i]), int(state["n_tokens"][i]))
+            for i in range(self.folds)
+        ]
+        self.value = FoldedStats.of(parts)
 
 
 def fold_rows(tokens: BatchTokens, first_sequence: int, folds: int, fold: int) -> tuple[torch.Tensor, BatchTokens]:

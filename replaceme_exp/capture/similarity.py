@@ -35,9 +35,11 @@ No (n, d) buffer over the data set exists: memory is (blocks + cuts) d x d float
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from replaceme_exp.capture.entry import StoredValue
 from replaceme_exp.capture.statistics import PRECISIONS, ActKey, BatchTokens, Cut, Request, add_product
 from replaceme_exp.row_format import MIN_TOKENS_PER_DIM
 
@@ -243,6 +245,31 @@ class Similarities:
     mean_cca: float
     pwcca: float
     n_tokens: int
+
+
+@dataclass
+class StoredSimilarities(StoredValue):
+    """The cache entry of ``cut``'s :class:`Similarities` under ``criterion`` (the ridge, the products'
+    precision)."""
+
+    kind: ClassVar[str] = "similarity"
+    version: ClassVar[int] = 1
+
+    cut: Cut
+    criterion: str
+    value: Similarities | None = None
+
+    def identity(self) -> dict:
+        return {"cut": list(self.cut), "criterion": self.criterion}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        names = ("linear_cka", "mean_cca", "pwcca")
+        values = {name: torch.tensor(getattr(self.value, name), dtype=torch.float64) for name in names}
+        return {**values, "n_tokens": torch.tensor(self.value.n_tokens)}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        values = {name: state[name].item() for name in ("linear_cka", "mean_cca", "pwcca")}
+        self.value = Similarities(**values, n_tokens=int(state["n_tokens"]))
 
 
 def canonical_per_cut(

@@ -15,11 +15,12 @@ code's statistics of padded batches).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from replaceme_exp.capture.entry import StoredValue
 from replaceme_exp.capture.token_rules import TokenRule, kept, massive_tokens
 
 Cut = tuple[int, int]
@@ -166,6 +167,50 @@ class LayerDistances:
 
 
 @dataclass
+class StoredDistances(StoredValue):
+    """The cache entry of a selection's distances, ``{cut: distance}``, over every candidate cut of
+    ``length`` blocks under ``criterion`` (e.g. ``cosine/all``, ``ls_residual/alpha=0.0``)."""
+
+    kind: ClassVar[str] = "distances"
+    version: ClassVar[int] = 2
+
+    length: int
+    criterion: str
+    value: dict[Cut, float] | None = None
+
+    def identity(self) -> dict:
+        return {"length": self.length, "criterion": self.criterion}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        cuts = sorted(self.value)
+        distances = torch.tensor([self.value[c] for c in cuts], dtype=torch.float64)
+        return {"cuts": torch.tensor(cuts), "distances": distances}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        pairs = zip(state["cuts"].tolist(), state["distances"].tolist())
+        self.value = {tuple(c): d for c, d in pairs}
+
+
+@dataclass
+class StoredLayerDistances(StoredValue):
+    """The cache entry of :class:`LayerDistances`' (num_layers, num_layers) mean cosine distances."""
+
+    kind: ClassVar[str] = "layer_distances"
+    version: ClassVar[int] = 2
+
+    value: list[list[float]] | None = None
+
+    def identity(self) -> dict:
+        return {}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"distances": torch.tensor(self.value, dtype=torch.float64)}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        self.value = state["distances"].tolist()
+
+
+@dataclass
 class LinearStats:
     """Sufficient statistics of the least-squares problem ``min_T ||M T - R||_F^2`` for one cut,
     with ``M = M_{start-1}`` and ``R = L_{end-1} - Y_{start-1}`` over n_tokens non-padding tokens
@@ -182,6 +227,44 @@ class LinearStats:
 
     def to(self, device) -> "LinearStats":
         return LinearStats(self.cut, self.mtm.to(device), self.mtr.to(device), self.r_sq, self.n_tokens)
+
+
+@dataclass
+class StoredLinearStats(StoredValue):
+    """The cache entry of ``cut``'s :class:`LinearStats` in ``placement`` over the tokens ``tokens``
+    selects (:meth:`TokenRule.key`), products taken in ``precision``."""
+
+    kind: ClassVar[str] = "linear"
+    version: ClassVar[int] = 2
+
+    cut: Cut
+    placement: str = "fused"
+    tokens: str = "all"
+    precision: str = "float64"
+    value: LinearStats | None = None
+
+    @classmethod
+    def of(cls, stats: LinearStats, *settings: str) -> "StoredLinearStats":
+        """The entry holding ``stats``, under ``settings`` (placement, tokens, precision)."""
+        return cls(stats.cut, *settings, value=stats)
+
+    def identity(self) -> dict:
+        what = {"cut": list(self.cut), "placement": self.placement, "tokens": self.tokens}
+        if self.precision != "float64":  # float64 entries keep the key they had before precisions existed
+            what["precision"] = self.precision
+        return what
+
+    def state(self) -> dict[str, torch.Tensor]:
+        v = self.value
+        return {
+            "mtm": v.mtm.cpu(),
+            "mtr": v.mtr.cpu(),
+            "r_sq": torch.tensor(v.r_sq, dtype=torch.float64),
+            "n_tokens": torch.tensor(v.n_tokens),
+        }
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        self.value = LinearStats(self.cut, state["mtm"], state["mtr"], float(state["r_sq"]), int(state["n_tokens"]))
 
 
 PRECISIONS = ("float64", "float32")

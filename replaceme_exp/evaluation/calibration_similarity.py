@@ -19,6 +19,7 @@ from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import (
     CCA_RIDGE,
     Similarities,
+    StoredSimilarities,
     similarities_per_cut,
     similarity_columns,
     undersampled,
@@ -47,13 +48,13 @@ def calibration_similarities(
     from the cache, else from one pass for the cuts it lacks (products in ``precision``), run as the
     capture plan ``execution`` says (None: whole-model)."""
     criterion = similarity_criterion(precision)
-    found = {cut: cache.get_similarities(cut, criterion) for cut in cuts}
+    found = {cut: cache.read(StoredSimilarities(cut, criterion)) for cut in cuts}
     missing = [cut for cut, value in found.items() if value is None]
     if missing:
         statistics = SimilarityStatistics(missing, adapter.hidden_size, input_device(adapter, execution), precision)
         run_capture(adapter, batches, [statistics], desc="calibration similarity", execution=execution)
         for cut, value in similarities_per_cut(statistics).items():
-            cache.put_similarities(cut, criterion, value)
+            cache.store(StoredSimilarities(cut, criterion, value))
             found[cut] = value
     return found
 

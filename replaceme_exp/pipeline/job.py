@@ -25,6 +25,7 @@ from replaceme_exp.capture import LayerDistances, TransformDistances, distribute
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import CaptureExecution, plan_execution
 from replaceme_exp.capture.hooks import input_device
+from replaceme_exp.capture.statistics import StoredLayerDistances
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.errors import ConfigError, NonFiniteError, check_finite
 from replaceme_exp.estimation.estimators import Estimator
@@ -220,7 +221,7 @@ class PruningJob:
         statistics; with ``record_layer_distances``, the layer distance matrix from the cache, else
         riding the selection pass when one runs."""
         c, adapter = self.config, captured.adapter
-        layer_matrix = calibrated.cache.get_layer_distances() if c.record_layer_distances else None
+        layer_matrix = calibrated.cache.read(StoredLayerDistances()) if c.record_layer_distances else None
         wanted = c.record_layer_distances and layer_matrix is None
         riding = LayerDistances(adapter.num_layers) if wanted else None
         selection = select_and_capture(
@@ -239,7 +240,7 @@ class PruningJob:
             check_finite("selection", "the candidate distances are", selection.distances.values())
         if riding is not None and riding.n_tokens > 0:
             layer_matrix = riding.result()
-            calibrated.cache.put_layer_distances(layer_matrix)
+            calibrated.cache.store(StoredLayerDistances(layer_matrix))
         return Selected(selection, c.multi_lt == "sequential" and len(selection.cuts) > 1, layer_matrix)
 
     def layer_distances(self, captured: Loaded, calibrated: Calibrated, selected: Selected) -> dict:
@@ -253,7 +254,7 @@ class PruningJob:
                 batches, execution = calibrated.batches, captured.execution
                 run_capture(captured.adapter, batches, [distances], desc="layer distances", execution=execution)
             matrix = distances.result()
-            calibrated.cache.put_layer_distances(matrix)
+            calibrated.cache.store(StoredLayerDistances(matrix))
         return {"layer_distances": matrix}
 
     def calibration_similarity(self, captured: Loaded, calibrated: Calibrated, selected: Selected) -> dict:

@@ -12,10 +12,10 @@ from typing import Any
 from replaceme_exp.capture import CutDistances, LinearStatistics, distributed, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, CaptureExecution, gib
-from replaceme_exp.capture.folds import FoldedLinearStatistics
+from replaceme_exp.capture.folds import FoldedLinearStatistics, StoredFoldedStats
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import SimilarityStatistics
-from replaceme_exp.capture.statistics import LinearStats
+from replaceme_exp.capture.statistics import LinearStats, StoredDistances, StoredLinearStats
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config.depth import blocks_to_prune
 from replaceme_exp.data.batching import TokenBatches
@@ -219,7 +219,7 @@ def selection_distances(
     declared = declared_accumulators(request, adapter, candidates)
     # a metric's own statistics: their kinds and versions key its distances too
     criterion = distance_criterion(request) + "".join(sorted({f"/{a.kind}@v{a.version}" for a in declared}))
-    if (distances := cache.get_distances(length, criterion)) is not None:
+    if (distances := cache.read(StoredDistances(length, criterion))) is not None:
         log.info("selection distances (%s) found in the cache", criterion)
         return distances, {}, {}
     groups = statistics_groups(request, adapter.hidden_size, candidates, needs_stats)
@@ -236,7 +236,7 @@ def selection_distances(
     elif declared:
         with stage("estimate", f"selection ({request.metric.name})"):
             distances = request.metric.distances(candidates, declared)
-    cache.put_distances(length, criterion, distances)
+    cache.store(StoredDistances(length, criterion, distances))
     dropped = len(candidates) - len(stats) if race is not None else None
     return distances, stats, {"capture_candidates_dropped": dropped}
 
@@ -310,7 +310,7 @@ def cached_cut_statistics(
         cut_placement = selection.placement_of(cut, placement)
         if cut in gathered and cut_placement == placement:
             found[cut] = gathered[cut]
-            cache.put_stats(gathered[cut], placement, rule.key(), precision)
+            cache.store(StoredLinearStats.of(gathered[cut], placement, rule.key(), precision))
         elif (cached := cached_stats(cache, cut, cut_placement, rule, precision, folds)) is not None:
             log.info("statistics of cut %s found in the cache", list(cut))
             found[cut] = cached
@@ -348,9 +348,9 @@ def keep_cut_statistics(
     for where, stats in captured.items():
         for s in stats.values():
             if request.folds:
-                cache.put_folded_stats(s, where, rule.key(), precision)
+                cache.store(StoredFoldedStats.of(s, where, rule.key(), precision))
             else:
-                cache.put_stats(s, where, rule.key(), precision)
+                cache.store(StoredLinearStats.of(s, where, rule.key(), precision))
 
 
 def select_and_capture(
@@ -434,8 +434,8 @@ def linear_statistics(cuts, hidden: int, device, placement: str, rule: TokenRule
 def cached_stats(cache: StatisticsCache, cut: Cut, placement: str, rule: TokenRule, precision: str, folds: int = 0):
     """The cached statistics of ``cut`` (per fold with ``folds``), or None."""
     if folds:
-        return cache.get_folded_stats(cut, folds, placement, rule.key(), precision)
-    return cache.get_stats(cut, placement, rule.key(), precision)
+        return cache.read(StoredFoldedStats(cut, folds, placement, rule.key(), precision))
+    return cache.read(StoredLinearStats(cut, placement, rule.key(), precision))
 
 
 def stats_budget(request: SelectionRequest) -> float:

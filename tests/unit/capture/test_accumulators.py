@@ -41,8 +41,8 @@ def test_a_declared_metrics_cached_distances_are_keyed_by_its_statistics_kind_an
 
         criteria: list[str] = []
 
-        def get_distances(self, length, criterion):
-            self.criteria.append(criterion)
+        def read(self, entry):
+            self.criteria.append(entry.criterion)
             return {(1, 3): 0.5}
 
     metric = METRICS.get("sublayer_cosine")

@@ -7,6 +7,7 @@ again; a full disk costs the optional cache, not the job; what killed writers le
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,7 +24,9 @@ from helpers.generation import generation_option
 
 from replaceme_exp import storage
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.statistics import LinearStats
+from replaceme_exp.capture.folds import FoldedStats, StoredFoldedStats
+from replaceme_exp.capture.similarity import Similarities, StoredSimilarities
+from replaceme_exp.capture.statistics import LinearStats, StoredDistances, StoredLayerDistances, StoredLinearStats
 from replaceme_exp.config.validate import build_option
 from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.models import embedded
@@ -97,56 +100,56 @@ def stats_of(cut, seed: int) -> LinearStats:
 def test_selection_distances_of_another_length_copied_over_are_refused(tmp_path, caplog):
     """A 2-block job must not read the 3-block distances (it pruned 3 blocks)."""
     cache = StatisticsCache(tmp_path, "model", "data")
-    cache.put_distances(2, "cosine/all", {(0, 2): 0.5, (1, 3): 0.25})
+    cache.store(StoredDistances(2, "cosine/all", {(0, 2): 0.5, (1, 3): 0.25}))
     two = only_file(tmp_path)
     two.unlink()
-    cache.put_distances(3, "cosine/all", {(0, 3): 0.5, (1, 4): 0.125})
+    cache.store(StoredDistances(3, "cosine/all", {(0, 3): 0.5, (1, 4): 0.125}))
     shutil.copy(only_file(tmp_path), two)
-    assert cache.get_distances(2, "cosine/all") is None
+    assert cache.read(StoredDistances(2, "cosine/all")) is None
     assert f"statistics cache entry {two} is the entry for length=3 where length=2 was asked" in caplog.text
     assert not two.exists() and cache.hits == []
-    assert cache.get_distances(3, "cosine/all") == {(0, 3): 0.5, (1, 4): 0.125} and cache.hits == ["distances"]
+    assert cache.read(StoredDistances(3, "cosine/all")) == {(0, 3): 0.5, (1, 4): 0.125} and cache.hits == ["distances"]
 
 
 def test_statistics_of_another_cut_or_model_copied_over_are_refused(tmp_path, caplog):
     cache = StatisticsCache(tmp_path / "a", "model-a", "data")
-    cache.put_stats(stats_of((1, 3), 0))
+    cache.store(StoredLinearStats.of(stats_of((1, 3), 0)))
     mine = only_file(tmp_path / "a")
-    cache.put_stats(stats_of((2, 4), 1))
+    cache.store(StoredLinearStats.of(stats_of((2, 4), 1)))
     (other,) = [p for p in (tmp_path / "a").iterdir() if p != mine]
     shutil.copy(other, mine)
-    assert cache.get_stats((1, 3)) is None
+    assert cache.read(StoredLinearStats((1, 3))) is None
     assert "is the entry for cut=[2, 4] where cut=[1, 3] was asked" in caplog.text
     other_model = StatisticsCache(tmp_path / "b", "model-b", "data")
-    other_model.put_stats(stats_of((2, 4), 1))
+    other_model.store(StoredLinearStats.of(stats_of((2, 4), 1)))
     shutil.copy(only_file(tmp_path / "b"), other)
-    assert cache.get_stats((2, 4)) is None
+    assert cache.read(StoredLinearStats((2, 4))) is None
     assert 'is the entry for model="model-b" where model="model-a" was asked' in caplog.text
-    cache.put_stats(stats_of((2, 4), 1))
-    found = cache.get_stats((2, 4))
+    cache.store(StoredLinearStats.of(stats_of((2, 4), 1)))
+    found = cache.read(StoredLinearStats((2, 4)))
     assert torch.equal(found.mtm, stats_of((2, 4), 1).mtm) and found.n_tokens == 40
 
 
 def test_a_statistics_entry_without_key_is_recomputed_without_a_traceback(tmp_path, caplog):
     """What the cache wrote before entries carried their key: tensors and their checksum only."""
     cache = StatisticsCache(tmp_path, "model", "data")
-    cache.put_stats(stats_of((1, 3), 0))
+    cache.store(StoredLinearStats.of(stats_of((1, 3), 0)))
     entry = only_file(tmp_path)
     payload = torch.load(entry, weights_only=True)
     old = {name: payload[name] for name in ("mtm", "mtr", "r_sq", "n_tokens")}
     torch.save({**old, "_sha256": storage.tensor_digest(old)}, entry)
-    assert cache.get_stats((1, 3)) is None
+    assert cache.read(StoredLinearStats((1, 3))) is None
     assert f"{entry} carries no key (written by an older version): removed, recomputing" in caplog.text
 
 
 def test_a_flipped_byte_in_a_statistics_key_fails_the_checksum(tmp_path, caplog):
     cache = StatisticsCache(tmp_path, "model", "data")
-    cache.put_stats(stats_of((1, 3), 0))
+    cache.store(StoredLinearStats.of(stats_of((1, 3), 0)))
     entry = only_file(tmp_path)
     payload = torch.load(entry, weights_only=True)
     payload["_key"][5] ^= 1
     torch.save(payload, entry)
-    assert cache.get_stats((1, 3)) is None and "fails its checksum" in caplog.text
+    assert cache.read(StoredLinearStats((1, 3))) is None and "fails its checksum" in caplog.text
 
 
 @contextlib.contextmanager
@@ -158,11 +161,11 @@ def full_disk(target):
 def test_a_full_disk_skips_the_statistics_cache_with_a_warning(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(storage, "atomic_path", full_disk)
     cache = StatisticsCache(tmp_path, "model", "data")
-    cache.put_stats(stats_of((1, 3), 0))  # no exception: the cache only saves time
+    cache.store(StoredLinearStats.of(stats_of((1, 3), 0)))  # no exception: the cache only saves time
     assert "cannot write statistics cache entry" in caplog.text and "No space left on device" in caplog.text
-    assert not cache.writable and cache.get_stats((1, 3)) is None
+    assert not cache.writable and cache.read(StoredLinearStats((1, 3))) is None
     caplog.clear()
-    cache.put_distances(2, "cosine/all", {(0, 2): 0.5})
+    cache.store(StoredDistances(2, "cosine/all", {(0, 2): 0.5}))
     assert caplog.text == ""  # one warning, not one per entry
 
 
@@ -535,3 +538,54 @@ def test_threads_asking_for_one_baseline_compute_it_once(tmp_path):
     for thread in threads:
         thread.join()
     assert results == [1.5, 1.5, 1.5] and len(calls) == 1
+
+
+def test_each_kind_of_entry_keeps_the_file_name_it_had_when_the_cache_named_the_kinds():
+    """The entries declared beside what they hold (issue 51) are keyed as the cache's typed methods keyed
+    them: existing caches stay valid. File names computed before the change, for model "model", data "data"."""
+    cache = StatisticsCache("unused", "model", "data", enabled=False)
+    final = StatisticsCache("unused", "model", "data", enabled=False, last_state="final_norm")
+    names = [
+        (StoredDistances(2, "cosine/all"), "distances-4db06654ace87d6d68d716ad.pt"),
+        (StoredLayerDistances(), "layer_distances-95aeb95a8ba3dc37b70f863a.pt"),
+        (StoredSimilarities((1, 3), "ridge=1e-06/float64"), "similarity-2de9b5b40d7eb0a12a041079.pt"),
+        (StoredLinearStats((1, 3)), "linear-8b1397f05ee91487c5dc91d2.pt"),
+        (StoredLinearStats((1, 3), "separate", "all", "float32"), "linear-0c5874268b41234626430590.pt"),
+        (StoredFoldedStats((1, 3), 4), "linear_folds-6c02fbadb5ff2bc3c2df070a.pt"),
+    ]
+    assert [(entry, cache._entry(entry)[0].name) for entry, _ in names] == names
+    assert final._entry(StoredLinearStats((1, 3)))[0].name == "linear-7c0b5575a3c3519dc99f77e0.pt"
+
+
+def test_every_kind_of_entry_reads_back_what_it_stored(tmp_path):
+    cache = StatisticsCache(tmp_path, "model", "data")
+    g = torch.Generator().manual_seed(0)
+    square = lambda: torch.randn(4, 4, generator=g, dtype=torch.float64)  # noqa: E731
+    stats = [LinearStats((1, 3), square(), square(), 2.5, 7 + i) for i in range(3)]
+    folded = FoldedStats.of(stats)
+    entries = [
+        StoredDistances(2, "cosine/all", {(0, 2): 0.5, (1, 3): 0.25}),
+        StoredLayerDistances([[0.0, 0.5], [0.5, 0.0]]),
+        StoredSimilarities((1, 3), "ridge", Similarities(0.9, 0.8, 0.7, 40)),
+        StoredLinearStats.of(stats[0], "fused", "all", "float32"),
+        StoredFoldedStats.of(folded, "separate"),
+    ]
+    for entry in entries:
+        cache.store(entry)
+    for entry in entries:
+        blank = dataclasses.replace(entry, value=None)
+        found = cache.read(blank)
+        if isinstance(entry.value, LinearStats):
+            assert torch.equal(found.mtm, entry.value.mtm) and torch.equal(found.mtr, entry.value.mtr)
+            assert (found.cut, found.r_sq, found.n_tokens) == (entry.value.cut, entry.value.r_sq, entry.value.n_tokens)
+        else:
+            assert found == entry.value
+    assert cache.read(StoredFoldedStats((1, 3), 3, "separate")).folds[2].n_tokens == 9
+    assert cache.read(StoredFoldedStats((1, 3), 3, "fused")) is None  # another placement: another entry
+
+
+def test_two_classes_cannot_declare_one_kind_of_entry():
+    from replaceme_exp.capture.entry import StoredValue
+
+    with pytest.raises(ValueError, match="StoredLinearStats keeps entries of that kind"):
+        type("Impostor", (StoredValue,), {"kind": "linear"})

@@ -9,7 +9,7 @@ from helpers.token_rules import TINY
 
 from replaceme_exp.capture import LinearStatistics, TokenRule, TransformDistances
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.statistics import BatchTokens
+from replaceme_exp.capture.statistics import BatchTokens, StoredLinearStats
 from replaceme_exp.capture.token_rules import massive_tokens
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.pipeline.spec import JobSpec
@@ -70,11 +70,11 @@ def test_heldout_distances_are_split_into_sink_and_other_tokens():
 def test_the_rule_reaches_the_statistics_cache_key_and_the_config_hash(tmp_path):
     cache = StatisticsCache(tmp_path, "model", "data")
     stats = LinearStatistics([(1, 3)], 4, torch.device("cpu")).result()[(1, 3)]
-    cache.put_stats(stats, "fused", TokenRule("skip_first").key())
-    assert cache.get_stats((1, 3), "fused", TokenRule("skip_first").key()) is not None
-    assert cache.get_stats((1, 3), "fused", TokenRule("skip_first", 2).key()) is None
-    assert cache.get_stats((1, 3), "fused", TokenRule().key()) is None
-    assert cache.get_stats((1, 3), "fused", TokenRule("skip_massive").key()) is None
+    cache.store(StoredLinearStats.of(stats, "fused", TokenRule("skip_first").key()))
+    assert cache.read(StoredLinearStats((1, 3), "fused", TokenRule("skip_first").key())) is not None
+    assert cache.read(StoredLinearStats((1, 3), "fused", TokenRule("skip_first", 2).key())) is None
+    assert cache.read(StoredLinearStats((1, 3), "fused", TokenRule().key())) is None
+    assert cache.read(StoredLinearStats((1, 3), "fused", TokenRule("skip_massive").key())) is None
     assert TokenRule("skip_massive", massive_threshold=10).key() != TokenRule("skip_massive").key()
 
     hashes = {

@@ -13,7 +13,8 @@ from helpers.ridge_identity import FOLDS
 
 from replaceme_exp.capture import LinearStats
 from replaceme_exp.capture.cache import StatisticsCache
-from replaceme_exp.capture.folds import FoldedStats
+from replaceme_exp.capture.folds import FoldedStats, StoredFoldedStats
+from replaceme_exp.capture.statistics import StoredLinearStats
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.ridge_identity import RidgeToIdentityEstimator
 from replaceme_exp.pipeline.spec import JobSpec
@@ -39,12 +40,12 @@ def test_fold_entries_never_meet_plain_entries_in_the_cache(tmp_path):
     cache = StatisticsCache(tmp_path, "model", "data")
     eye = torch.eye(4, dtype=torch.float64)
     parts = [LinearStats((1, 3), eye * (i + 1), eye, 1.0, 5) for i in range(3)]
-    cache.put_folded_stats(FoldedStats.of(parts))
-    assert cache.get_stats((1, 3)) is None and cache.get_folded_stats((1, 3), folds=2) is None
-    got = cache.get_folded_stats((1, 3), folds=3)
+    cache.store(StoredFoldedStats.of(FoldedStats.of(parts)))
+    assert cache.read(StoredLinearStats((1, 3))) is None and cache.read(StoredFoldedStats((1, 3), folds=2)) is None
+    got = cache.read(StoredFoldedStats((1, 3), folds=3))
     assert [p.mtm[0, 0].item() for p in got.folds] == [1.0, 2.0, 3.0] and got.n_tokens == 15
-    cache.put_stats(LinearStats((1, 3), eye, eye, 1.0, 5))
-    assert cache.get_folded_stats((1, 3), folds=3).mtm[0, 0].item() == 6.0
+    cache.store(StoredLinearStats.of(LinearStats((1, 3), eye, eye, 1.0, 5)))
+    assert cache.read(StoredFoldedStats((1, 3), folds=3)).mtm[0, 0].item() == 6.0
 
 
 @pytest.mark.parametrize(
