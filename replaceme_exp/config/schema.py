@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
@@ -140,11 +141,18 @@ def lora_targets(v) -> str | None:
     return "must be mlp (the family's MLP projections) or a non-empty list of linear layer names"
 
 
-def key(default: Any = ..., *, doc: str = "", check: Callable | None = None, choices: str | None = None) -> Any:
+def key(
+    default: Any = ...,
+    *,
+    doc: str = "",
+    check: Callable | None = None,
+    choices: str | None = None,
+    column: str | None = None,
+) -> Any:
     """A schema field: ``default`` (``...``: the option must give it), what it does, and the
     constraint beyond its type (``check(value)`` -> None or the reason) or the registry its value
-    names (``choices``)."""
-    metadata = {"doc": doc, "check": check, "choices": choices}
+    names (``choices``); ``column``: the row column that records it as given (:func:`declared_columns`)."""
+    metadata = {"doc": doc, "check": check, "choices": choices, "column": column}
     if default is ...:
         return field(metadata=metadata)
     if isinstance(default, (list, dict)):
@@ -156,20 +164,41 @@ def key(default: Any = ..., *, doc: str = "", check: Callable | None = None, cho
 
 Group = dataclass(kw_only=True)
 
+
+def declared_columns(option: Any, shapes: tuple[type, ...]) -> dict[str, Any]:
+    """The row columns that the fields of ``shapes`` declare (``key(column=...)``), in the shapes' order,
+    each holding ``option``'s value as the field's type says (an int where a float is declared becomes a
+    float) or None where ``option``'s shape lacks the field."""
+    out: dict[str, Any] = {}
+    for shape in shapes:
+        hints = typing.get_type_hints(shape)
+        for f in dataclasses.fields(shape):
+            column = f.metadata.get("column")
+            if column is None or column in out:
+                continue
+            value = getattr(option, f.name, None)
+            if hints[f.name] is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            out[column] = value
+    return out
+
 # ---------------------------------------------------------------------------------------------
 # model
 
 
 @Group
 class ModelConfig:
-    name: str = key(doc="the model's name in rows and tables")
+    name: str = key(doc="the model's name in rows and tables", column="model")
     source: Literal["embedded", "hub", "local", "random", "hub_clip_vision"] = key(doc="where the weights come from")
-    dtype: Literal["float32", "float16", "bfloat16"] = key(doc="weights' dtype")
+    dtype: Literal["float32", "float16", "bfloat16"] = key(doc="weights' dtype", column="dtype")
     device: str = key("auto", doc="auto (cuda if present), cpu, cuda, cuda:<i>, mps", check=device_value)
     device_map: Optional[str] = key(
         None, doc="auto: spread over the GPUs (accelerate); null: one device", check=device_map_value
     )
-    capture_4bit: bool = key(False, doc="capture on a 4-bit NF4 copy (the official use_4bit; bitsandbytes + GPU)")
+    capture_4bit: bool = key(
+        False, doc="capture on a 4-bit NF4 copy (the official use_4bit; bitsandbytes + GPU)",
+        column="capture_4bit",
+    )
     capture_dtype: Optional[Literal["auto", "float32", "float16", "bfloat16"]] = key(
         "auto",
         doc="capture on a copy in this dtype, then prune the model in dtype; null: dtype; auto: the protocol's "
@@ -204,9 +233,9 @@ class RandomModelConfig(ModelConfig):
 
 @Group
 class CalibrationConfig:
-    name: str = key(doc="the calibration set's name in rows and tables")
+    name: str = key(doc="the calibration set's name in rows and tables", column="calibration")
     source: str = key(doc="what kind of data", choices="calibration.source")
-    n_samples: int = key(doc="sequences (or images)", check=positive_int)
+    n_samples: int = key(doc="sequences (or images)", check=positive_int, column="n_calib_samples")
     batch_size: int = key(doc="sequences per capture batch", check=positive_int)
     seed: int = key(doc="draws the samples (follows the top-level seed)")
     draw: int = key(
@@ -214,20 +243,27 @@ class CalibrationConfig:
         doc="which calibration draw: 0 the sample the seed draws; k > 0 another sample (another subset and order, "
         "or the k-th slice of records read in order), every other seed kept: a replicate axis",
         check=non_negative_int,
+        column="calibration_draw",
     )
 
 
 @Group
 class TextCalibrationConfig(CalibrationConfig):
-    seq_len: int = key(doc="tokens per sequence (longer ones are truncated)", check=positive_int)
+    seq_len: int = key(
+        doc="tokens per sequence (longer ones are truncated)", check=positive_int,
+        column="calib_seq_len",
+    )
     padding_side: Literal["left", "right"] = key("right", doc="where padding goes")
     batch_order: Optional[Literal["by_length", "as_read"]] = key(
         None,
         doc="sequences batched longest first (least padding), or in the order read; null: the protocol's "
         "(paper: by_length; official: as_read)",
+        column="calibration_batch_order",
     )
     drop_last: Optional[bool] = key(
-        None, doc="drop an incomplete last batch; null: the protocol's (paper: false; official: true, its DataLoader's)"
+        None,
+        doc="drop an incomplete last batch; null: the protocol's (paper: false; official: true, its DataLoader's)",
+        column="calibration_drop_last",
     )
 
 
@@ -248,11 +284,13 @@ class DatasetCalibrationConfig(TextCalibrationConfig):
     chat_field: Optional[str] = key(None, doc="record field holding a list of chat turns")
     streaming: bool = key(False, doc="stream the records instead of downloading the split")
     order: Optional[Literal["shuffled", "first"]] = key(
-        None, doc="seeded draw, or the first n_samples; null: the protocol's (paper: shuffled; official: first)"
+        None, doc="seeded draw, or the first n_samples; null: the protocol's (paper: shuffled; official: first)",
+        column="calibration_order",
     )
     chat_turns: Optional[Literal["all", "first_pair"]] = key(
         None,
         doc="every turn, or the first user/assistant pair; null: the protocol's (paper: all; official: first_pair)",
+        column="calibration_chat_turns",
     )
     empty_records: Optional[Literal["drop", "keep"]] = key(
         None,
@@ -318,6 +356,7 @@ class MixCalibrationConfig(TextCalibrationConfig):
         None,
         doc="the parts' documents shuffled together, or concatenated in the parts' order (each share "
         "rounded down, the last part the rest); null: the protocol's (paper: shuffled; official: concatenated)",
+        column="calibration_mix_order",
     )
 
 
@@ -369,7 +408,7 @@ class SelectionConfig:
 @Group
 class ObjectiveConfig:
     _target_: str = key(doc="the estimator class")
-    name: str = key(doc="the objective's name in rows and tables")
+    name: str = key(doc="the objective's name in rows and tables", column="objective")
 
 
 @Group
@@ -437,7 +476,7 @@ class LoraConfig:
 
 @Group
 class HealingConfig:
-    name: Literal["none", "lt_only", "full_model", "lora"] = key(doc="what is trained after pruning")
+    name: Literal["none", "lt_only", "full_model", "lora"] = key(doc="what is trained after pruning", column="healing")
     optimizer: Literal["adam", "adamw"] = key("adam", doc="the optimiser (adamw: decoupled weight decay)")
     lr: float = key(doc="learning rate", check=finite_positive)
     lr_schedule: Literal["constant", "cosine"] = key(
@@ -533,7 +572,7 @@ class SpeedConfig:
 
 @Group
 class EvalConfig:
-    name: str = key(doc="the suite's name in rows and tables")
+    name: str = key(doc="the suite's name in rows and tables", column="eval")
     text: Literal["documents", "pydoc_heldout", "text_file"] = key(
         "documents",
         doc="held-out perplexity text: documents (sections of held-out pydoc and lm-eval's task abstracts, one "
@@ -587,6 +626,7 @@ class CaptureConfig:
         None,
         doc="the last block's state in the capture: its own output, or after the model's final norm (the "
         "official output_hidden_states[-1]); null: the protocol's (paper: block_output; official: final_norm)",
+        column="capture_last_state",
     )
     layerwise: LayerwiseConfig = key(doc="layer-wise capture's stores")
     cache: bool = key(True, doc="content-addressed statistics cache")
@@ -671,11 +711,18 @@ class JobConfig:
     job: Literal["prune", "evaluate"] = key(
         "prune", doc="prune the model, or only evaluate it (or evaluate.checkpoint) on the eval suite"
     )
-    n_prune: int | float = key(4, doc="blocks removed in total, or a fraction of the depth", check=n_prune_value)
-    num_lts: int = key(1, doc="linear transforms (cuts of n_prune/num_lts blocks)", check=positive_int)
+    n_prune: int | float = key(
+        4, doc="blocks removed in total, or a fraction of the depth", check=n_prune_value,
+        column="n_prune",
+    )
+    num_lts: int = key(
+        1, doc="linear transforms (cuts of n_prune/num_lts blocks)", check=positive_int,
+        column="num_lts",
+    )
     alpha: float = key(0.0, doc="regularisation strength (ridge for ls)", check=finite_non_negative)
     protocol: Literal["paper", "official"] = key(
-        "paper", doc="the paper's text, or what the official code ran (the config group conf/protocol/)"
+        "paper", doc="the paper's text, or what the official code ran (the config group conf/protocol/)",
+        column="protocol",
     )
     merge_consecutive: bool = key(True, doc="join selected cuts that touch into one transform")
     touching_cuts: Literal["apart", "compose"] = key(
@@ -691,10 +738,13 @@ class JobConfig:
     lt_placement: Literal["fused", "separate"] = key(
         "fused", doc="T fused into the down-projection, or applied to the block output"
     )
-    mask_ratio: float = key(0.0, doc="token masking: fraction hidden in masked copies", check=unit_interval_open_right)
+    mask_ratio: float = key(
+        0.0, doc="token masking: fraction hidden in masked copies", check=unit_interval_open_right,
+        column="mask_ratio",
+    )
     mask_passes: int = key(1, doc="masked copies (mask_ratio > 0)", check=positive_int)
     solver_schedule: Literal["full_batch", "minibatch"] = key("full_batch", doc="schedule of lbfgs/nlcg/trust_ncg")
-    seed: int = key(42, doc="every seed follows it")
+    seed: int = key(42, doc="every seed follows it", column="seed")
     record_layer_distances: bool = key(False, doc="also record every pair of block outputs' distance")
     record_calibration_similarity: bool = key(
         False, doc="also record the cuts' linear CKA, mean CCA and PWCCA over the calibration tokens"

@@ -71,6 +71,16 @@ class Requirements:
         """Whether anything is fitted from calibration activations."""
         return self.statistics or self.tokens
 
+    def columns(self) -> dict[str, str | None]:
+        """The row's columns of what it runs: ``solver``, ``solver_schedule``, ``solver_precision`` (None for
+        closed forms) and ``alpha_scale`` (None where ``alpha`` does not act on it)."""
+        return {
+            "solver": self.solver,
+            "solver_schedule": self.solver_schedule,
+            "solver_precision": self.solver_precision,
+            "alpha_scale": self.alpha_scale if self.uses_alpha else None,
+        }
+
     def check(self, c: schema.JobConfig) -> None:
         """The settings that act on this estimator (``regularizer``, ``alpha``, ``structure``,
         ``lt_placement``) against what it accepts, before anything loads: one :class:`ConfigError`."""

@@ -37,7 +37,7 @@ existed).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from replaceme_exp.capture.execution import CaptureExecution, compute_device, re
 from replaceme_exp.capture.token_rules import TokenRule
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import settle
+from replaceme_exp.config.store import group_shapes
 from replaceme_exp.config.validate import typed_config
 from replaceme_exp.data.calibration import empty_records_act, sample_seed
 from replaceme_exp.estimation.estimators import Estimator, Requirements, estimator_class
@@ -100,7 +101,7 @@ class EffectiveSettings:
     """The job's settings as they act (see the module docstring)."""
 
     selection_metric: str | None  # "cosine", "angular_last", ...; None with explicit cuts
-    selects_by_ls: bool  # selection by the LS residual (which solves ridge LS in the placement)
+    selects_by_ls: bool = field(metadata={"column": False})  # selection by the LS residual (ridge LS in the placement)
     alpha: float
     regularizer: str
     structure: str
@@ -113,10 +114,16 @@ class EffectiveSettings:
     multi_lt: str | None
     mask_passes: int | None
     capture_precision: str  # float64 or float32 on this machine
-    precision_acts: bool  # float32 products feed a statistic this job uses
+    precision_acts: bool = field(metadata={"column": False})  # float32 products feed a statistic this job uses
     healing_master_weights: str | None  # float32 / model where low-precision weights train, else None
     padded_positions: bool  # padded positions enter the fits (only where something is fitted)
     capture_dtype: str  # the dtype of the model the activations are captured on
+
+    def columns(self) -> dict[str, Any]:
+        """The row's columns of the settings as they act: every field, by its name, but those that only
+        steer the job (``metadata={"column": False}``)."""
+        fields = dataclasses.fields(self)
+        return {f.name: getattr(self, f.name) for f in fields if f.metadata.get("column", True)}
 
 
 @dataclass(frozen=True)
@@ -386,67 +393,39 @@ class JobSpec:
         return columns
 
     def pruning_columns(self) -> dict[str, Any]:
-        """A pruning job's setting columns."""
+        """A pruning job's setting columns: those the schema's fields declare (``key(column=...)``: a
+        setting as given), the estimator's (:meth:`~replaceme_exp.estimation.estimators.Requirements.columns`),
+        the settings as they act (:meth:`EffectiveSettings.columns`), the methods' own, and those derived
+        here."""
         c, e, r = self.config, self.effective, self.requirements
+        shapes = group_shapes()
         healing = c.healing.name != "none"
         return {
             "job": "prune",
             "method": method_of(c, e),
             "modality": self.modality,
-            "model": c.model.name,
-            "dtype": str(c.model.dtype),
-            "capture_4bit": bool(c.model.capture_4bit),
-            "calibration": c.calibration.name,
-            "n_calib_samples": c.calibration.n_samples,
-            "calibration_draw": int(c.calibration.draw),
+            **schema.declared_columns(c, (schema.JobConfig,)),
+            **schema.declared_columns(c.model, shapes["model"]),
+            **schema.declared_columns(c.calibration, shapes["calibration"]),
             "calibration_sample_seed": sample_seed(c.calibration),
-            "calib_seq_len": getattr(c.calibration, "seq_len", None),
-            "calibration_order": getattr(c.calibration, "order", None),
-            "calibration_chat_turns": getattr(c.calibration, "chat_turns", None),
-            "calibration_batch_order": getattr(c.calibration, "batch_order", None),
-            "calibration_drop_last": getattr(c.calibration, "drop_last", None),
             "calibration_empty_records": c.calibration.empty_records if empty_records_act(c.calibration) else None,
-            "calibration_mix_order": getattr(c.calibration, "mix_order", None),
             **self.file_columns("calibration", c.calibration),
-            "protocol": c.protocol,
-            "capture_dtype": e.capture_dtype,
-            "padded_positions": e.padded_positions,
-            "objective": c.objective.name,
-            "solver": r.solver,
-            "solver_schedule": r.solver_schedule,
-            "solver_precision": r.solver_precision,
-            "alpha_scale": r.alpha_scale if r.uses_alpha else None,
-            "structure": e.structure,
-            "regularizer": e.regularizer,
-            "alpha": float(e.alpha),
-            "mask_ratio": float(c.mask_ratio),
-            "mask_passes": e.mask_passes,
-            "estimation_tokens": e.estimation_tokens,
-            "estimation_first": e.estimation_first,
-            "massive_threshold": float(e.massive_threshold),
-            "lt_placement": e.lt_placement,
+            **schema.declared_columns(c.objective, shapes["objective"]),
+            **r.columns(),
+            **e.columns(),
             "plain_checkpoint": (e.lt_placement == "fused" or not r.fits_transform) and not r.beside_weights,
-            "healing": c.healing.name,
+            **schema.declared_columns(c.healing, shapes["healing"]),
             # every healing setting (lr, steps, batch, context, data, LoRA rank, ...) as the job runs it
             "healing_settings": healing_settings(c.healing) if healing else None,
             "healing_data": c.healing.data.name if healing else None,
-            "healing_master_weights": e.healing_master_weights,
             **self.file_columns("healing_data", c.healing.data if healing else None),
-            "multi_lt": e.multi_lt,
-            "merge_consecutive": e.merge_consecutive,
-            "touching_cuts": e.touching_cuts,
-            "seed": c.seed,
-            "num_lts": c.num_lts,
-            "n_prune": c.n_prune,
             # as given (a fraction of the depth or a count; None with explicit cuts): n_prune becomes the
             # blocks removed, which a search that stops short leaves below what was asked
             "n_prune_asked": c.n_prune if c.cuts is None else None,
-            "selection_metric": e.selection_metric,
             **self.selection_setting_columns(),
-            "eval": c.eval.name,
+            **schema.declared_columns(c.eval, shapes["eval"]),
             **self.eval_columns(),
-            "capture_precision": e.capture_precision,
-            "capture_last_state": c.capture.last_state,
+            **schema.declared_columns(c.capture, shapes["capture"]),
             **method_setting_columns(c),
         }
 

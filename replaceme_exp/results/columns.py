@@ -3,8 +3,9 @@
 
 The columns a row starts with are declared in :mod:`replaceme_exp.results.row` (``start_row``,
 ``refused_row``; a skipped job's row: ``skip_row``) and its setting columns in
-:meth:`replaceme_exp.pipeline.spec.JobSpec.setting_columns`; the generator reads their names from that
-code, and ``tests/unit/results/test_row_reference.py`` fails when one of them has no meaning here. The stages add
+:meth:`replaceme_exp.pipeline.spec.JobSpec.setting_columns`: those the schema's fields declare
+(``key(column=...)`` in :mod:`replaceme_exp.config.schema`), the estimator's, the effective settings' and a
+few derived there; the generator reads their names from that code, and ``tests/unit/results/test_row_reference.py`` fails when one of them has no meaning here. The stages add
 the measured columns: :data:`MEASURED_COLUMNS` describes them, by name or by a pattern
 (``acc_<task>``), and the test checks it against the rows of the golden jobs
 (``tests/golden/job_results.json``).
