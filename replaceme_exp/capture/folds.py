@@ -152,3 +152,11 @@ class FoldedLinearStatistics:
     def result(self) -> dict[Cut, FoldedStats]:
         per_fold = [fold.result() for fold in self.folds]
         return {cut: FoldedStats.of([stats[cut] for stats in per_fold]) for cut in self.cuts}
+
+
+def linear_statistics(cuts, hidden: int, device, placement: str, rule: TokenRule, precision: str, folds: int = 0):
+    """The accumulator of the LS statistics of ``cuts``: over all tokens, or per fold of whole
+    sequences (``folds`` >= 2)."""
+    if folds:
+        return FoldedLinearStatistics(cuts, hidden, device, placement, rule, precision, folds)
+    return LinearStatistics(cuts, hidden, device, placement, rule, precision)

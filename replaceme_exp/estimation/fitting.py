@@ -9,6 +9,7 @@ import torch
 
 from replaceme_exp.capture import LinearStatistics, distributed, run_capture
 from replaceme_exp.capture.execution import CaptureExecution
+from replaceme_exp.capture.folds import linear_statistics
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.runner import gather
 from replaceme_exp.capture.statistics import LinearStats, TokenCollector
@@ -213,6 +214,25 @@ def fit_from_accumulators(
     return fit
 
 
+def lacking_statistics(
+    adapter, batches: TokenBatches, cuts: list[Cut], stats: dict[Cut, LinearStats], request: FitRequest
+) -> dict[Cut, LinearStats]:
+    """``stats``, with the LS statistics of the ``cuts`` it lacks captured over ``batches`` in one pass (per
+    fold where the estimator declares ``statistic_folds``): a sequential cut's, on the partly pruned model."""
+    missing = [cut for cut in cuts if cut not in stats]
+    if not missing or not request.needs.statistics:
+        return stats
+    device = input_device(adapter, request.execution)
+    folds = request.needs.statistic_folds
+    accumulator = linear_statistics(
+        missing, adapter.hidden_size, device, request.placement, request.rule, request.precision, folds
+    )
+    desc = f"capture (statistics of {', '.join(str(list(cut)) for cut in missing)})"
+    with stage("capture", desc):
+        run_capture(adapter, batches, [accumulator], desc=desc, execution=request.execution)
+    return {**stats, **accumulator.result()}
+
+
 def fit_transforms(
     adapter,
     batches: TokenBatches,
@@ -224,8 +244,8 @@ def fit_transforms(
 ) -> Fit:
     """T for each cut (None = identity), from the statistics the estimator declares
     (:meth:`Estimator.accumulators`, kept in ``cache`` for the model and ``batches``; None: not kept),
-    from stored tokens, or from the LS statistics ``stats``; a non-finite T fails the stage naming its
-    cut. The estimator's own columns (:meth:`Estimator.columns`) go into the fit's."""
+    from stored tokens, or from the LS statistics ``stats`` (those it lacks captured here,
+    :func:`lacking_statistics`); a non-finite T fails the stage naming its cut. The estimator's own columns (:meth:`Estimator.columns`) go into the fit's."""
     device = input_device(adapter, request.execution)
     declared = {cut: found for cut in cuts if (found := estimator.accumulators(cut, adapter.hidden_size, device))}
     if declared:
@@ -233,6 +253,7 @@ def fit_transforms(
     elif request.needs.tokens:
         fit = fit_from_tokens(adapter, batches, estimator, cuts, stats, request)
     else:
+        stats = lacking_statistics(adapter, batches, cuts, stats, request)
         for cut in cuts:
             if cut in stats and stats[cut].n_tokens == 0 and request.needs.statistics:
                 reason = f"leaves no calibration token for cut {list(cut)}"

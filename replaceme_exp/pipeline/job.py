@@ -54,7 +54,7 @@ from replaceme_exp.pipeline.stage_results import (
     Selected,
     removed_blocks,
 )
-from replaceme_exp.selection.passes import Selection, linear_statistics, select_and_capture
+from replaceme_exp.selection.passes import Selection, select_and_capture
 from replaceme_exp.selection.search_steps import SearchSteps
 from replaceme_exp.stages import stage
 from replaceme_exp.storage import atomic_path
@@ -419,16 +419,12 @@ class PruningJob:
         fit, checks, removed = estimated.fit, [], 0
         for cut in selection.cuts:
             shifted = (cut[0] - removed, cut[1] - removed)
-            stats = {}
             # the official code reloads the saved pruned model without a dtype (captures in float32), or in
-            # 4 bits with use_4bit (re-quantised for each cut)
+            # 4 bits with use_4bit (re-quantised for each cut); the fit captures the statistics it lacks
             by_statistics = request.needs.statistics and not request.needs.tokens
             known = by_statistics and removed == 0 and cut in selection.stats
+            stats = {shifted: selection.stats[cut]} if known else {}
             with self.capture_copy(evaluated, first=removed == 0, captures=not known) as on:
-                if known:
-                    stats = {shifted: selection.stats[cut]}
-                elif by_statistics:
-                    stats = self.stage_statistics(on, calibrated, shifted, cut)
                 found = fit_transforms(on.adapter, calibrated.estimation, estimator, [shifted], stats, request)
             fit = fit.merged(found.relabelled(shifted, cut))
             transform = found.transforms[shifted]
@@ -465,24 +461,6 @@ class PruningJob:
         """:func:`~replaceme_exp.models.loading.nf4_copy` of ``model``, its unquantised parts in the
         protocol's dtype (``capture_dtype``: float16 under ``protocol=official``)."""
         return nf4_copy(model, self.spec.effective.capture_dtype, self.config.model.device_map)
-
-    def stage_statistics(self, evaluated: Evaluated, calibrated: Calibrated, shifted, cut) -> dict:
-        """The LS statistics of ``shifted`` (``cut`` of the unpruned model, shifted by the blocks
-        already removed) on the partly pruned model."""
-        request, adapter = self.spec.fit_request(evaluated.execution), evaluated.adapter
-        accumulator = linear_statistics(
-            [shifted],
-            adapter.hidden_size,
-            input_device(adapter, request.execution),
-            request.placement,
-            request.rule,
-            request.precision,
-            self.spec.requirements.statistic_folds,
-        )
-        desc = f"capture (stage {list(cut)})"
-        with stage("capture", desc):
-            run_capture(adapter, calibrated.estimation, [accumulator], desc=desc, execution=request.execution)
-        return accumulator.result()
 
     def healing_data(self, evaluated: Evaluated, distillation: Distillation) -> HealingData:
         """The healing windows (those the teacher's targets were taken on, with ``loss=topk_kl``)."""

@@ -12,7 +12,7 @@ from typing import Any
 from replaceme_exp.capture import CutDistances, LinearStatistics, distributed, run_capture
 from replaceme_exp.capture.cache import StatisticsCache
 from replaceme_exp.capture.execution import DEFAULT_STATS_GB, GIB, CaptureExecution, gib
-from replaceme_exp.capture.folds import FoldedLinearStatistics, StoredFoldedStats
+from replaceme_exp.capture.folds import StoredFoldedStats, linear_statistics
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.capture.similarity import SimilarityStatistics
 from replaceme_exp.capture.statistics import LinearStats, StoredDistances, StoredLinearStats
@@ -421,14 +421,6 @@ def searched(request: SelectionRequest, adapter, calibration: TokenBatches, step
     result.check(num_layers)
     log.info("%s removes blocks %s", metric.name, sorted(result.removed))
     return Selection(result.cuts, None, {}, frozenset(), result.block_states, result.columns)
-
-
-def linear_statistics(cuts, hidden: int, device, placement: str, rule: TokenRule, precision: str, folds: int = 0):
-    """The accumulator of the LS statistics of ``cuts``: over all tokens, or per fold of whole
-    sequences (``folds`` >= 2)."""
-    if folds:
-        return FoldedLinearStatistics(cuts, hidden, device, placement, rule, precision, folds)
-    return LinearStatistics(cuts, hidden, device, placement, rule, precision)
 
 
 def cached_stats(cache: StatisticsCache, cut: Cut, placement: str, rule: TokenRule, precision: str, folds: int = 0):

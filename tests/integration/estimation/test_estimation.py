@@ -115,3 +115,21 @@ def test_separate_placement_statistics_regress_the_block_output(captured):
         y.append(blocks[CUT[1] - 1]["L"])
     expected = torch.linalg.lstsq(torch.cat(x).double(), torch.cat(y).double()).solution
     torch.testing.assert_close(ridge_solve(stats.result()[CUT]), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_fit_captures_the_statistics_it_lacks_and_solves_on_the_explicit_activations(captured):
+    """A sequential cut's statistics are no longer captured by the job (issue 51): the fit captures the
+    LS statistics it is not given, and its T is lstsq's on the explicit activations of the same tokens."""
+    from helpers.config import compose_config
+
+    from replaceme_exp.estimation.fitting import fit_transforms
+    from replaceme_exp.pipeline.spec import JobSpec
+
+    _, m, r = captured
+    model = tiny_model("llama", 5, seed=1)
+    batches = batches_of(random_sequences(12, 4, 16, seed=5), 5)
+    request = JobSpec.from_config(compose_config(["objective=ls", "alpha=0"])).fit_request()
+    fit = fit_transforms(adapter_for(model), batches, LeastSquaresEstimator(), [CUT], {}, request)
+    expected = torch.linalg.lstsq(m, r, driver="gelsd").solution
+    torch.testing.assert_close(fit.transforms[CUT], expected, rtol=1e-5, atol=1e-6)
+    assert fit.fit_tokens["2-4"] == m.shape[0]
