@@ -24,6 +24,7 @@ import numpy as np
 from replaceme_exp.config import schema
 from replaceme_exp.config.protocol import left_to_protocol, protocol_rule
 from replaceme_exp.config.schema import HarnessConfig
+from replaceme_exp.data.files import check_readable
 from replaceme_exp.data.sources import pack_paragraphs, pydoc_text
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.evaluation.item_floors import chance, cluster_codes, item_of, majority, score_range
@@ -52,6 +53,27 @@ def materialize_offline_tasks(target: Path, n_ppl_docs: int = 12) -> Path:
     for yaml in OFFLINE_TASKS.glob("*.yaml"):
         (target / yaml.name).write_text(yaml.read_text().replace("__DIR__", str(target)))
     return target
+
+
+def check_suite(suite: schema.EvalConfig) -> None:
+    """The eval suite's own keys, before anything loads: one metric per lm-eval task, clusters only of its
+    tasks, a held-out text file that can be opened."""
+    harness = suite.harness
+    if harness is not None and set(harness.metrics) != set(harness.tasks):
+        metrics, tasks = harness.metrics, list(harness.tasks)
+        raise ConfigError(
+            "eval.harness.metrics",
+            metrics,
+            f"declare one metric per task of eval.harness.tasks {tasks} "
+            f"(missing {sorted(set(tasks) - set(metrics))}, extra {sorted(set(metrics) - set(tasks))})",
+        )
+    if harness is not None and set(harness.clusters) - set(harness.tasks):
+        clusters, tasks = harness.clusters, list(harness.tasks)
+        extra = sorted(set(clusters) - set(tasks))
+        reason = f"names tasks {extra} that eval.harness.tasks {tasks} lacks"
+        raise ConfigError("eval.harness.clusters", clusters, reason)
+    if suite.text == "text_file":
+        check_readable("eval.path", suite.path)
 
 
 def declared_metrics(cfg: HarnessConfig) -> dict[str, str]:

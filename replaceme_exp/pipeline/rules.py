@@ -28,6 +28,7 @@ from replaceme_exp.data.hub import HubDataset, require_available
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.estimation.estimators import Requirements, estimator_class
 from replaceme_exp.evaluation.clip_benchmarks import benchmark_datasets
+from replaceme_exp.evaluation.harness import check_suite
 from replaceme_exp.evaluation.task_datasets import suite_datasets
 from replaceme_exp.methods import job_methods
 from replaceme_exp.models.adapters import unfusable_error
@@ -252,31 +253,10 @@ def check_evaluation(c: schema.JobConfig) -> None:
     writable_directory("results_dir", c.results_dir, results_subfolders(c))
     writable_directory("cache_dir", c.cache_dir)
     check_embedded(c.model)
-    check_eval_suite(c)
+    check_suite(c.eval)
     MODALITIES.get(modality_of(c.model)).check_eval(c)
     if (ranks := ranks_from_env()) is not None:
         raise ConfigError("job", "evaluate", f"has no capture to split over {ranks.world_size} ranks: run one process")
-
-
-def check_eval_suite(c: schema.JobConfig) -> None:
-    """The eval suite's own keys: one metric per lm-eval task, clusters only of its tasks, a readable
-    held-out text file."""
-    if c.eval.harness is not None and set(c.eval.harness.metrics) != set(c.eval.harness.tasks):
-        metrics, tasks = c.eval.harness.metrics, list(c.eval.harness.tasks)
-        raise ConfigError(
-            "eval.harness.metrics",
-            metrics,
-            f"declare one metric per task of eval.harness.tasks {tasks} "
-            f"(missing {sorted(set(tasks) - set(metrics))}, extra {sorted(set(metrics) - set(tasks))})",
-        )
-    if c.eval.harness is not None and set(c.eval.harness.clusters) - set(c.eval.harness.tasks):
-        clusters, tasks = c.eval.harness.clusters, list(c.eval.harness.tasks)
-        extra = sorted(set(clusters) - set(tasks))
-        raise ConfigError(
-            "eval.harness.clusters", clusters, f"names tasks {extra} that eval.harness.tasks {tasks} lacks"
-        )
-    if c.eval.text == "text_file":
-        existing_file("eval.path", c.eval.path)
 
 
 def check_selection(c: schema.JobConfig, needs: Requirements) -> None:
@@ -327,7 +307,7 @@ def check_method(c: schema.JobConfig, needs: Requirements) -> None:
         raise ConfigError("healing", c.healing.name, reason)
     if c.healing.name != "none" and c.healing.data.source == "text_file":
         existing_file("healing.data.path", c.healing.data.path)
-    check_eval_suite(c)
+    check_suite(c.eval)
 
 
 def check_official_settings(c: schema.JobConfig, needs: Requirements) -> None:
