@@ -9,9 +9,10 @@ import time
 
 from helpers.config import ROOT, compose_config
 
-# tiny_llama, 24 pydoc sequences of 64 tokens, 2 blocks pruned, 4 perplexity windows, no tracking
-# (tracking has its own tests, test_tracking.py; here it would only cost time).
-SMOKE = ["debug=smoke"]
+# tiny_llama, 24 pydoc sequences of 64 tokens, 2 blocks pruned, 4 perplexity windows, no tracking and no
+# speed stage (tracking and speed have their own tests, tests/*/tracking and tests/*/evaluation/test_speed*;
+# here they would only cost time: the speed stage is half of a tiny job). Speed is not in the config hash.
+SMOKE = ["debug=smoke", "eval.speed.enabled=false"]
 
 
 def job_config(tmp_path, *overrides):
