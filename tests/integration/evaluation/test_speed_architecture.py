@@ -36,10 +36,8 @@ def test_jobs_measure_an_architecture_until_enough_have_then_reuse_their_figures
 
     from replaceme_exp.runtime import run_recorded
 
-    rows = [
-        run_recorded(job_config(tmp_path, f"alpha={a}", "eval.speed.jobs_per_architecture=2"), sweep_id="t")
-        for a in (1, 2, 3)
-    ]
+    speed = ["eval.speed.enabled=true", "eval.speed.jobs_per_architecture=2"]
+    rows = [run_recorded(job_config(tmp_path, f"alpha={a}", *speed), sweep_id="t") for a in (1, 2, 3)]
     assert all(r["status"] == "finished" for r in rows), [r.get("error") for r in rows]
     assert [r["speed_reused"] for r in rows] == [False, False, True]
     assert [r["speed_jobs"] for r in rows] == [1, 2, 2]

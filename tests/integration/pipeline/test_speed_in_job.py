@@ -12,7 +12,7 @@ from replaceme_exp.runtime import run_recorded
 
 @pytest.mark.slow
 def test_a_pruning_jobs_row_has_speed_memory_and_size_of_both_models(tmp_path):
-    row = run_recorded(job_config(tmp_path, "save_model=false", "eval.speed.rounds=2"))
+    row = run_recorded(job_config(tmp_path, "save_model=false", "eval.speed.enabled=true", "eval.speed.rounds=2"))
     assert row["status"] == "finished", row["error"]
     assert row["speed_rounds"] == 2 and "speed_skipped" not in row
     # the tiny model loses 2 of its 6 blocks: fewer parameters, a smaller checkpoint, than the fresh unpruned copy
