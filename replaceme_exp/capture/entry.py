@@ -28,8 +28,10 @@ class CacheEntry:
         if not kind:
             return  # an abstract entry, or one that inherits its parent's kind
         owner = ENTRY_KINDS.setdefault(kind, cls)
-        if owner is not cls and owner.__qualname__ != cls.__qualname__:  # a reloaded module redefines its own
+        same = (owner.__module__, owner.__qualname__) == (cls.__module__, cls.__qualname__)  # a module reloaded
+        if owner is not cls and not same:
             raise ValueError(f"{cls.__qualname__}.kind={kind!r}: {owner.__qualname__} keeps entries of that kind")
+        ENTRY_KINDS[kind] = cls
 
     def identity(self) -> dict[str, Any]:
         """What sets this entry apart from another of its kind over the same model and data (JSON values)."""

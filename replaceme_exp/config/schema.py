@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import re
 import typing
@@ -165,13 +166,18 @@ def key(
 Group = dataclass(kw_only=True)
 
 
+@functools.cache
+def _type_hints(shape: type) -> dict[str, Any]:
+    return typing.get_type_hints(shape)
+
+
 def declared_columns(option: Any, shapes: tuple[type, ...]) -> dict[str, Any]:
     """The row columns that the fields of ``shapes`` declare (``key(column=...)``), in the shapes' order,
     each holding ``option``'s value as the field's type says (an int where a float is declared becomes a
     float) or None where ``option``'s shape lacks the field."""
     out: dict[str, Any] = {}
     for shape in shapes:
-        hints = typing.get_type_hints(shape)
+        hints = _type_hints(shape)
         for f in dataclasses.fields(shape):
             column = f.metadata.get("column")
             if column is None or column in out:

@@ -15,7 +15,8 @@ import torch
 from replaceme_exp.capture.hooks import input_device
 from replaceme_exp.models import count_parameters, load_model
 from replaceme_exp.pipeline.job import PruningJob
-from replaceme_exp.pipeline.modality import MODALITIES, JobPaths
+from replaceme_exp.pipeline.modalities import MODALITIES
+from replaceme_exp.pipeline.modality import JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.pipeline.stage_results import Loaded, device_name
 from replaceme_exp.stages import stage

@@ -38,7 +38,8 @@ from replaceme_exp.evaluation.speed import across_jobs, compare_speed, resident_
 from replaceme_exp.healing import attach_trainable_transforms, fusion_weights, heal, healing_windows, teacher_targets
 from replaceme_exp.models import adapter_for, count_parameters, load_model
 from replaceme_exp.models.loading import LoadedModel, nf4_copy, resolve_dtype
-from replaceme_exp.pipeline.modality import MODALITIES, JobPaths
+from replaceme_exp.pipeline.modalities import MODALITIES
+from replaceme_exp.pipeline.modality import JobPaths
 from replaceme_exp.pipeline.spec import JobSpec
 from replaceme_exp.pipeline.stage_results import (
     Baselines,

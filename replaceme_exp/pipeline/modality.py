@@ -2,7 +2,8 @@
 held-out data and how the model is evaluated before and after pruning. Selection, estimation,
 surgery, held-out distances and saving are the same for both (:mod:`replaceme_exp.pipeline.job`).
 
-A modality is registered under the name :func:`modality_of` gives a model; :class:`Modality` is the
+A modality is registered in :data:`~replaceme_exp.pipeline.modalities.MODALITIES` under the name
+:func:`~replaceme_exp.pipeline.modalities.modality_of` gives a model; :class:`Modality` is the
 interface. Each checks its own settings before the model loads (:meth:`Modality.check`): the rules
 ask which modality a job is once, and the modality says what it refuses."""
 
@@ -17,16 +18,10 @@ import torch
 from replaceme_exp.config import schema
 from replaceme_exp.data.batching import TokenBatches
 from replaceme_exp.evaluation.baseline import BaselineCache
-from replaceme_exp.models.loading import LoadedModel, is_vision_config
-from replaceme_exp.registry import Registry
+from replaceme_exp.models.loading import LoadedModel
 
 if TYPE_CHECKING:  # the spec checks a job's modality through this module's registry (pipeline/rules.py)
     from replaceme_exp.pipeline.spec import JobSpec
-
-
-def modality_of(model: schema.ModelConfig) -> str:
-    """``vision`` for a vision encoder (CLIP), else ``text``."""
-    return "vision" if is_vision_config(model) else "text"
 
 
 @dataclass(frozen=True)
@@ -124,6 +119,3 @@ class Modality:
         """Columns of the pruned model's depth: ``removed`` of the unpruned model's ``num_layers``
         blocks."""
         return {}
-
-
-MODALITIES: Registry[type[Modality]] = Registry("modality", "modality")

@@ -35,7 +35,7 @@ from replaceme_exp.models.adapters import unfusable_error
 from replaceme_exp.models.embedded import embedded_model
 from replaceme_exp.models.loading import check_nf4_capture
 from replaceme_exp.models.shape import ModelShape
-from replaceme_exp.pipeline.modality import MODALITIES, modality_of
+from replaceme_exp.pipeline.modalities import MODALITIES, modality_of
 from replaceme_exp.selection.cuts import cut_length, validate_cuts
 from replaceme_exp.selection.metrics import METRICS
 

@@ -63,12 +63,12 @@ from replaceme_exp.methods import (
 )
 from replaceme_exp.models.fingerprint import file_digest
 from replaceme_exp.models.loading import nf4_unquantised_dtype, saved_dtype
+from replaceme_exp.pipeline.modalities import modality_of
 from replaceme_exp.pipeline.rules import (
     check_checkpoint,
     check_evaluation,
     check_inputs,
     check_job,
-    modality_of,
     model_save,
 )
 from replaceme_exp.selection.metrics import METRICS

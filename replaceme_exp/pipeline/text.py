@@ -15,7 +15,8 @@ from replaceme_exp.evaluation.harness import harness_settings, protocol_version_
 from replaceme_exp.evaluation.perplexity import WindowPerplexity, window_perplexity
 from replaceme_exp.evaluation.samples import answers_alone, greedy_answers, side_by_side
 from replaceme_exp.models.loading import LoadedModel
-from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality, UnprunedScores
+from replaceme_exp.pipeline.modalities import MODALITIES
+from replaceme_exp.pipeline.modality import Calibration, Modality, UnprunedScores
 from replaceme_exp.results.row import library_versions
 from replaceme_exp.stages import stage
 

@@ -19,7 +19,8 @@ from replaceme_exp.evaluation.baseline import BaselineCache
 from replaceme_exp.errors import ConfigError
 from replaceme_exp.evaluation.clip_benchmarks import BENCHMARKS_VERSION, LIBRARIES, benchmark_task, evaluate_benchmark
 from replaceme_exp.models.loading import LoadedModel
-from replaceme_exp.pipeline.modality import MODALITIES, Calibration, Modality, UnprunedScores
+from replaceme_exp.pipeline.modalities import MODALITIES
+from replaceme_exp.pipeline.modality import Calibration, Modality, UnprunedScores
 from replaceme_exp.results.row import library_versions
 from replaceme_exp.selection.metrics import METRICS
 from replaceme_exp.stages import stage
